@@ -1,0 +1,308 @@
+package graph
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// externalStore opens side files on first use and serves ranged reads.
+type externalStore struct {
+	dir, model string
+	mu         sync.Mutex
+	files      map[string]*os.File
+	// BytesRead counts bytes read from side files (for tests and reports).
+	bytesRead int64
+}
+
+func newExternalStore(dir, model string) *externalStore {
+	return &externalStore{dir: dir, model: model, files: map[string]*os.File{}}
+}
+
+func (s *externalStore) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var first error
+	for k, f := range s.files {
+		if err := f.Close(); err != nil && first == nil {
+			first = err
+		}
+		delete(s.files, k)
+	}
+	return first
+}
+
+// ExternalRef is where an externally stored tensor's bytes live.
+type ExternalRef struct {
+	Location string // as written in the model, relative to the model's folder
+	Offset   int64
+	Length   int64 // -1 when not given: to the end of the file
+}
+
+// IsExternal reports whether t's data is stored in a side file.
+func IsExternal(t *pb.TensorProto) bool {
+	return t.GetDataLocation() == pb.TensorProto_EXTERNAL
+}
+
+// External parses t's external_data entries.
+func External(t *pb.TensorProto) (ExternalRef, error) {
+	r := ExternalRef{Length: -1}
+	for _, kv := range t.ExternalData {
+		switch kv.GetKey() {
+		case "location":
+			r.Location = kv.GetValue()
+		case "offset", "length":
+			v, err := strconv.ParseInt(kv.GetValue(), 10, 64)
+			if err != nil || v < 0 {
+				return r, fmt.Errorf("external data %s %q is not a non-negative integer", kv.GetKey(), kv.GetValue())
+			}
+			if kv.GetKey() == "offset" {
+				r.Offset = v
+			} else {
+				r.Length = v
+			}
+		}
+	}
+	if r.Location == "" {
+		return r, errors.New("external data has no location")
+	}
+	return r, nil
+}
+
+// resolve maps a location to a path inside the model's folder, refusing
+// absolute paths, paths that climb out with "..", and symlinks that lead out.
+func (s *externalStore) resolve(loc string) (string, error) {
+	if filepath.IsAbs(loc) || strings.HasPrefix(loc, "/") || strings.HasPrefix(loc, `\`) {
+		return "", fmt.Errorf("external data location %q is an absolute path; it must be relative to the model's folder", loc)
+	}
+	clean := filepath.Clean(filepath.FromSlash(loc))
+	if clean == ".." || strings.HasPrefix(clean, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("external data location %q escapes the model's folder", loc)
+	}
+	p := filepath.Join(s.dir, clean)
+	realDir, err := filepath.EvalSymlinks(s.dir)
+	if err != nil {
+		return "", err
+	}
+	realP, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", fmt.Errorf("external data file %q: %w", loc, err)
+	}
+	rel, err := filepath.Rel(realDir, realP)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("external data location %q leads out of the model's folder through a symbolic link", loc)
+	}
+	return realP, nil
+}
+
+func (s *externalStore) open(loc string) (*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.files[loc]; ok {
+		return f, nil
+	}
+	p, err := s.resolve(loc)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	s.files[loc] = f
+	return f, nil
+}
+
+// tensorSection returns a reader over the side-file bytes of an external
+// tensor, after checking that offset and length lie inside the file and that
+// the length matches the tensor's dims.
+func (m *Model) tensorSection(t *pb.TensorProto) (*io.SectionReader, error) {
+	obj := fmt.Sprintf("initializer %q", t.GetName())
+	ref, err := External(t)
+	if err != nil {
+		return nil, &InputError{File: m.Name(), Object: obj, Msg: "bad external data", Err: err}
+	}
+	f, err := m.ext.open(ref.Location)
+	if err != nil {
+		return nil, &InputError{File: m.Name(), Object: obj, Msg: "cannot open external data", Err: err}
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return nil, &InputError{File: m.Name(), Object: obj, Msg: "cannot stat external data", Err: err}
+	}
+	want, err := ByteSize(DataType(t), t.GetDims())
+	if err != nil {
+		return nil, &InputError{File: m.Name(), Object: obj, Msg: err.Error()}
+	}
+	length := ref.Length
+	if length < 0 {
+		length = st.Size() - ref.Offset
+	}
+	if ref.Offset > st.Size() || length > st.Size()-ref.Offset {
+		return nil, badInput(m.Name(), obj, "external data offset %d + length %d is past the end of %q (%d bytes)", ref.Offset, length, ref.Location, st.Size())
+	}
+	if length != want {
+		return nil, badInput(m.Name(), obj, "external data length %d does not match dims %v of %s (%d bytes)", length, t.GetDims(), DataType(t), want)
+	}
+	return io.NewSectionReader(f, ref.Offset, length), nil
+}
+
+// ExternalBytesRead reports how many bytes of external data have been read
+// through this model so far.
+func (m *Model) ExternalBytesRead() int64 {
+	m.ext.mu.Lock()
+	defer m.ext.mu.Unlock()
+	return m.ext.bytesRead
+}
+
+type countingReader struct {
+	r io.Reader
+	s *externalStore
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.s.mu.Lock()
+	c.s.bytesRead += int64(n)
+	c.s.mu.Unlock()
+	return n, err
+}
+
+// TensorReader returns a reader over t's raw little-endian bytes and their
+// count, wherever they are stored (raw_data, typed fields, a side file, or a
+// deferred producer). Side-file bytes are streamed, not loaded.
+func (m *Model) TensorReader(t *pb.TensorProto) (io.Reader, int64, error) {
+	if d, ok := m.deferred[t]; ok {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(d.Write(pw)) }()
+		return pr, d.Size, nil
+	}
+	if IsExternal(t) {
+		sec, err := m.tensorSection(t)
+		if err != nil {
+			return nil, 0, err
+		}
+		return countingReader{sec, m.ext}, sec.Size(), nil
+	}
+	b, err := m.TensorBytes(t)
+	if err != nil {
+		return nil, 0, err
+	}
+	return bytes.NewReader(b), int64(len(b)), nil
+}
+
+// TensorBytes returns t's raw little-endian bytes, reading a side file with a
+// ranged read when the tensor is external. The length is checked against the
+// tensor's dims and data type.
+func (m *Model) TensorBytes(t *pb.TensorProto) ([]byte, error) {
+	obj := fmt.Sprintf("initializer %q", t.GetName())
+	if _, ok := m.deferred[t]; ok || IsExternal(t) {
+		r, n, err := m.TensorReader(t)
+		if err != nil {
+			return nil, err
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return nil, &InputError{File: m.Name(), Object: obj, Msg: "reading external data", Err: err}
+		}
+		return b, nil
+	}
+	want, err := ByteSize(DataType(t), t.GetDims())
+	if err != nil {
+		return nil, &InputError{File: m.Name(), Object: obj, Msg: err.Error()}
+	}
+	if t.RawData != nil {
+		if int64(len(t.RawData)) != want {
+			return nil, badInput(m.Name(), obj, "raw_data holds %d bytes but dims %v of %s need %d", len(t.RawData), t.GetDims(), DataType(t), want)
+		}
+		return t.RawData, nil
+	}
+	b, err := typedFieldBytes(t, want)
+	if err != nil {
+		return nil, &InputError{File: m.Name(), Object: obj, Msg: err.Error()}
+	}
+	return b, nil
+}
+
+// typedFieldBytes converts the typed repeated fields of a TensorProto into
+// little-endian raw bytes.
+func typedFieldBytes(t *pb.TensorProto, want int64) ([]byte, error) {
+	dt := DataType(t)
+	out := make([]byte, 0, want)
+	var n int
+	switch dt {
+	case pb.TensorProto_FLOAT:
+		for _, v := range t.FloatData {
+			out = binary.LittleEndian.AppendUint32(out, math.Float32bits(v))
+		}
+		n = len(t.FloatData)
+	case pb.TensorProto_COMPLEX64:
+		for _, v := range t.FloatData {
+			out = binary.LittleEndian.AppendUint32(out, math.Float32bits(v))
+		}
+		n = len(t.FloatData) / 2
+	case pb.TensorProto_DOUBLE, pb.TensorProto_COMPLEX128:
+		for _, v := range t.DoubleData {
+			out = binary.LittleEndian.AppendUint64(out, math.Float64bits(v))
+		}
+		n = len(t.DoubleData)
+		if dt == pb.TensorProto_COMPLEX128 {
+			n /= 2
+		}
+	case pb.TensorProto_INT64:
+		for _, v := range t.Int64Data {
+			out = binary.LittleEndian.AppendUint64(out, uint64(v))
+		}
+		n = len(t.Int64Data)
+	case pb.TensorProto_UINT64, pb.TensorProto_UINT32:
+		for _, v := range t.Uint64Data {
+			if dt == pb.TensorProto_UINT32 {
+				out = binary.LittleEndian.AppendUint32(out, uint32(v))
+			} else {
+				out = binary.LittleEndian.AppendUint64(out, v)
+			}
+		}
+		n = len(t.Uint64Data)
+	case pb.TensorProto_INT32:
+		for _, v := range t.Int32Data {
+			out = binary.LittleEndian.AppendUint32(out, uint32(v))
+		}
+		n = len(t.Int32Data)
+	case pb.TensorProto_INT16, pb.TensorProto_UINT16, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16:
+		for _, v := range t.Int32Data {
+			out = binary.LittleEndian.AppendUint16(out, uint16(v))
+		}
+		n = len(t.Int32Data)
+	case pb.TensorProto_INT8, pb.TensorProto_UINT8, pb.TensorProto_BOOL, pb.TensorProto_FLOAT8E4M3FN,
+		pb.TensorProto_FLOAT8E4M3FNUZ, pb.TensorProto_FLOAT8E5M2, pb.TensorProto_FLOAT8E5M2FNUZ, pb.TensorProto_FLOAT8E8M0:
+		for _, v := range t.Int32Data {
+			out = append(out, byte(v))
+		}
+		n = len(t.Int32Data)
+	case pb.TensorProto_INT4, pb.TensorProto_UINT4, pb.TensorProto_FLOAT4E2M1:
+		// int32_data holds packed pairs already, one byte per entry.
+		for _, v := range t.Int32Data {
+			out = append(out, byte(v))
+		}
+		if int64(len(out)) != want {
+			return nil, fmt.Errorf("int32_data holds %d packed bytes but dims %v need %d", len(out), t.GetDims(), want)
+		}
+		return out, nil
+	default:
+		return nil, fmt.Errorf("data type %s has no raw form", dt)
+	}
+	if int64(len(out)) != want {
+		return nil, fmt.Errorf("holds %d elements but dims %v need %d", n, t.GetDims(), want*8/int64(max(ElemBits(dt), 1)))
+	}
+	return out, nil
+}

@@ -1,0 +1,449 @@
+package graph
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// Graph is a mutable index over a GraphProto: it maps each value name to the
+// node producing it and the nodes consuming it, and initializer names to
+// tensors. Nodes and tensors are the protobuf messages themselves, edited in
+// place. Edits made through Graph's methods keep the index current; after
+// editing the GraphProto directly, call Reindex.
+type Graph struct {
+	// P is the underlying graph message.
+	P *pb.GraphProto
+
+	producer  map[string]*pb.NodeProto
+	consumers map[string][]*pb.NodeProto
+	inits     map[string]*pb.TensorProto
+	inputs    map[string]bool
+	outputs   map[string]bool
+	byOp      map[string][]*pb.NodeProto
+	names     map[string]bool
+	dupOut    []string
+}
+
+// NewGraph indexes gp.
+func NewGraph(gp *pb.GraphProto) *Graph {
+	g := &Graph{P: gp}
+	g.Reindex()
+	return g
+}
+
+// Reindex rebuilds every index from the GraphProto.
+func (g *Graph) Reindex() {
+	n := len(g.P.Node)
+	g.producer = make(map[string]*pb.NodeProto, 2*n)
+	g.consumers = make(map[string][]*pb.NodeProto, 2*n)
+	g.inits = make(map[string]*pb.TensorProto, len(g.P.Initializer))
+	g.inputs = map[string]bool{}
+	g.outputs = map[string]bool{}
+	g.byOp = map[string][]*pb.NodeProto{}
+	g.names = make(map[string]bool, 3*n)
+	g.dupOut = nil
+	for _, t := range g.P.Initializer {
+		g.inits[t.GetName()] = t
+		g.names[t.GetName()] = true
+	}
+	for _, v := range g.P.Input {
+		g.inputs[v.GetName()] = true
+		g.names[v.GetName()] = true
+	}
+	for _, v := range g.P.Output {
+		g.outputs[v.GetName()] = true
+	}
+	for _, nd := range g.P.Node {
+		g.index(nd)
+	}
+}
+
+func (g *Graph) index(nd *pb.NodeProto) {
+	g.byOp[nd.GetOpType()] = append(g.byOp[nd.GetOpType()], nd)
+	if nd.GetName() != "" {
+		g.names[nd.GetName()] = true
+	}
+	for _, in := range NodeInputs(nd) {
+		if in != "" {
+			g.consumers[in] = append(g.consumers[in], nd)
+		}
+	}
+	for _, out := range nd.Output {
+		if out == "" {
+			continue
+		}
+		if _, dup := g.producer[out]; dup {
+			g.dupOut = append(g.dupOut, out)
+		}
+		g.producer[out] = nd
+		g.names[out] = true
+	}
+}
+
+// NodeInputs returns n's inputs followed by the outer-scope values its
+// subgraph attributes (If/Loop/Scan bodies) refer to, so that def-use and
+// dead-code removal see implicit captures.
+func NodeInputs(n *pb.NodeProto) []string {
+	var caps []string
+	for _, a := range n.Attribute {
+		if a.G != nil {
+			caps = append(caps, freeVars(a.G)...)
+		}
+		for _, sg := range a.Graphs {
+			caps = append(caps, freeVars(sg)...)
+		}
+	}
+	if len(caps) == 0 {
+		return n.Input
+	}
+	return append(append([]string(nil), n.Input...), caps...)
+}
+
+// freeVars lists the values a subgraph uses without defining them.
+func freeVars(g *pb.GraphProto) []string {
+	defined := map[string]bool{}
+	for _, v := range g.Input {
+		defined[v.GetName()] = true
+	}
+	for _, t := range g.Initializer {
+		defined[t.GetName()] = true
+	}
+	for _, n := range g.Node {
+		for _, o := range n.Output {
+			defined[o] = true
+		}
+	}
+	seen := map[string]bool{}
+	var out []string
+	use := func(v string) {
+		if v != "" && !defined[v] && !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	for _, n := range g.Node {
+		for _, in := range NodeInputs(n) {
+			use(in)
+		}
+	}
+	for _, v := range g.Output {
+		use(v.GetName())
+	}
+	return out
+}
+
+// Producer returns the node that outputs v, or nil (graph input, initializer, or unknown).
+func (g *Graph) Producer(v string) *pb.NodeProto { return g.producer[v] }
+
+// Consumers returns the nodes that read v (including subgraph captures).
+func (g *Graph) Consumers(v string) []*pb.NodeProto { return g.consumers[v] }
+
+// Initializer returns the initializer named v, or nil.
+func (g *Graph) Initializer(v string) *pb.TensorProto { return g.inits[v] }
+
+// IsInput reports whether v is a graph input.
+func (g *Graph) IsInput(v string) bool { return g.inputs[v] }
+
+// IsOutput reports whether v is a graph output.
+func (g *Graph) IsOutput(v string) bool { return g.outputs[v] }
+
+// NodesByOp returns the nodes with the given op type, in graph order.
+func (g *Graph) NodesByOp(op string) []*pb.NodeProto { return g.byOp[op] }
+
+// UniqueName returns a name starting with prefix that no value, node or
+// initializer in the graph uses yet, and reserves it.
+func (g *Graph) UniqueName(prefix string) string {
+	name := prefix
+	for i := 1; g.names[name]; i++ {
+		name = prefix + "_" + strconv.Itoa(i)
+	}
+	g.names[name] = true
+	return name
+}
+
+// AddNode appends n to the graph and indexes it.
+func (g *Graph) AddNode(n *pb.NodeProto) {
+	g.P.Node = append(g.P.Node, n)
+	g.index(n)
+}
+
+// AddInitializer appends t to the graph's initializers.
+func (g *Graph) AddInitializer(t *pb.TensorProto) {
+	g.P.Initializer = append(g.P.Initializer, t)
+	g.inits[t.GetName()] = t
+	g.names[t.GetName()] = true
+}
+
+// RemoveNodes deletes the given nodes and reindexes.
+func (g *Graph) RemoveNodes(drop map[*pb.NodeProto]bool) {
+	if len(drop) == 0 {
+		return
+	}
+	kept := g.P.Node[:0]
+	for _, n := range g.P.Node {
+		if !drop[n] {
+			kept = append(kept, n)
+		}
+	}
+	for i := len(kept); i < len(g.P.Node); i++ {
+		g.P.Node[i] = nil
+	}
+	g.P.Node = kept
+	g.Reindex()
+}
+
+// ReplaceAllUses rewires every consumer of old (and graph outputs named old)
+// to read repl instead.
+func (g *Graph) ReplaceAllUses(old, repl string) {
+	for _, n := range g.consumers[old] {
+		for i, in := range n.Input {
+			if in == old {
+				n.Input[i] = repl
+			}
+		}
+		g.consumers[repl] = append(g.consumers[repl], n)
+	}
+	delete(g.consumers, old)
+	for _, v := range g.P.Output {
+		if v.GetName() == old {
+			v.Name = &repl
+			delete(g.outputs, old)
+			g.outputs[repl] = true
+		}
+	}
+}
+
+// CycleError reports a cycle through the named node.
+type CycleError struct{ Node string }
+
+func (e *CycleError) Error() string { return fmt.Sprintf("graph has a cycle through node %q", e.Node) }
+
+// NodeLabel names a node for messages: its name, or op type and first output.
+func NodeLabel(n *pb.NodeProto) string {
+	if n.GetName() != "" {
+		return n.GetName()
+	}
+	if len(n.Output) > 0 {
+		return n.GetOpType() + "->" + n.Output[0]
+	}
+	return n.GetOpType()
+}
+
+// TopoSort returns the nodes in an order where every producer comes before
+// its consumers, stable with respect to the file order, or a CycleError.
+func (g *Graph) TopoSort() ([]*pb.NodeProto, error) {
+	nodes := g.P.Node
+	pos := make(map[*pb.NodeProto]int, len(nodes))
+	for i, n := range nodes {
+		pos[n] = i
+	}
+	indeg := make([]int, len(nodes))
+	succ := make([][]int, len(nodes))
+	for i, n := range nodes {
+		seen := map[int]bool{}
+		for _, in := range NodeInputs(n) {
+			if p, ok := g.producer[in]; ok && in != "" {
+				j := pos[p]
+				if !seen[j] {
+					seen[j] = true
+					succ[j] = append(succ[j], i)
+					indeg[i]++
+				}
+			}
+		}
+	}
+	// Kahn's algorithm with a min-heap on file position keeps the order stable.
+	h := &intHeap{}
+	for i := range nodes {
+		if indeg[i] == 0 {
+			h.push(i)
+		}
+	}
+	out := make([]*pb.NodeProto, 0, len(nodes))
+	for h.len() > 0 {
+		i := h.pop()
+		out = append(out, nodes[i])
+		for _, j := range succ[i] {
+			indeg[j]--
+			if indeg[j] == 0 {
+				h.push(j)
+			}
+		}
+	}
+	if len(out) != len(nodes) {
+		for i := range nodes {
+			if indeg[i] > 0 {
+				return nil, &CycleError{Node: NodeLabel(nodes[i])}
+			}
+		}
+	}
+	return out, nil
+}
+
+// Sort reorders the graph's nodes topologically (see TopoSort).
+func (g *Graph) Sort() error {
+	order, err := g.TopoSort()
+	if err != nil {
+		return err
+	}
+	copy(g.P.Node, order)
+	return nil
+}
+
+// RemoveDeadCode deletes nodes whose outputs reach no graph output and
+// initializers nothing reads. It returns how many nodes and initializers it
+// removed. Nodes in unknown domains are treated like any other.
+func (g *Graph) RemoveDeadCode() (nodes, inits int) {
+	live := map[*pb.NodeProto]bool{}
+	var stack []string
+	for _, v := range g.P.Output {
+		stack = append(stack, v.GetName())
+	}
+	usedVal := map[string]bool{}
+	for len(stack) > 0 {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if usedVal[v] {
+			continue
+		}
+		usedVal[v] = true
+		if p := g.producer[v]; p != nil && !live[p] {
+			live[p] = true
+			stack = append(stack, NodeInputs(p)...)
+		}
+	}
+	drop := map[*pb.NodeProto]bool{}
+	for _, n := range g.P.Node {
+		if !live[n] {
+			drop[n] = true
+		}
+	}
+	keptInit := g.P.Initializer[:0]
+	for _, t := range g.P.Initializer {
+		if usedVal[t.GetName()] || g.inputs[t.GetName()] {
+			keptInit = append(keptInit, t)
+		} else {
+			inits++
+		}
+	}
+	g.P.Initializer = keptInit
+	// Drop value_info entries of values that no longer exist.
+	nodes = len(drop)
+	g.RemoveNodes(drop)
+	if nodes == 0 && inits > 0 {
+		g.Reindex()
+	}
+	vi := g.P.ValueInfo[:0]
+	for _, v := range g.P.ValueInfo {
+		if g.producer[v.GetName()] != nil || g.inputs[v.GetName()] || g.inits[v.GetName()] != nil {
+			vi = append(vi, v)
+		}
+	}
+	g.P.ValueInfo = vi
+	return nodes, inits
+}
+
+// Validate checks the graph and returns every problem found: values read but
+// never defined (naming the node), values defined twice, and cycles.
+func (g *Graph) Validate() []error {
+	var errs []error
+	for _, v := range g.dupOut {
+		errs = append(errs, fmt.Errorf("value %q is produced by more than one node (second: %q)", v, NodeLabel(g.producer[v])))
+	}
+	for _, t := range g.P.Initializer {
+		if g.producer[t.GetName()] != nil {
+			errs = append(errs, fmt.Errorf("value %q is both an initializer and the output of node %q", t.GetName(), NodeLabel(g.producer[t.GetName()])))
+		}
+	}
+	for _, n := range g.P.Node {
+		for _, in := range NodeInputs(n) {
+			if in == "" || g.producer[in] != nil || g.inits[in] != nil || g.inputs[in] {
+				continue
+			}
+			errs = append(errs, fmt.Errorf("node %q (%s) reads %q, which no node, input or initializer defines", NodeLabel(n), n.GetOpType(), in))
+		}
+	}
+	for _, v := range g.P.Output {
+		if n := v.GetName(); g.producer[n] == nil && g.inits[n] == nil && !g.inputs[n] {
+			errs = append(errs, fmt.Errorf("graph output %q is not defined", n))
+		}
+	}
+	if _, err := g.TopoSort(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// OpCensus counts nodes per "domain::op" (default domain as plain op), sorted.
+func (g *Graph) OpCensus() []OpCount {
+	m := map[string]int{}
+	for _, n := range g.P.Node {
+		m[OpKey(n)]++
+	}
+	out := make([]OpCount, 0, len(m))
+	for k, v := range m {
+		out = append(out, OpCount{Op: k, Count: v})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Count != out[j].Count {
+			return out[i].Count > out[j].Count
+		}
+		return out[i].Op < out[j].Op
+	})
+	return out
+}
+
+// OpCount is one row of an op census.
+type OpCount struct {
+	Op    string `json:"op"`
+	Count int    `json:"count"`
+}
+
+// OpKey is "op" for the default domain and "domain::op" otherwise.
+func OpKey(n *pb.NodeProto) string {
+	if d := n.GetDomain(); d != "" && d != "ai.onnx" {
+		return d + "::" + n.GetOpType()
+	}
+	return n.GetOpType()
+}
+
+type intHeap struct{ a []int }
+
+func (h *intHeap) len() int { return len(h.a) }
+func (h *intHeap) push(x int) {
+	h.a = append(h.a, x)
+	i := len(h.a) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if h.a[p] <= h.a[i] {
+			break
+		}
+		h.a[p], h.a[i] = h.a[i], h.a[p]
+		i = p
+	}
+}
+func (h *intHeap) pop() int {
+	top := h.a[0]
+	last := len(h.a) - 1
+	h.a[0] = h.a[last]
+	h.a = h.a[:last]
+	i := 0
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(h.a) && h.a[l] < h.a[m] {
+			m = l
+		}
+		if r < len(h.a) && h.a[r] < h.a[m] {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h.a[m], h.a[i] = h.a[i], h.a[m]
+		i = m
+	}
+	return top
+}

@@ -1,0 +1,156 @@
+// Package graph loads and saves ONNX models with full fidelity and offers a
+// mutable index over a model's graph (producers, consumers, initializers,
+// topological order, dead-code removal, validation). It holds no MoE
+// knowledge.
+//
+// Models are kept as the generated protobuf messages (package onnxpb) and are
+// edited in place, so every field, including unknown ones, rides along. The
+// bytes of externally stored initializers are read lazily, with ranged reads
+// of the side files, and are streamed to the output on save.
+package graph
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// MaxIRVersion is the newest ONNX IR version this build understands (onnx.proto v1.22.0).
+const MaxIRVersion = 13
+
+// Model is a loaded ONNX model: the protobuf message plus what is needed to
+// reach its external data.
+type Model struct {
+	// Proto is the model message; edit it in place.
+	Proto *pb.ModelProto
+	// Path is the file the model was loaded from ("" when loaded from bytes).
+	Path string
+	// Dir is the folder external data locations are resolved against.
+	Dir string
+
+	ext      *externalStore
+	deferred map[*pb.TensorProto]DeferredData
+}
+
+// DeferredData produces the raw little-endian bytes of an initializer at
+// save time, so that large tensors built by a pass (for example experts
+// stacked from per-expert side-file tensors) stream to the output instead of
+// being held in memory. Size must be the exact number of bytes Write writes.
+type DeferredData struct {
+	Size  int64
+	Write func(w io.Writer) error
+}
+
+// Load reads an ONNX model file. External data is not read; it is opened
+// lazily when a tensor's bytes are asked for.
+func Load(path string) (*Model, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &InputError{File: path, Msg: "cannot read model", Err: err}
+	}
+	m, err := Parse(b, path)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Parse decodes a serialized ModelProto. name is used in error messages and,
+// when it is a file path, to resolve external data.
+func Parse(b []byte, name string) (*Model, error) {
+	mp := &pb.ModelProto{}
+	if err := (proto.UnmarshalOptions{}).Unmarshal(b, mp); err != nil {
+		return nil, &InputError{File: name, Msg: "not a valid ONNX protobuf (truncated or corrupt)", Err: err}
+	}
+	if mp.Graph == nil {
+		return nil, badInput(name, "", "not an ONNX model: the ModelProto has no graph")
+	}
+	if v := mp.GetIrVersion(); v < 1 || v > MaxIRVersion {
+		return nil, badInput(name, "", "unsupported IR version %d (this build reads 1..%d)", v, MaxIRVersion)
+	}
+	dir := "."
+	if name != "" && name != "-" {
+		dir = filepath.Dir(name)
+	}
+	m := &Model{Proto: mp, Path: name, Dir: dir}
+	m.ext = newExternalStore(dir, name)
+	return m, nil
+}
+
+// Close releases the side files opened for external data.
+func (m *Model) Close() error {
+	if m == nil || m.ext == nil {
+		return nil
+	}
+	return m.ext.close()
+}
+
+// Graph returns a mutable index over the model's main graph.
+func (m *Model) Graph() *Graph { return NewGraph(m.Proto.Graph) }
+
+// SetDeferred registers a tensor whose bytes are produced at save time.
+// The tensor must carry dims and data_type but no data.
+func (m *Model) SetDeferred(t *pb.TensorProto, d DeferredData) {
+	if m.deferred == nil {
+		m.deferred = map[*pb.TensorProto]DeferredData{}
+	}
+	m.deferred[t] = d
+}
+
+// Opset returns the opset version the model imports for domain ("" or
+// "ai.onnx" for the default domain), or 0 if it does not import it.
+func (m *Model) Opset(domain string) int64 {
+	for _, o := range m.Proto.OpsetImport {
+		d := o.GetDomain()
+		if d == domain || (domain == "" && d == "ai.onnx") || (domain == "ai.onnx" && d == "") {
+			return o.GetVersion()
+		}
+	}
+	return 0
+}
+
+// SetOpset declares domain at version in opset_import, replacing an existing entry.
+func (m *Model) SetOpset(domain string, version int64) {
+	for _, o := range m.Proto.OpsetImport {
+		if o.GetDomain() == domain {
+			o.Version = proto.Int64(version)
+			return
+		}
+	}
+	m.Proto.OpsetImport = append(m.Proto.OpsetImport, &pb.OperatorSetIdProto{Domain: proto.String(domain), Version: proto.Int64(version)})
+}
+
+// Metadata returns the value of a metadata_props key and whether it exists.
+func (m *Model) Metadata(key string) (string, bool) {
+	for _, p := range m.Proto.MetadataProps {
+		if p.GetKey() == key {
+			return p.GetValue(), true
+		}
+	}
+	return "", false
+}
+
+// SetMetadata sets (or adds) a metadata_props entry.
+func (m *Model) SetMetadata(key, value string) {
+	for _, p := range m.Proto.MetadataProps {
+		if p.GetKey() == key {
+			p.Value = proto.String(value)
+			return
+		}
+	}
+	m.Proto.MetadataProps = append(m.Proto.MetadataProps, &pb.StringStringEntryProto{Key: proto.String(key), Value: proto.String(value)})
+}
+
+// Name returns a short name for messages: the file path or "model".
+func (m *Model) Name() string {
+	if m.Path == "" {
+		return "model"
+	}
+	return m.Path
+}
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -1,0 +1,58 @@
+package graph
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// fixtureDir is the shared folder of exported MoE fixtures beside the checkout.
+const fixtureDir = "../../shared/fixtures/exported"
+
+func roundTrip(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Parse(b, path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	out, err := m.Marshal()
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if !bytes.Equal(b, out) {
+		t.Errorf("%s: re-encoded bytes differ (%d vs %d bytes)", path, len(b), len(out))
+	}
+}
+
+func TestRoundTripFixtures(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(fixtureDir, "*.onnx"))
+	if len(files) == 0 {
+		t.Skip("no fixtures beside the checkout")
+	}
+	for _, f := range files {
+		roundTrip(t, f)
+	}
+	t.Logf("%d fixtures round-tripped byte for byte", len(files))
+}
+
+func TestRoundTripLibonnxTestdata(t *testing.T) {
+	var files []string
+	filepath.WalkDir("/usr/share/libonnx-testdata/data", func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && d.Name() == "model.onnx" {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if len(files) == 0 {
+		t.Skip("libonnx-testdata not installed (apt-get install libonnx-testdata)")
+	}
+	for _, f := range files {
+		roundTrip(t, f)
+	}
+	t.Logf("%d libonnx-testdata models round-tripped byte for byte", len(files))
+}

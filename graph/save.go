@@ -1,0 +1,318 @@
+package graph
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// ExternalMode says where initializer bytes go when a model is saved.
+type ExternalMode int
+
+const (
+	// ExternalKeep keeps external tensors external (their bytes are streamed
+	// into the output's side file) and inline tensors inline.
+	ExternalKeep ExternalMode = iota
+	// ExternalRepack moves every initializer of at least Threshold bytes into
+	// the output's side file.
+	ExternalRepack
+	// ExternalInline stores every initializer inside the model file.
+	ExternalInline
+)
+
+// ParseExternalMode maps "keep", "repack" or "inline" to an ExternalMode.
+func ParseExternalMode(s string) (ExternalMode, error) {
+	switch s {
+	case "keep", "":
+		return ExternalKeep, nil
+	case "repack":
+		return ExternalRepack, nil
+	case "inline":
+		return ExternalInline, nil
+	}
+	return 0, fmt.Errorf("unknown external-data mode %q (want keep, repack or inline)", s)
+}
+
+// SaveOptions control Save.
+type SaveOptions struct {
+	External ExternalMode
+	// Threshold is the smallest initializer, in bytes, that ExternalRepack
+	// moves out (default 1024).
+	Threshold int64
+	// DataName is the side file's name, relative to the output's folder
+	// (default: the output's base name + ".data").
+	DataName string
+}
+
+// maxProtoSize is protobuf's 2 GiB limit on one serialized message.
+const maxProtoSize = 1<<31 - 1
+
+// ErrTooLarge is returned when a model without external data would exceed
+// protobuf's 2 GiB limit.
+var ErrTooLarge = errors.New("model exceeds protobuf's 2 GiB limit; save with external data (--external-data repack)")
+
+const sideAlign = 64
+
+// Save writes the model to path atomically: the model and its side file are
+// written to temporary files in the target folder, synced, and renamed into
+// place only when everything succeeded. A failure leaves any previous file at
+// path untouched.
+func (m *Model) Save(path string, opt SaveOptions) error {
+	if opt.Threshold <= 0 {
+		opt.Threshold = 1024
+	}
+	if opt.DataName == "" {
+		opt.DataName = filepath.Base(path) + ".data"
+	}
+	dir := filepath.Dir(path)
+	moved, err := m.planExternal(opt)
+	if err != nil {
+		return err
+	}
+	var side *atomicFile
+	var restore []func()
+	defer func() {
+		for _, r := range restore {
+			r()
+		}
+	}()
+	if len(moved) > 0 {
+		side, err = createAtomic(filepath.Join(dir, opt.DataName))
+		if err != nil {
+			return err
+		}
+		defer side.abort()
+		bw := bufio.NewWriterSize(side.f, 1<<20)
+		var off int64
+		for _, t := range moved {
+			r, n, err := m.TensorReader(t)
+			if err != nil {
+				return err
+			}
+			if pad := (sideAlign - off%sideAlign) % sideAlign; pad > 0 {
+				if _, err := bw.Write(make([]byte, pad)); err != nil {
+					return err
+				}
+				off += pad
+			}
+			if _, err := io.CopyN(bw, r, n); err != nil {
+				return fmt.Errorf("writing initializer %q to %s: %w", t.GetName(), opt.DataName, err)
+			}
+			restore = append(restore, swapToExternal(t, opt.DataName, off, n))
+			off += n
+		}
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+	}
+	// Inline what must be inline.
+	for t := range m.deferred {
+		if t.GetDataLocation() == pb.TensorProto_EXTERNAL {
+			continue
+		}
+		b, err := m.TensorBytes(t)
+		if err != nil {
+			return err
+		}
+		t.RawData = b
+		tt := t
+		restore = append(restore, func() { tt.RawData = nil })
+	}
+	if opt.External == ExternalInline {
+		for _, t := range allInitializers(m.Proto) {
+			if IsExternal(t) {
+				b, err := m.TensorBytes(t)
+				if err != nil {
+					return err
+				}
+				restore = append(restore, swapToInline(t, b))
+			}
+		}
+	}
+	if sz := proto.Size(m.Proto); sz > maxProtoSize {
+		return fmt.Errorf("%s: %w (%d bytes)", path, ErrTooLarge, sz)
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m.Proto)
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", path, err)
+	}
+	mf, err := createAtomic(path)
+	if err != nil {
+		return err
+	}
+	defer mf.abort()
+	if _, err := mf.f.Write(b); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if side != nil {
+		if err := side.commit(); err != nil {
+			return err
+		}
+	}
+	return mf.commit()
+}
+
+// Marshal encodes the model, which must hold no external data, deterministically.
+func (m *Model) Marshal() ([]byte, error) {
+	for _, t := range allInitializers(m.Proto) {
+		if IsExternal(t) {
+			return nil, fmt.Errorf("initializer %q is stored externally; save to a file instead", t.GetName())
+		}
+	}
+	if len(m.deferred) > 0 {
+		return nil, errors.New("model has deferred initializers; save to a file instead")
+	}
+	return proto.MarshalOptions{Deterministic: true}.Marshal(m.Proto)
+}
+
+// planExternal lists, in a deterministic order, the tensors whose bytes go to
+// the output's side file.
+func (m *Model) planExternal(opt SaveOptions) ([]*pb.TensorProto, error) {
+	if opt.External == ExternalInline {
+		return nil, nil
+	}
+	var out []*pb.TensorProto
+	for _, t := range allInitializers(m.Proto) {
+		_, deferred := m.deferred[t]
+		switch {
+		case IsExternal(t):
+			out = append(out, t)
+		case opt.External == ExternalRepack || deferred:
+			n, err := m.tensorSize(t)
+			if err != nil {
+				return nil, err
+			}
+			if n >= opt.Threshold || deferred && opt.External == ExternalKeep && n >= opt.Threshold {
+				out = append(out, t)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (m *Model) tensorSize(t *pb.TensorProto) (int64, error) {
+	if d, ok := m.deferred[t]; ok {
+		return d.Size, nil
+	}
+	if t.RawData != nil {
+		return int64(len(t.RawData)), nil
+	}
+	if DataType(t) == pb.TensorProto_STRING {
+		return 0, nil
+	}
+	n, err := ByteSize(DataType(t), t.GetDims())
+	if err != nil {
+		return 0, &InputError{File: m.Name(), Object: fmt.Sprintf("initializer %q", t.GetName()), Msg: err.Error()}
+	}
+	return n, nil
+}
+
+// swapToExternal points t at the side file and returns a function that undoes it.
+func swapToExternal(t *pb.TensorProto, loc string, off, n int64) func() {
+	oldLoc, oldExt, oldRaw := t.DataLocation, t.ExternalData, t.RawData
+	oldF, oldD, oldI32, oldI64, oldU64 := t.FloatData, t.DoubleData, t.Int32Data, t.Int64Data, t.Uint64Data
+	t.DataLocation = pb.TensorProto_EXTERNAL.Enum()
+	t.ExternalData = []*pb.StringStringEntryProto{
+		{Key: proto.String("location"), Value: proto.String(loc)},
+		{Key: proto.String("offset"), Value: proto.String(strconv.FormatInt(off, 10))},
+		{Key: proto.String("length"), Value: proto.String(strconv.FormatInt(n, 10))},
+	}
+	t.RawData, t.FloatData, t.DoubleData, t.Int32Data, t.Int64Data, t.Uint64Data = nil, nil, nil, nil, nil, nil
+	return func() {
+		t.DataLocation, t.ExternalData, t.RawData = oldLoc, oldExt, oldRaw
+		t.FloatData, t.DoubleData, t.Int32Data, t.Int64Data, t.Uint64Data = oldF, oldD, oldI32, oldI64, oldU64
+	}
+}
+
+func swapToInline(t *pb.TensorProto, b []byte) func() {
+	oldLoc, oldExt, oldRaw := t.DataLocation, t.ExternalData, t.RawData
+	t.DataLocation, t.ExternalData, t.RawData = nil, nil, b
+	return func() { t.DataLocation, t.ExternalData, t.RawData = oldLoc, oldExt, oldRaw }
+}
+
+// allInitializers lists the initializers of the main graph, of nested
+// subgraphs and of training_info, in file order.
+func allInitializers(mp *pb.ModelProto) []*pb.TensorProto {
+	var out []*pb.TensorProto
+	var walk func(g *pb.GraphProto)
+	walk = func(g *pb.GraphProto) {
+		if g == nil {
+			return
+		}
+		out = append(out, g.Initializer...)
+		for _, n := range g.Node {
+			for _, a := range n.Attribute {
+				walk(a.G)
+				for _, sg := range a.Graphs {
+					walk(sg)
+				}
+			}
+		}
+	}
+	walk(mp.Graph)
+	for _, ti := range mp.TrainingInfo {
+		walk(ti.Algorithm)
+		walk(ti.Initialization)
+	}
+	return out
+}
+
+// atomicFile is a temporary file that becomes path on commit.
+type atomicFile struct {
+	f    *os.File
+	path string
+	done bool
+}
+
+func createAtomic(path string) (*atomicFile, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return nil, fmt.Errorf("cannot create output next to %s: %w", path, err)
+	}
+	return &atomicFile{f: f, path: path}, nil
+}
+
+func (a *atomicFile) commit() error {
+	if err := a.f.Sync(); err != nil {
+		return fmt.Errorf("writing %s: %w", a.path, err)
+	}
+	if err := a.f.Close(); err != nil {
+		return fmt.Errorf("writing %s: %w", a.path, err)
+	}
+	if err := os.Chmod(a.f.Name(), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(a.f.Name(), a.path); err != nil {
+		return fmt.Errorf("writing %s: %w", a.path, err)
+	}
+	a.done = true
+	return nil
+}
+
+func (a *atomicFile) abort() {
+	if !a.done {
+		a.f.Close()
+		os.Remove(a.f.Name())
+		a.done = true
+	}
+}
+
+// WriteFileAtomic writes data to path via a synced temporary file and a rename.
+func WriteFileAtomic(path string, data []byte) error {
+	a, err := createAtomic(path)
+	if err != nil {
+		return err
+	}
+	defer a.abort()
+	if _, err := a.f.Write(data); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return a.commit()
+}
