@@ -1,0 +1,258 @@
+package moe
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Weights holds a block's weights in canonical layout, float32, row-major.
+// Routed: Gate, Up [E, I, H]; Down [E, H, I]; biases GateB, UpB [E, I],
+// DownB [E, H]. Router: RouterW [E, H], RouterB [E], CorrectionBias [E].
+// Shared expert: SharedGate, SharedUp [Is, H], SharedDown [H, Is],
+// SharedGateW [H] (the sigmoid gate's weight row). Absent parts are nil.
+// For the GELU activation Gate is nil.
+type Weights struct {
+	RouterW, RouterB, CorrectionBias []float32
+	Gate, Up, Down                   []float32
+	GateB, UpB, DownB                []float32
+	SharedGate, SharedUp, SharedDown []float32
+	SharedGateW                      []float32
+}
+
+// Route computes, for each of T tokens, the selected experts and the weights
+// applied to their outputs, exactly as the spec says.
+func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]float32) {
+	E, H, k := s.NumExperts, s.Hidden, s.TopK
+	ids = make([][]int, T)
+	weights = make([][]float32, T)
+	logits := make([]float32, E)
+	for t := 0; t < T; t++ {
+		xt := x[t*H : (t+1)*H]
+		for e := 0; e < E; e++ {
+			logits[e] = dot(xt, w.RouterW[e*H:(e+1)*H])
+			if w.RouterB != nil {
+				logits[e] += w.RouterB[e]
+			}
+		}
+		var sel []int
+		var wt []float32
+		if s.RouterOrder == TopKThenActivation {
+			sel = topk(logits, k)
+			vals := make([]float32, k)
+			for i, e := range sel {
+				vals[i] = logits[e]
+			}
+			if s.RouterActivation == Softmax {
+				softmax(vals)
+			} else {
+				for i := range vals {
+					vals[i] = sigmoid(vals[i])
+				}
+			}
+			wt = vals
+		} else {
+			scores := append([]float32(nil), logits...)
+			if s.RouterActivation == Softmax {
+				softmax(scores)
+			} else {
+				for i := range scores {
+					scores[i] = sigmoid(scores[i])
+				}
+			}
+			choice := append([]float32(nil), scores...)
+			if w.CorrectionBias != nil {
+				for e := range choice {
+					choice[e] += w.CorrectionBias[e]
+				}
+			}
+			if s.NGroup > 1 {
+				groupLimit(choice, s.NGroup, s.TopKGroup)
+			}
+			sel = topk(choice, k)
+			wt = make([]float32, k)
+			for i, e := range sel {
+				wt[i] = scores[e]
+			}
+		}
+		if s.NormalizeTopK {
+			var sum float32
+			for _, v := range wt {
+				sum += v
+			}
+			for i := range wt {
+				wt[i] /= sum
+			}
+		}
+		if s.RoutedScalingFactor != 1 && s.RoutedScalingFactor != 0 {
+			for i := range wt {
+				wt[i] *= s.RoutedScalingFactor
+			}
+		}
+		ids[t], weights[t] = sel, wt
+	}
+	return ids, weights
+}
+
+// groupLimit keeps the experts of the topkGroup best groups (a group's score
+// is the sum of its two best experts, as DeepSeek-V3 does) and sets the
+// others to -inf.
+func groupLimit(choice []float32, nGroup, topkGroup int) {
+	per := len(choice) / nGroup
+	gs := make([]float32, nGroup)
+	for g := 0; g < nGroup; g++ {
+		grp := choice[g*per : (g+1)*per]
+		best := topk(grp, min(2, per))
+		for _, i := range best {
+			gs[g] += grp[i]
+		}
+	}
+	keep := map[int]bool{}
+	for _, g := range topk(gs, topkGroup) {
+		keep[g] = true
+	}
+	for g := 0; g < nGroup; g++ {
+		if !keep[g] {
+			for i := g * per; i < (g+1)*per; i++ {
+				choice[i] = float32(math.Inf(-1))
+			}
+		}
+	}
+}
+
+// topk returns the indices of the k largest values, largest first, ties
+// broken by the lower index (as ONNX TopK does).
+func topk(v []float32, k int) []int {
+	idx := make([]int, len(v))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return v[idx[a]] > v[idx[b]] })
+	return idx[:k]
+}
+
+func softmax(v []float32) {
+	m := float32(math.Inf(-1))
+	for _, x := range v {
+		m = max(m, x)
+	}
+	var s float32
+	for i, x := range v {
+		v[i] = float32(math.Exp(float64(x - m)))
+		s += v[i]
+	}
+	for i := range v {
+		v[i] /= s
+	}
+}
+
+func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+
+func dot(a, b []float32) float32 {
+	var s float32
+	for i := range a {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+// Activate applies the expert activation to a gate and an up projection
+// (gate is ignored for GELU) and returns the intermediate activation.
+func Activate(s *Spec, g, u float32) float32 {
+	switch s.Activation {
+	case GELU:
+		return float32(0.5 * float64(u) * (1 + math.Erf(float64(u)/math.Sqrt2)))
+	case SwiGLUClamped:
+		g = min(g, s.SwiGLULimit)
+		u = max(min(u, s.SwiGLULimit), -s.SwiGLULimit)
+		return g * sigmoid(g) * u
+	case SwiGLUOAI:
+		if s.SwiGLULimit > 0 {
+			g = min(g, s.SwiGLULimit)
+			u = max(min(u, s.SwiGLULimit), -s.SwiGLULimit)
+		}
+		return (u + 1) * g * sigmoid(s.SwiGLUAlpha*g)
+	}
+	return g * sigmoid(g) * u
+}
+
+// expertFFN computes one expert's output for one token into out (length H).
+func expertFFN(s *Spec, w *Weights, e int, xt, out []float32, act []float32) {
+	H, I := s.Hidden, s.Inter
+	for i := 0; i < I; i++ {
+		var g float32
+		if w.Gate != nil {
+			g = dot(xt, w.Gate[(e*I+i)*H:(e*I+i+1)*H])
+			if w.GateB != nil {
+				g += w.GateB[e*I+i]
+			}
+		}
+		u := dot(xt, w.Up[(e*I+i)*H:(e*I+i+1)*H])
+		if w.UpB != nil {
+			u += w.UpB[e*I+i]
+		}
+		act[i] = Activate(s, g, u)
+	}
+	for h := 0; h < H; h++ {
+		v := dot(act, w.Down[(e*H+h)*I:(e*H+h+1)*I])
+		if w.DownB != nil {
+			v += w.DownB[e*H+h]
+		}
+		out[h] = v
+	}
+}
+
+// Forward computes the block's output for x, T tokens of H values, by the
+// reference semantics: route, run each selected expert, weight and sum, add
+// the (optionally sigmoid-gated) shared expert. It is written independently
+// of the function body in body.go so the two can check each other.
+func Forward(s *Spec, w *Weights, x []float32, T int) ([]float32, error) {
+	H := s.Hidden
+	if len(x) != T*H {
+		return nil, fmt.Errorf("MoE input has %d values, want %d tokens x %d", len(x), T, H)
+	}
+	ids, rw := Route(s, w, x, T)
+	out := make([]float32, T*H)
+	tmp := make([]float32, H)
+	xin := make([]float32, H)
+	act := make([]float32, max(s.Inter, s.SharedInter))
+	for t := 0; t < T; t++ {
+		xt := x[t*H : (t+1)*H]
+		acc := make([]float64, H)
+		for i, e := range ids[t] {
+			if s.WeightsOnInput {
+				for h := range xin {
+					xin[h] = xt[h] * rw[t][i]
+				}
+				expertFFN(s, w, e, xin, tmp, act)
+				for h := range tmp {
+					acc[h] += float64(tmp[h])
+				}
+			} else {
+				expertFFN(s, w, e, xt, tmp, act)
+				for h := range tmp {
+					acc[h] += float64(rw[t][i]) * float64(tmp[h])
+				}
+			}
+		}
+		if s.SharedInter > 0 {
+			Is := s.SharedInter
+			for i := 0; i < Is; i++ {
+				g := dot(xt, w.SharedGate[i*H:(i+1)*H])
+				u := dot(xt, w.SharedUp[i*H:(i+1)*H])
+				act[i] = g * sigmoid(g) * u
+			}
+			gate := float32(1)
+			if s.SharedGated {
+				gate = sigmoid(dot(xt, w.SharedGateW))
+			}
+			for h := 0; h < H; h++ {
+				acc[h] += float64(gate * dot(act[:Is], w.SharedDown[h*Is:(h+1)*Is]))
+			}
+		}
+		for h := range acc {
+			out[t*H+h] = float32(acc[h])
+		}
+	}
+	return out, nil
+}

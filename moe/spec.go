@@ -1,0 +1,238 @@
+// Package moe defines the fused ai.mok::MoE operator: its attributes (Spec),
+// its weights in canonical layout, its reference semantics in plain Go, and
+// the canonical decomposition into standard ONNX ops that becomes the
+// model-local function body of every fused node.
+package moe
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// Domain and OpType name the fused operator; Version is its contract version.
+const (
+	Domain  = "ai.mok"
+	OpType  = "MoE"
+	Version = 1
+)
+
+// Router activations and orders.
+const (
+	Softmax = "softmax"
+	Sigmoid = "sigmoid"
+
+	ActivationThenTopK = "activation_then_topk"
+	TopKThenActivation = "topk_then_activation"
+)
+
+// Expert activations.
+const (
+	// SwiGLU is silu(gate) * up.
+	SwiGLU = "swiglu"
+	// SwiGLUClamped is silu(min(gate, limit)) * clamp(up, -limit, limit), the form MoK supports.
+	SwiGLUClamped = "swiglu_clamped"
+	// SwiGLUOAI is GPT-OSS's form: g = min(gate, limit), u = clamp(up, -limit, limit),
+	// out = (u + 1) * g * sigmoid(alpha * g).
+	SwiGLUOAI = "swiglu_oai"
+	// GELU is a two-layer MLP down(gelu(up(x))) with the exact (erf) GELU; no gate.
+	GELU = "gelu"
+)
+
+// Input positions of the fused node. Absent optional inputs are "".
+const (
+	InHidden = iota
+	InRouterW
+	InRouterB
+	InCorrectionBias
+	InGate
+	InUp
+	InDown
+	InGateBias
+	InUpBias
+	InDownBias
+	InSharedGate
+	InSharedUp
+	InSharedDown
+	InSharedGateW
+	NumInputs
+)
+
+// InputNames are the formal input names of the fused node's function.
+var InputNames = [NumInputs]string{
+	"hidden_states", "router_weight", "router_bias", "router_correction_bias",
+	"gate", "up", "down", "gate_bias", "up_bias", "down_bias",
+	"shared_gate", "shared_up", "shared_down", "shared_gate_weight",
+}
+
+// Spec pins the semantics of one fused MoE block. Every field is written as
+// an attribute of the fused node; nothing is left to convention.
+type Spec struct {
+	NumExperts int `json:"num_experts"`
+	TopK       int `json:"top_k"`
+	Hidden     int `json:"hidden"`
+	Inter      int `json:"inter"`
+
+	RouterActivation    string  `json:"router_activation"`
+	RouterOrder         string  `json:"router_order"`
+	NormalizeTopK       bool    `json:"normalize_topk"`
+	RoutedScalingFactor float32 `json:"routed_scaling_factor"`
+	NGroup              int     `json:"n_group"`
+	TopKGroup           int     `json:"topk_group"`
+	WeightsOnInput      bool    `json:"weights_on_input"`
+	RouterBias          bool    `json:"router_bias"`
+	CorrectionBias      bool    `json:"correction_bias"`
+
+	Activation        string  `json:"activation"`
+	SwiGLUAlpha       float32 `json:"swiglu_alpha"`
+	SwiGLULimit       float32 `json:"swiglu_limit"`
+	GateUpInterleaved bool    `json:"gate_up_interleaved"`
+	ExpertBias        bool    `json:"expert_bias"`
+
+	SharedInter int  `json:"shared_inter"` // 0: no shared expert
+	SharedGated bool `json:"shared_expert_gated"`
+
+	EPSize       int `json:"ep_size"`
+	ExpertOffset int `json:"expert_offset"`
+}
+
+// Validate checks the spec's internal consistency.
+func (s *Spec) Validate() error {
+	var errs []string
+	if s.NumExperts < 1 {
+		errs = append(errs, fmt.Sprintf("num_experts %d < 1", s.NumExperts))
+	}
+	if s.TopK < 1 || s.TopK > s.NumExperts {
+		errs = append(errs, fmt.Sprintf("top_k %d not in 1..num_experts (%d)", s.TopK, s.NumExperts))
+	}
+	if s.RouterActivation != Softmax && s.RouterActivation != Sigmoid {
+		errs = append(errs, fmt.Sprintf("router_activation %q", s.RouterActivation))
+	}
+	if s.RouterOrder != ActivationThenTopK && s.RouterOrder != TopKThenActivation {
+		errs = append(errs, fmt.Sprintf("router_order %q", s.RouterOrder))
+	}
+	if s.NGroup > 1 && (s.NumExperts%s.NGroup != 0 || s.TopKGroup < 1 || s.TopKGroup > s.NGroup) {
+		errs = append(errs, fmt.Sprintf("n_group %d / topk_group %d do not fit %d experts", s.NGroup, s.TopKGroup, s.NumExperts))
+	}
+	switch s.Activation {
+	case SwiGLU, SwiGLUClamped, SwiGLUOAI, GELU:
+	default:
+		errs = append(errs, fmt.Sprintf("activation %q", s.Activation))
+	}
+	if s.EPSize < 1 || s.NumExperts%s.EPSize != 0 {
+		errs = append(errs, fmt.Sprintf("ep_size %d does not divide %d experts", s.EPSize, s.NumExperts))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid MoE spec: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// Variant is a short stable name of the semantic variant, used as the
+// function overload of the fused node so that each variant has its own body.
+func (s *Spec) Variant() string {
+	parts := []string{s.RouterActivation, map[string]string{ActivationThenTopK: "act_topk", TopKThenActivation: "topk_act"}[s.RouterOrder]}
+	if s.NormalizeTopK {
+		parts = append(parts, "norm")
+	}
+	if s.RoutedScalingFactor != 1 {
+		parts = append(parts, "scaled")
+	}
+	if s.NGroup > 1 {
+		parts = append(parts, fmt.Sprintf("g%dof%d", s.TopKGroup, s.NGroup))
+	}
+	if s.RouterBias {
+		parts = append(parts, "rbias")
+	}
+	if s.CorrectionBias {
+		parts = append(parts, "cbias")
+	}
+	if s.WeightsOnInput {
+		parts = append(parts, "winput")
+	}
+	parts = append(parts, s.Activation)
+	if s.ExpertBias {
+		parts = append(parts, "ebias")
+	}
+	if s.SharedInter > 0 {
+		if s.SharedGated {
+			parts = append(parts, "shared_gated")
+		} else {
+			parts = append(parts, "shared")
+		}
+	}
+	return strings.Join(parts, "_")
+}
+
+// Attributes encodes the spec as node attributes, sorted by name.
+func (s *Spec) Attributes() []*pb.AttributeProto {
+	b := func(v bool) int64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	attrs := []*pb.AttributeProto{
+		graph.IntAttr("num_experts", int64(s.NumExperts)),
+		graph.IntAttr("top_k", int64(s.TopK)),
+		graph.StringAttr("router_activation", s.RouterActivation),
+		graph.StringAttr("router_order", s.RouterOrder),
+		graph.IntAttr("normalize_topk", b(s.NormalizeTopK)),
+		graph.FloatAttr("routed_scaling_factor", s.RoutedScalingFactor),
+		graph.IntAttr("n_group", int64(max(s.NGroup, 1))),
+		graph.IntAttr("topk_group", int64(max(s.TopKGroup, 1))),
+		graph.IntAttr("weights_on_input", b(s.WeightsOnInput)),
+		graph.StringAttr("activation", s.Activation),
+		graph.FloatAttr("swiglu_alpha", s.SwiGLUAlpha),
+		graph.FloatAttr("swiglu_limit", s.SwiGLULimit),
+		graph.IntAttr("gate_up_interleaved", b(s.GateUpInterleaved)),
+		graph.IntAttr("shared_expert_gated", b(s.SharedGated)),
+		graph.IntAttr("ep_size", int64(s.EPSize)),
+		graph.IntAttr("expert_offset", int64(s.ExpertOffset)),
+	}
+	sort.Slice(attrs, func(i, j int) bool { return attrs[i].GetName() < attrs[j].GetName() })
+	return attrs
+}
+
+// SpecFromNode decodes a fused node's attributes; shapes (Hidden, Inter,
+// SharedInter) and the presence flags come from the weights' dims, given as
+// a function from input position to dims (nil when absent).
+func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
+	if n.GetDomain() != Domain || n.GetOpType() != OpType {
+		return nil, fmt.Errorf("node %q is %s::%s, not %s::%s", graph.NodeLabel(n), n.GetDomain(), n.GetOpType(), Domain, OpType)
+	}
+	s := &Spec{
+		NumExperts:          int(graph.AttrInt(n, "num_experts", 0)),
+		TopK:                int(graph.AttrInt(n, "top_k", 0)),
+		RouterActivation:    graph.AttrString(n, "router_activation", Softmax),
+		RouterOrder:         graph.AttrString(n, "router_order", ActivationThenTopK),
+		NormalizeTopK:       graph.AttrInt(n, "normalize_topk", 0) != 0,
+		RoutedScalingFactor: graph.AttrFloat(n, "routed_scaling_factor", 1),
+		NGroup:              int(graph.AttrInt(n, "n_group", 1)),
+		TopKGroup:           int(graph.AttrInt(n, "topk_group", 1)),
+		WeightsOnInput:      graph.AttrInt(n, "weights_on_input", 0) != 0,
+		Activation:          graph.AttrString(n, "activation", SwiGLU),
+		SwiGLUAlpha:         graph.AttrFloat(n, "swiglu_alpha", 1),
+		SwiGLULimit:         graph.AttrFloat(n, "swiglu_limit", 0),
+		GateUpInterleaved:   graph.AttrInt(n, "gate_up_interleaved", 0) != 0,
+		SharedGated:         graph.AttrInt(n, "shared_expert_gated", 0) != 0,
+		EPSize:              int(graph.AttrInt(n, "ep_size", 1)),
+		ExpertOffset:        int(graph.AttrInt(n, "expert_offset", 0)),
+	}
+	has := func(pos int) bool { return pos < len(n.Input) && n.Input[pos] != "" }
+	s.RouterBias = has(InRouterB)
+	s.CorrectionBias = has(InCorrectionBias)
+	s.ExpertBias = has(InGateBias) || has(InUpBias) || has(InDownBias)
+	if d := dims(InDown); len(d) == 3 {
+		s.Hidden, s.Inter = int(d[1]), int(d[2])
+	}
+	if has(InSharedDown) {
+		if d := dims(InSharedDown); len(d) == 2 {
+			s.SharedInter = int(d[1])
+		}
+	}
+	return s, s.Validate()
+}

@@ -1,0 +1,595 @@
+package passes
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+)
+
+// Shape kinds of an MoE block, as exporters write them.
+const (
+	KindBatched  = "batched"  // top-k indices gather stacked expert weights
+	KindUnrolled = "unrolled" // one branch per expert (loop traced or unrolled)
+	KindDense    = "dense"    // every expert on every token, weighted by a routing matrix
+	KindORT      = "ort"      // an ONNX Runtime com.microsoft::MoE node
+)
+
+// Block is one detected MoE block: its semantics, where it sits, and where
+// its weights come from.
+type Block struct {
+	Name   string   `json:"name"`
+	Kind   string   `json:"kind"`
+	Spec   moe.Spec `json:"spec"`
+	Input  string   `json:"input"`  // block input value (hidden states)
+	Output string   `json:"output"` // block output value
+	Nodes  int      `json:"nodes"`  // nodes in the region the fused node replaces
+
+	// Router is the value fed to the router linear (may be a reshaped Input).
+	Router string          `json:"-"`
+	Region []*pb.NodeProto `json:"-"`
+	W      *WeightPlan     `json:"-"`
+	TopK   *pb.NodeProto   `json:"-"`
+}
+
+// NearMiss is a candidate (a TopK feeding expert-like compute) that was not
+// fused, with the first reason.
+type NearMiss struct {
+	Node   string `json:"node"`
+	Reason string `json:"reason"`
+}
+
+// Detection is the detector's result for a model.
+type Detection struct {
+	Blocks   []*Block   `json:"blocks"`
+	NearMiss []NearMiss `json:"near_misses"`
+}
+
+// reject aborts a candidate with a reason.
+type reject struct{ msg string }
+
+func (r reject) Error() string { return r.msg }
+
+func fail(format string, args ...any) { panic(reject{fmt.Sprintf(format, args...)}) }
+
+// Detect finds every MoE block in m's main graph. It never edits the model.
+func Detect(m *graph.Model) (*Detection, error) {
+	c := &ctx{m: m, g: m.Graph()}
+	topo, err := c.g.TopoSort()
+	if err != nil {
+		return nil, &graph.InputError{File: m.Name(), Msg: err.Error(), Err: err}
+	}
+	c.topo = topo
+	c.order = make(map[*pb.NodeProto]int, len(topo))
+	for i, n := range topo {
+		c.order[n] = i
+	}
+	det := &Detection{}
+	claimed := map[*pb.NodeProto]bool{}
+	for _, n := range topo {
+		if n.GetOpType() == "MoE" && n.GetDomain() == "com.microsoft" {
+			b, err := c.detectORT(n)
+			if err != nil {
+				det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
+				continue
+			}
+			det.Blocks = append(det.Blocks, b)
+			continue
+		}
+		if n.GetOpType() != "TopK" || n.GetDomain() != "" || claimed[n] {
+			continue
+		}
+		if c.isAuxTopK(n) {
+			continue
+		}
+		b, err := c.detectAt(n)
+		if err != nil {
+			if !c.routerFed(n) {
+				continue // a TopK used for something else entirely: not a candidate
+			}
+			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
+			continue
+		}
+		for _, r := range b.Region {
+			claimed[r] = true
+		}
+		det.Blocks = append(det.Blocks, b)
+	}
+	for i, b := range det.Blocks {
+		if b.Name == "" {
+			b.Name = fmt.Sprintf("moe_%d", i)
+		}
+	}
+	return det, nil
+}
+
+// isAuxTopK reports whether a TopK only feeds other TopKs (the group
+// selection of group-limited routing).
+func (c *ctx) isAuxTopK(n *pb.NodeProto) bool {
+	seen := map[*pb.NodeProto]bool{}
+	stack := append([]string(nil), n.Output...)
+	for len(stack) > 0 {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, nd := range c.g.Consumers(v) {
+			if seen[nd] {
+				continue
+			}
+			seen[nd] = true
+			switch nd.GetOpType() {
+			case "TopK":
+				return true
+			case "MatMul", "Gemm":
+				continue // crossing into compute: a later layer's router is not ours
+			}
+			stack = append(stack, nd.Output...)
+		}
+	}
+	return false
+}
+
+// routerFed reports whether a TopK is fed by a linear layer with a constant
+// weight, i.e. it looks like a router and a failure is worth reporting.
+func (c *ctx) routerFed(n *pb.NodeProto) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if _, isReject := r.(reject); !isReject {
+				panic(r)
+			}
+			ok = false
+		}
+	}()
+	c.router(n)
+	return true
+}
+
+func (c *ctx) detectAt(tk *pb.NodeProto) (b *Block, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			rj, ok := r.(reject)
+			if !ok {
+				panic(r)
+			}
+			b, err = nil, rj
+		}
+	}()
+	return c.analyze(tk), nil
+}
+
+// routerInfo is what the walk back from the selection TopK finds.
+type routerInfo struct {
+	linear     *pb.NodeProto
+	x          string // router input
+	w          *pb.TensorProto
+	wInOut     bool // stored [H, E]
+	bias       *pb.TensorProto
+	corr       *pb.TensorProto
+	act, order string
+	nGroup     int
+	topkGroup  int
+	scores     string // value of activated scores (act_then_topk)
+}
+
+func (c *ctx) analyze(tk *pb.NodeProto) *Block {
+	s := moe.Spec{RoutedScalingFactor: 1, EPSize: 1, SwiGLUAlpha: 1}
+	k, ok := c.scalarInt(tk.Input[1])
+	if !ok {
+		fail("TopK k is not a constant")
+	}
+	if graph.AttrInt(tk, "largest", 1) != 1 {
+		fail("TopK selects the smallest values, not a router")
+	}
+	s.TopK = int(k)
+	ri := c.router(tk)
+	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
+	s.RouterBias, s.CorrectionBias = ri.bias != nil, ri.corr != nil
+	dims := ri.w.GetDims()
+	if len(dims) != 2 {
+		fail("router weight %q is not a matrix", ri.w.GetName())
+	}
+	E, H := int(dims[0]), int(dims[1])
+	if ri.wInOut {
+		E, H = H, E
+	}
+	s.NumExperts, s.Hidden = E, H
+	if s.TopK > E {
+		fail("TopK k=%d exceeds the router's %d outputs", s.TopK, E)
+	}
+	x0 := c.through(ri.x)
+	y := c.postDominator(tk, ri.linear)
+	if y == "" {
+		fail("no single value combines the experts' outputs after the router")
+	}
+	// Extend through shape noise and a shared-expert Add.
+	xDeps := c.forward(x0)
+	region0 := c.regionBetween(x0, y, xDeps)
+	var sharedVal string
+	for {
+		cons := c.g.Consumers(y)
+		if len(cons) != 1 || c.g.IsOutput(y) {
+			break
+		}
+		n := cons[0]
+		if noiseOps[n.GetOpType()] && n.GetOpType() != "Cast" || n.GetOpType() == "ReduceSum" && sharedVal == "" {
+			y = n.Output[0]
+			continue
+		}
+		if n.GetOpType() == "Add" && sharedVal == "" {
+			other := n.Input[0]
+			if other == y {
+				other = n.Input[1]
+			}
+			if p := c.g.Producer(other); p != nil && xDeps[p] && c.hasWeightMatMul(other, x0) {
+				sharedVal = other
+				y = n.Output[0]
+				continue
+			}
+		}
+		break
+	}
+	region := c.regionBetween(x0, y, xDeps)
+	_ = region0
+	b := &Block{Kind: "", Input: x0, Router: ri.x, Output: y, TopK: tk}
+	b.Region = region
+	b.Nodes = len(region)
+	inRegion := map[*pb.NodeProto]bool{}
+	for _, n := range region {
+		inRegion[n] = true
+	}
+	// Router post-processing: nodes downstream of the top-k values (and of a
+	// gather of the scores by the indices) that do not touch expert compute.
+	var sharedNodes map[*pb.NodeProto]bool
+	if sharedVal != "" {
+		sharedNodes = c.backward(sharedVal, map[string]bool{x0: true})
+	}
+	c.routerPost(tk, ri, &s, inRegion)
+	plan := &WeightPlan{}
+	kind := c.experts(b, tk, ri, &s, inRegion, sharedNodes, plan)
+	b.Kind = kind
+	if sharedVal != "" {
+		c.sharedExpert(sharedVal, x0, &s, plan)
+	}
+	plan.Router = Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}
+	if ri.bias != nil {
+		plan.RouterB = &Proj{Init: ri.bias, Expert: -1}
+	}
+	if ri.corr != nil {
+		plan.Corr = &Proj{Init: ri.corr, Expert: -1}
+	}
+	b.W = plan
+	b.Spec = s
+	if err := s.Validate(); err != nil {
+		fail("%v", err)
+	}
+	b.Name = blockName(y, region)
+	if os.Getenv("MOKOPT_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "debug: x0=%s y=%s shared=%s\n", x0, y, sharedVal)
+	}
+	return b
+}
+
+// blockName derives a readable block name from the region's node names'
+// common prefix, else from the output value.
+func blockName(y string, region []*pb.NodeProto) string {
+	prefix := ""
+	first := true
+	for _, n := range region {
+		nm := n.GetName()
+		if nm == "" {
+			continue
+		}
+		if first {
+			prefix, first = nm, false
+			continue
+		}
+		for !strings.HasPrefix(nm, prefix) {
+			prefix = prefix[:len(prefix)-1]
+		}
+	}
+	prefix = strings.Trim(prefix, "/._-")
+	if i := strings.LastIndexAny(prefix, "/."); i > 0 && len(prefix) > 0 {
+		prefix = prefix[:i]
+	}
+	prefix = strings.Trim(prefix, "/._-")
+	if len(prefix) >= 3 {
+		return prefix
+	}
+	return y
+}
+
+// router walks back from the selection TopK to the router linear.
+func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
+	ri := &routerInfo{order: moe.TopKThenActivation, nGroup: 1, topkGroup: 1}
+	v := tk.Input[0]
+	for steps := 0; steps < 32; steps++ {
+		v = c.through(v)
+		p := c.g.Producer(v)
+		if p == nil {
+			fail("the TopK input does not come from a router linear layer")
+		}
+		switch p.GetOpType() {
+		case "Where":
+			// Group-limited routing: Where(mask, scores, -inf) or Where(notmask, -inf, scores).
+			a, bb := p.Input[1], p.Input[2]
+			if fa, ok := c.scalarFloat(a); ok && isInf(fa, -1) || ok && fa == 0 {
+				v = bb
+			} else {
+				v = a
+			}
+			c.groupInfo(p, ri)
+			continue
+		case "Add":
+			a, bb := p.Input[0], p.Input[1]
+			if t := c.constTensor(bb); t != nil && len(t.GetDims()) == 1 {
+				if ri.act != "" || c.isActivated(a) {
+					ri.corr = t
+				} else {
+					ri.bias = t
+				}
+				v = a
+				continue
+			}
+			if t := c.constTensor(a); t != nil && len(t.GetDims()) == 1 {
+				if c.isActivated(bb) {
+					ri.corr = t
+				} else {
+					ri.bias = t
+				}
+				v = bb
+				continue
+			}
+			fail("unexpected Add %q between router and TopK", graph.NodeLabel(p))
+		case "Softmax", "Sigmoid":
+			if ri.act != "" {
+				fail("two router activations")
+			}
+			ri.act = strings.ToLower(p.GetOpType())
+			ri.order = moe.ActivationThenTopK
+			ri.scores = p.Output[0]
+			v = p.Input[0]
+			continue
+		case "Gemm":
+			w := c.constTensor(p.Input[1])
+			if w == nil || graph.AttrInt(p, "transA", 0) != 0 {
+				fail("router Gemm %q has no constant weight", graph.NodeLabel(p))
+			}
+			ri.linear, ri.x, ri.w = p, p.Input[0], w
+			ri.wInOut = graph.AttrInt(p, "transB", 0) == 0
+			if len(p.Input) > 2 && p.Input[2] != "" {
+				if t := c.constTensor(p.Input[2]); t != nil {
+					ri.bias = t
+				}
+			}
+			if graph.AttrFloat(p, "alpha", 1) != 1 {
+				fail("router Gemm with alpha != 1")
+			}
+			return ri
+		case "MatMul":
+			if w := c.matmulWeight(p.Input[1]); w != nil {
+				ri.linear, ri.x, ri.w, ri.wInOut = p, p.Input[0], w.t, !w.swapped
+				return ri
+			}
+			fail("router MatMul %q has no constant weight", graph.NodeLabel(p))
+		default:
+			fail("unexpected %s %q between router and TopK", p.GetOpType(), graph.NodeLabel(p))
+		}
+	}
+	fail("router chain too long")
+	return nil
+}
+
+// isActivated reports whether v (looked through noise) is a Sigmoid/Softmax output.
+func (c *ctx) isActivated(v string) bool {
+	p := c.producerOp(v)
+	return p != nil && (p.GetOpType() == "Sigmoid" || p.GetOpType() == "Softmax")
+}
+
+// groupInfo reads n_group and topk_group from the group-selection machinery
+// behind a Where mask: a TopK over group scores (its k is topk_group) whose
+// input is a reduction over a [.., n_group, E/n_group] reshape.
+func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
+	back := c.backward(where.Input[0], nil)
+	for n := range back {
+		if n.GetOpType() != "TopK" {
+			continue
+		}
+		if k, ok := c.scalarInt(n.Input[1]); ok {
+			// The group TopK consumes a ReduceSum; the inner TopK a Reshape.
+			if p := c.producerOp(n.Input[0]); p != nil && p.GetOpType() == "ReduceSum" {
+				ri.topkGroup = int(k)
+			}
+		}
+		if p := c.g.Producer(n.Input[0]); p != nil && p.GetOpType() == "Reshape" {
+			if sh := c.constInts(p.Input[1]); len(sh) >= 2 {
+				ri.nGroup = int(sh[len(sh)-2])
+			}
+		}
+	}
+	if ri.nGroup < 2 {
+		fail("group-limited routing: cannot read the number of groups")
+	}
+}
+
+// postDominator finds the first value after the TopK through which every
+// path from the TopK's outputs passes: the combine point.
+func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
+	fwd := c.forward(tk.Output...)
+	// The combine point comes after expert compute: a MatMul/Gemm with a
+	// constant weight other than the router.
+	var emOut []string
+	for _, n := range c.weightMatMuls() {
+		if n != routerLinear {
+			emOut = append(emOut, n.Output...)
+		}
+	}
+	afterExpert := c.forward(emOut...)
+	pending := map[string]int{} // derived value -> consumers not yet visited
+	live := 0
+	addVal := func(v string) {
+		if v == "" {
+			return
+		}
+		n := len(c.g.Consumers(v))
+		if c.g.IsOutput(v) {
+			n++ // never closes
+		}
+		if n > 0 {
+			pending[v] = n
+			live++
+		}
+	}
+	for _, o := range tk.Output {
+		addVal(o)
+	}
+	for i := c.order[tk] + 1; i < len(c.topo); i++ {
+		n := c.topo[i]
+		if !fwd[n] {
+			continue
+		}
+		for _, in := range graph.NodeInputs(n) {
+			if cnt, ok := pending[in]; ok {
+				if cnt == 1 {
+					delete(pending, in)
+					live--
+				} else {
+					pending[in] = cnt - 1
+				}
+			}
+		}
+		for _, o := range n.Output {
+			addVal(o)
+		}
+		if live == 1 && len(n.Output) == 1 {
+			if _, ok := pending[n.Output[0]]; ok && isFloatCompute(n) && afterExpert[n] && !c.feedsWeightMatMul(n.Output[0]) {
+				return n.Output[0]
+			}
+		}
+		if live == 0 {
+			return ""
+		}
+	}
+	return ""
+}
+
+// weightMatMuls lists (once per model) the MatMul/Gemm nodes with a constant weight.
+func (c *ctx) weightMatMuls() []*pb.NodeProto {
+	if c.wmm == nil {
+		c.wmm = []*pb.NodeProto{}
+		for _, n := range c.topo {
+			if c.expertMatMul(n) != nil {
+				c.wmm = append(c.wmm, n)
+			}
+		}
+	}
+	return c.wmm
+}
+
+// feedsWeightMatMul reports whether v (through noise) is an input of a
+// MatMul/Gemm with a constant weight: then it is not a combine point.
+func (c *ctx) feedsWeightMatMul(v string) bool {
+	for _, n := range c.g.Consumers(v) {
+		if noiseOps[n.GetOpType()] {
+			if c.feedsWeightMatMul(n.Output[0]) {
+				return true
+			}
+			continue
+		}
+		if c.expertMatMul(n) != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// isFloatCompute excludes index/shape ops as combine points.
+func isFloatCompute(n *pb.NodeProto) bool {
+	switch n.GetOpType() {
+	case "Shape", "Size", "NonZero", "TopK", "ArgMax", "Equal", "Greater", "Less", "Not", "OneHot", "Range", "ConstantOfShape":
+		return false
+	}
+	return true
+}
+
+// regionBetween lists, in topological order, the nodes that depend on x0 and
+// that y depends on (plus the constant-only feeders only they use, which
+// dead-code removal takes care of).
+func (c *ctx) regionBetween(x0, y string, xDeps map[*pb.NodeProto]bool) []*pb.NodeProto {
+	back := c.backward(y, map[string]bool{x0: true})
+	var out []*pb.NodeProto
+	for n := range back {
+		if xDeps[n] {
+			out = append(out, n)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return c.order[out[i]] < c.order[out[j]] })
+	return out
+}
+
+// hasWeightMatMul reports whether v is computed from x0 through a MatMul or
+// Gemm with a constant weight.
+func (c *ctx) hasWeightMatMul(v, x0 string) bool {
+	for n := range c.backward(v, map[string]bool{x0: true}) {
+		if (n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm") && len(n.Input) > 1 {
+			if c.matmulWeight(n.Input[1]) != nil || c.matmulWeight(n.Input[0]) != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// routerPost reads renormalisation, scaling and (for top-k-then-activation)
+// the activation from the nodes between the top-k values and the experts.
+func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion map[*pb.NodeProto]bool) {
+	seeds := []string{tk.Output[0]}
+	// With a correction bias the weights are the unbiased scores gathered by the indices.
+	for n := range c.forward(tk.Output[1]) {
+		if n.GetOpType() == "GatherElements" && ri.scores != "" && c.through(n.Input[0]) == c.through(ri.scores) {
+			seeds = append(seeds, n.Output[0])
+		}
+	}
+	rw := c.forward(seeds...)
+	var nodes []*pb.NodeProto
+	for n := range rw {
+		if inRegion[n] {
+			nodes = append(nodes, n)
+		}
+	}
+	sort.Slice(nodes, func(i, j int) bool { return c.order[nodes[i]] < c.order[nodes[j]] })
+	for _, n := range nodes {
+		switch n.GetOpType() {
+		case "MatMul", "Gemm":
+			return // reached expert compute
+		case "Softmax", "Sigmoid":
+			if s.RouterOrder == moe.TopKThenActivation && s.RouterActivation == "" {
+				s.RouterActivation = strings.ToLower(n.GetOpType())
+			}
+		case "Div":
+			p := c.producerOp(n.Input[1])
+			if p != nil && p.GetOpType() == "Add" { // sum + epsilon
+				for i, in := range p.Input {
+					if f, ok := c.scalarFloat(in); ok && f >= 0 && f < 1e-6 {
+						p = c.producerOp(p.Input[1-i])
+						break
+					}
+				}
+			}
+			if p != nil && p.GetOpType() == "ReduceSum" {
+				s.NormalizeTopK = true
+			}
+		case "Mul":
+			for _, in := range n.Input {
+				if f, ok := c.scalarFloat(in); ok && f != 1 {
+					s.RoutedScalingFactor = f
+				}
+			}
+		}
+	}
+	if s.RouterActivation == "" {
+		fail("no router activation (softmax or sigmoid) found around the TopK")
+	}
+}

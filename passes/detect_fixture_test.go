@@ -1,0 +1,84 @@
+package passes
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+const fixtureDir = "../../shared/fixtures/exported"
+
+func readPB(t *testing.T, path string) []float32 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := &pb.TensorProto{}
+	if err := proto.Unmarshal(b, tp); err != nil {
+		t.Fatal(err)
+	}
+	m := &graph.Model{}
+	raw, err := m.TensorBytes(tp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := graph.DecodeFloat32(graph.DataType(tp), raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestDetectFixturesPrint(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(fixtureDir, "*.onnx"))
+	if len(files) == 0 {
+		t.Skip("no fixtures")
+	}
+	for _, f := range files {
+		m, err := graph.Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := Detect(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := filepath.Base(f)
+		var sb strings.Builder
+		for _, b := range d.Blocks {
+			fmt.Fprintf(&sb, "  block %s kind=%s nodes=%d spec=%+v\n", b.Name, b.Kind, b.Nodes, b.Spec)
+			if strings.Contains(name, "_block_") {
+				w, err := b.W.Materialize(m, &b.Spec)
+				if err != nil {
+					fmt.Fprintf(&sb, "  materialize: %v\n", err)
+					continue
+				}
+				dir := strings.TrimSuffix(f, ".onnx") + "_data/test_data_set_0"
+				x := readPB(t, dir+"/input_0.pb")
+				y := readPB(t, dir+"/output_0.pb")
+				got, err := moe.Forward(&b.Spec, w, x, len(x)/b.Spec.Hidden)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var worst float64
+				for i := range y {
+					worst = math.Max(worst, math.Abs(float64(got[i]-y[i])))
+				}
+				fmt.Fprintf(&sb, "  max abs err vs golden: %.3g\n", worst)
+			}
+		}
+		for _, nm := range d.NearMiss {
+			fmt.Fprintf(&sb, "  near-miss %s: %s\n", nm.Node, nm.Reason)
+		}
+		t.Logf("%s: %d blocks\n%s", name, len(d.Blocks), sb.String())
+	}
+}

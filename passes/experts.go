@@ -1,0 +1,670 @@
+package passes
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+)
+
+// How an expert weight operand selects experts from its initializer.
+const (
+	selNone   = iota // the initializer is used whole (dense stacked, or one expert's 2-D matrix)
+	selRouted        // gathered per token by the routing indices
+	selConst         // gathered by a constant expert id
+	selSlot          // gathered by a data-dependent scalar id (a traced loop over hit experts)
+)
+
+// wtrace is a weight operand traced back to its initializer.
+type wtrace struct {
+	t       *pb.TensorProto
+	swapped bool // the last two axes were transposed on the way
+	sel     int
+	expert  int    // selConst
+	slotKey string // selSlot
+}
+
+// matmulWeight traces v back to a constant weight, or returns nil.
+func (c *ctx) matmulWeight(v string) *wtrace {
+	w := &wtrace{}
+	for steps := 0; steps < 16; steps++ {
+		if t := c.g.Initializer(v); t != nil {
+			if len(t.GetDims()) < 1 {
+				return nil
+			}
+			w.t = t
+			return w
+		}
+		p := c.g.Producer(v)
+		if p == nil {
+			return nil
+		}
+		switch op := p.GetOpType(); {
+		case op == "Constant":
+			if t := graph.AttrTensor(p, "value"); t != nil && len(t.GetDims()) >= 1 {
+				w.t = t
+				return w
+			}
+			return nil
+		case noiseOps[op]:
+			v = p.Input[0]
+		case op == "Transpose":
+			perm := graph.AttrInts(p, "perm")
+			n := len(perm)
+			if n < 2 || perm[n-1] != int64(n-2) || perm[n-2] != int64(n-1) {
+				if n == 0 {
+					w.swapped = !w.swapped
+				} else if !(n >= 2 && perm[n-1] == int64(n-1) && perm[n-2] == int64(n-2)) {
+					return nil
+				}
+			} else {
+				w.swapped = !w.swapped
+			}
+			v = p.Input[0]
+		case op == "Gather":
+			if graph.AttrInt(p, "axis", 0) != 0 || w.sel != selNone {
+				return nil
+			}
+			idx := p.Input[1]
+			if e, ok := c.scalarInt(idx); ok {
+				w.sel, w.expert = selConst, int(e)
+			} else if c.isScalarIndex(idx) {
+				w.sel, w.slotKey = selSlot, c.through(idx)
+			} else {
+				w.sel = selRouted
+			}
+			v = p.Input[0]
+		case op == "GatherND":
+			if w.sel != selNone || graph.AttrInt(p, "batch_dims", 0) != 0 {
+				return nil
+			}
+			w.sel = selRouted
+			v = p.Input[0]
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// isScalarIndex reports whether idx is a data-dependent scalar: a Gather of
+// one element by a constant scalar index (one id out of a list of hit experts).
+func (c *ctx) isScalarIndex(idx string) bool {
+	p := c.producerOp(idx)
+	if p == nil || p.GetOpType() != "Gather" {
+		return false
+	}
+	_, ok := c.scalarInt(p.Input[1])
+	return ok
+}
+
+// emm is one expert matmul.
+type emm struct {
+	n        *pb.NodeProto
+	w        *wtrace
+	act, out string
+	inOut    bool
+	layer2   bool
+	key      string
+}
+
+func (c *ctx) expertMatMul(n *pb.NodeProto) *emm {
+	switch n.GetOpType() {
+	case "MatMul":
+		if w := c.matmulWeight(n.Input[1]); w != nil && len(w.t.GetDims()) >= 2 {
+			return &emm{n: n, w: w, act: n.Input[0], out: n.Output[0], inOut: !w.swapped}
+		}
+		if w := c.matmulWeight(n.Input[0]); w != nil && len(w.t.GetDims()) >= 2 {
+			return &emm{n: n, w: w, act: n.Input[1], out: n.Output[0], inOut: w.swapped}
+		}
+	case "Gemm":
+		if graph.AttrInt(n, "transA", 0) != 0 || graph.AttrFloat(n, "alpha", 1) != 1 {
+			return nil
+		}
+		if w := c.matmulWeight(n.Input[1]); w != nil && len(w.t.GetDims()) >= 2 {
+			e := &emm{n: n, w: w, act: n.Input[0], out: n.Output[0]}
+			e.inOut = (graph.AttrInt(n, "transB", 0) == 0) != w.swapped
+			return e
+		}
+	}
+	return nil
+}
+
+// gemmBias returns the bias input of a Gemm, if any.
+func gemmBias(n *pb.NodeProto) string {
+	if n.GetOpType() == "Gemm" && len(n.Input) > 2 {
+		return n.Input[2]
+	}
+	return ""
+}
+
+// afterBias follows v through noise and an Add of a constant (or gathered
+// constant) bias; it returns the value after them and the bias trace.
+func (c *ctx) afterBias(v string) (string, *wtrace) {
+	var bias *wtrace
+	for {
+		cons := c.g.Consumers(v)
+		if len(cons) != 1 {
+			return v, bias
+		}
+		n := cons[0]
+		if noiseOps[n.GetOpType()] && n.GetOpType() != "Cast" {
+			v = n.Output[0]
+			continue
+		}
+		if n.GetOpType() == "Add" && bias == nil {
+			other := n.Input[0]
+			if other == v {
+				other = n.Input[1]
+			}
+			if w := c.matmulWeight(other); w != nil {
+				bias = w
+				v = n.Output[0]
+				continue
+			}
+		}
+		return v, bias
+	}
+}
+
+func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
+	var ems []*emm
+	byNode := map[*pb.NodeProto]*emm{}
+	for _, n := range b.Region {
+		if n == ri.linear || shared[n] {
+			continue
+		}
+		if e := c.expertMatMul(n); e != nil {
+			ems = append(ems, e)
+			byNode[n] = e
+		}
+	}
+	if len(ems) == 0 {
+		fail("no expert matmuls between the router and the combine")
+	}
+	stop := map[string]bool{b.Input: true}
+	deps := map[*emm]map[*pb.NodeProto]bool{}
+	for _, e := range ems {
+		deps[e] = c.backward(e.act, stop)
+		for n := range deps[e] {
+			if byNode[n] != nil {
+				e.layer2 = true
+			}
+		}
+	}
+	// Group into branches.
+	allStacked := true
+	for _, e := range ems {
+		if e.w.sel == selConst || e.w.sel == selSlot || (e.w.sel == selNone && len(e.w.t.GetDims()) == 2) {
+			allStacked = false
+		}
+	}
+	kind := KindBatched
+	type branch struct {
+		key     string
+		l1      []*emm
+		l2      *emm
+		expert  int
+		stacked bool
+	}
+	var branches []*branch
+	bykey := map[string]*branch{}
+	get := func(k string) *branch {
+		if br := bykey[k]; br != nil {
+			return br
+		}
+		br := &branch{key: k, expert: -1}
+		bykey[k] = br
+		branches = append(branches, br)
+		return br
+	}
+	for _, e := range ems {
+		if e.layer2 {
+			continue
+		}
+		switch {
+		case allStacked:
+			e.key = "all"
+			if e.w.sel == selNone {
+				kind = KindDense
+			}
+		case e.w.sel == selConst:
+			e.key = fmt.Sprintf("const:%d", e.w.expert)
+		case e.w.sel == selSlot:
+			e.key = "slot:" + e.w.slotKey
+		default:
+			e.key = "act:" + c.through(e.act)
+		}
+		get(e.key).l1 = append(get(e.key).l1, e)
+	}
+	for _, e := range ems {
+		if !e.layer2 {
+			continue
+		}
+		var owner *branch
+		for _, br := range branches {
+			for _, l1 := range br.l1 {
+				if deps[e][l1.n] {
+					if owner != nil && owner != br {
+						fail("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
+					}
+					owner = br
+				}
+			}
+		}
+		if owner == nil || owner.l2 != nil {
+			fail("cannot pair down projection %q with its expert", graph.NodeLabel(e.n))
+		}
+		owner.l2 = e
+	}
+	for _, br := range branches {
+		if br.l2 == nil || len(br.l1) == 0 || len(br.l1) > 2 {
+			fail("expert branch with %d input projections and no single down projection", len(br.l1))
+		}
+	}
+	if !allStacked {
+		kind = KindUnrolled
+	}
+	// Expert ids per branch.
+	E := s.NumExperts
+	slots := 0
+	for _, br := range branches {
+		switch {
+		case br.key == "all":
+			br.stacked = true
+		case strings.HasPrefix(br.key, "const:"):
+			br.expert = br.l1[0].w.expert
+		case strings.HasPrefix(br.key, "slot:"):
+			slots++
+			br.stacked = true
+		default:
+			br.expert = c.branchExpert(br.l1[0].act, b.Input, tk)
+		}
+	}
+	if slots > 0 {
+		if slots != len(branches) {
+			fail("mixed traced-loop and constant expert branches")
+		}
+		if slots < E {
+			fail("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts)", slots, E, E-slots, slots)
+		}
+		if slots > E {
+			fail("%d traced expert branches for %d experts", slots, E)
+		}
+		branches = branches[:1]
+	}
+	if !branches[0].stacked {
+		seen := map[int]bool{}
+		for _, br := range branches {
+			if br.expert < 0 || br.expert >= E {
+				fail("expert branch with id %d outside 0..%d", br.expert, E-1)
+			}
+			if seen[br.expert] {
+				fail("expert %d computed by two branches", br.expert)
+			}
+			seen[br.expert] = true
+		}
+		var missing []string
+		for e := 0; e < E; e++ {
+			if !seen[e] {
+				missing = append(missing, fmt.Sprint(e))
+			}
+		}
+		if len(missing) > 0 {
+			fail("expert(s) %s missing from the graph: %d of %d experts have compute (a trace that baked in only the experts hit at trace time)", strings.Join(missing, ", "), len(branches), E)
+		}
+	}
+	// Roles and activation, from the first branch.
+	plan.Experts = make([]ExpertProj, E)
+	rwDeps := c.forward(tk.Output[0])
+	for bi, br := range branches {
+		roles := c.roles(br.l1, br.l2, s, bi == 0)
+		if p := c.g.Producer(br.l1[0].act); p != nil && rwDeps[p] {
+			s.WeightsOnInput = true
+		}
+		for e := 0; e < E; e++ {
+			if !br.stacked && e != br.expert {
+				continue
+			}
+			idx := -1
+			if br.stacked || br.l1[0].w.sel == selConst {
+				idx = e
+			}
+			mk := func(r *roleRef) *Proj {
+				if r == nil {
+					return nil
+				}
+				i := idx
+				if len(r.w.t.GetDims()) == 1 || (len(r.w.t.GetDims()) == 2 && r.isBias && r.w.sel == selNone) || (len(r.w.t.GetDims()) == 2 && !r.isBias) {
+					i = -1
+				}
+				return &Proj{Init: r.w.t, Expert: i, InOut: r.inOut, Part: r.part}
+			}
+			plan.Experts[e] = ExpertProj{Gate: mk(roles.gate), Up: mk(roles.up), Down: mk(roles.down), GateB: mk(roles.gateB), UpB: mk(roles.upB), DownB: mk(roles.downB)}
+		}
+	}
+	// Intermediate size from the first expert's up projection.
+	up := plan.Experts[0].Up
+	d := up.Init.GetDims()
+	out := int(d[len(d)-2])
+	if up.InOut {
+		out = int(d[len(d)-1])
+	}
+	if up.Part != PartWhole {
+		out /= 2
+	}
+	s.Inter = out
+	s.ExpertBias = plan.Experts[0].GateB != nil || plan.Experts[0].UpB != nil || plan.Experts[0].DownB != nil
+	return kind
+}
+
+// branchExpert finds the constant expert id that selects a branch's tokens:
+// Gather(mask-from-indices, e) or Equal(indices, e) behind the branch input.
+func (c *ctx) branchExpert(act, x0 string, tk *pb.NodeProto) int {
+	idxDeps := c.forward(tk.Output[1])
+	found := -1
+	for n := range c.backward(act, map[string]bool{x0: true}) {
+		if !idxDeps[n] {
+			continue
+		}
+		var cand []string
+		switch n.GetOpType() {
+		case "Gather":
+			if p := c.g.Producer(n.Input[0]); p != nil && idxDeps[p] {
+				cand = []string{n.Input[1]}
+			}
+		case "Equal":
+			cand = n.Input
+		}
+		for _, v := range cand {
+			if e, ok := c.scalarInt(v); ok {
+				if found >= 0 && found != int(e) {
+					fail("expert branch selected by two constants (%d and %d)", found, e)
+				}
+				found = int(e)
+			}
+		}
+	}
+	if found < 0 {
+		fail("cannot tell which expert a branch computes")
+	}
+	return found
+}
+
+type roleRef struct {
+	w      *wtrace
+	inOut  bool
+	part   int
+	isBias bool
+}
+
+type roleSet struct{ gate, up, down, gateB, upB, downB *roleRef }
+
+// roles assigns gate/up/down to a branch's matmuls and, when analyse is set,
+// reads the activation into the spec.
+func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) roleSet {
+	var rs roleSet
+	rs.down = &roleRef{w: l2.w, inOut: l2.inOut}
+	if gb := gemmBias(l2.n); gb != "" {
+		if w := c.matmulWeight(gb); w != nil {
+			rs.downB = &roleRef{w: w, isBias: true}
+		}
+	}
+	if _, bias := c.afterBias(l2.out); bias != nil {
+		rs.downB = &roleRef{w: bias, isBias: true}
+	}
+	var gv, uv string
+	if len(l1) == 2 {
+		a, aBias := c.afterBias(l1[0].out)
+		bv, bBias := c.afterBias(l1[1].out)
+		ga, gb := c.exclusiveSigmoid(a, bv), c.exclusiveSigmoid(bv, a)
+		if ga == gb {
+			fail("cannot tell gate from up projection")
+		}
+		gi, ui := 0, 1
+		gBias, uBias := aBias, bBias
+		if gb {
+			gi, ui = 1, 0
+			gBias, uBias = bBias, aBias
+			a, bv = bv, a
+		}
+		rs.gate = &roleRef{w: l1[gi].w, inOut: l1[gi].inOut}
+		rs.up = &roleRef{w: l1[ui].w, inOut: l1[ui].inOut}
+		if gBias != nil {
+			rs.gateB = &roleRef{w: gBias, isBias: true}
+		}
+		if uBias != nil {
+			rs.upB = &roleRef{w: uBias, isBias: true}
+		}
+		gv, uv = a, bv
+	} else {
+		v, bias := c.afterBias(l1[0].out)
+		parts := c.splitParts(v)
+		if parts == nil {
+			// A plain two-layer MLP: GELU or similar.
+			rs.up = &roleRef{w: l1[0].w, inOut: l1[0].inOut}
+			if bias != nil {
+				rs.upB = &roleRef{w: bias, isBias: true}
+			}
+			if analyse {
+				c.geluCheck(v, l2.act)
+				s.Activation = moe.GELU
+			}
+			return rs
+		}
+		ga, gb := c.exclusiveSigmoid(parts[0].v, parts[1].v), c.exclusiveSigmoid(parts[1].v, parts[0].v)
+		if ga == gb {
+			fail("cannot tell gate from up in the fused gate_up projection")
+		}
+		g, u := parts[0], parts[1]
+		if gb {
+			g, u = u, g
+		}
+		rs.gate = &roleRef{w: l1[0].w, inOut: l1[0].inOut, part: g.part}
+		rs.up = &roleRef{w: l1[0].w, inOut: l1[0].inOut, part: u.part}
+		if bias != nil {
+			rs.gateB = &roleRef{w: bias, isBias: true, part: g.part}
+			rs.upB = &roleRef{w: bias, isBias: true, part: u.part}
+		}
+		s.GateUpInterleaved = g.part == PartEven || g.part == PartOdd
+		gv, uv = g.v, u.v
+	}
+	if analyse {
+		c.activation(gv, uv, l2.act, s)
+	}
+	return rs
+}
+
+type part struct {
+	v    string
+	part int
+}
+
+// splitParts finds how a fused gate_up output is split in two along its
+// last axis: Split into two, or two Slices (halves, or step-2 interleave).
+func (c *ctx) splitParts(v string) []part {
+	cons := c.g.Consumers(v)
+	if len(cons) == 1 && cons[0].GetOpType() == "Split" && len(cons[0].Output) == 2 {
+		return []part{{cons[0].Output[0], PartFirstHalf}, {cons[0].Output[1], PartSecondHalf}}
+	}
+	var out []part
+	for _, n := range cons {
+		if n.GetOpType() != "Slice" || len(n.Input) < 3 {
+			continue
+		}
+		st, ok := c.scalarInt(n.Input[1])
+		if !ok {
+			st = -1
+			if p := c.g.Producer(n.Input[1]); p != nil {
+				st = -2 // computed start: the second half
+			}
+		}
+		step := int64(1)
+		if len(n.Input) > 4 && n.Input[4] != "" {
+			step, _ = c.scalarInt(n.Input[4])
+		}
+		switch {
+		case step == 2 && st == 0:
+			out = append(out, part{n.Output[0], PartEven})
+		case step == 2 && st == 1:
+			out = append(out, part{n.Output[0], PartOdd})
+		case step == 1 && st == 0:
+			out = append(out, part{n.Output[0], PartFirstHalf})
+		case step == 1:
+			out = append(out, part{n.Output[0], PartSecondHalf})
+		default:
+			return nil
+		}
+	}
+	if len(out) != 2 || out[0].part == out[1].part {
+		return nil
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].part < out[j].part })
+	return out
+}
+
+// exclusiveSigmoid reports whether a Sigmoid is reachable from v before the
+// path meets a value derived from other.
+func (c *ctx) exclusiveSigmoid(v, other string) bool {
+	otherF := c.forward(other)
+	stack := []string{v}
+	seen := map[string]bool{}
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if seen[x] {
+			continue
+		}
+		seen[x] = true
+		for _, n := range c.g.Consumers(x) {
+			if otherF[n] {
+				continue
+			}
+			if n.GetOpType() == "Sigmoid" {
+				return true
+			}
+			stack = append(stack, n.Output...)
+		}
+	}
+	return false
+}
+
+// activation reads clamp limits, the sigmoid's alpha and a +1 on the up path.
+func (c *ctx) activation(g, u, a string, s *moe.Spec) {
+	s.Activation = moe.SwiGLU
+	nodes := c.backward(a, map[string]bool{g: true, u: true})
+	gF, uF := c.forward(g), c.forward(u)
+	var limit float32
+	plusOne, alpha := false, float32(1)
+	for n := range nodes {
+		switch n.GetOpType() {
+		case "Clip":
+			if len(n.Input) > 2 && n.Input[2] != "" {
+				if f, ok := c.scalarFloat(n.Input[2]); ok {
+					limit = f
+				}
+			}
+		case "Min":
+			for _, in := range n.Input {
+				if f, ok := c.scalarFloat(in); ok {
+					limit = f
+				}
+			}
+		case "Mul":
+			for _, in := range n.Input {
+				if f, ok := c.scalarFloat(in); ok && gF[n] && !uF[n] {
+					alpha = f
+				}
+			}
+		case "Add":
+			for _, in := range n.Input {
+				if f, ok := c.scalarFloat(in); ok && f == 1 && uF[n] && !gF[n] {
+					plusOne = true
+				}
+			}
+		case "Erf", "Tanh", "Gelu":
+			fail("unsupported expert activation (%s in a gated MLP)", n.GetOpType())
+		}
+	}
+	s.SwiGLUAlpha, s.SwiGLULimit = alpha, limit
+	switch {
+	case plusOne || alpha != 1:
+		s.Activation = moe.SwiGLUOAI
+	case limit != 0:
+		s.Activation = moe.SwiGLUClamped
+	}
+}
+
+// geluCheck requires a GELU (Erf form or a Gelu op) between up and down.
+func (c *ctx) geluCheck(v, a string) {
+	for n := range c.backward(a, map[string]bool{v: true}) {
+		if n.GetOpType() == "Erf" || n.GetOpType() == "Gelu" {
+			return
+		}
+	}
+	fail("two-layer expert MLP without a recognised activation (only exact GELU is supported)")
+}
+
+// sharedExpert reads an (optionally sigmoid-gated) SwiGLU shared expert.
+func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
+	nodes := c.backward(v, map[string]bool{x0: true})
+	var ems []*emm
+	byNode := map[*pb.NodeProto]*emm{}
+	for n := range nodes {
+		if e := c.expertMatMul(n); e != nil && e.w.sel == selNone && len(e.w.t.GetDims()) == 2 {
+			ems = append(ems, e)
+			byNode[n] = e
+		}
+	}
+	var gateW *emm
+	var rest []*emm
+	for _, e := range ems {
+		d := e.w.t.GetDims()
+		if d[0] == 1 || d[1] == 1 {
+			gateW = e
+		} else {
+			rest = append(rest, e)
+		}
+	}
+	var l1 []*emm
+	var l2 *emm
+	for _, e := range rest {
+		isL2 := false
+		for n := range c.backward(e.act, map[string]bool{x0: true}) {
+			if byNode[n] != nil && byNode[n] != gateW {
+				isL2 = true
+			}
+		}
+		if isL2 {
+			if l2 != nil {
+				fail("shared expert has two down projections")
+			}
+			l2 = e
+		} else {
+			l1 = append(l1, e)
+		}
+	}
+	if l2 == nil || len(l1) != 2 {
+		fail("shared expert is not a SwiGLU MLP (%d input projections)", len(l1))
+	}
+	tmp := moe.Spec{}
+	rs := c.roles(l1, l2, &tmp, true)
+	if tmp.Activation != moe.SwiGLU || rs.gateB != nil || rs.upB != nil || rs.downB != nil {
+		fail("shared expert is not a plain SwiGLU MLP")
+	}
+	plan.SharedGate = &Proj{Init: rs.gate.w.t, Expert: -1, InOut: rs.gate.inOut}
+	plan.SharedUp = &Proj{Init: rs.up.w.t, Expert: -1, InOut: rs.up.inOut}
+	plan.SharedDown = &Proj{Init: rs.down.w.t, Expert: -1, InOut: rs.down.inOut}
+	d := rs.down.w.t.GetDims()
+	s.SharedInter = int(d[1])
+	if rs.down.inOut {
+		s.SharedInter = int(d[0])
+	}
+	if gateW != nil {
+		s.SharedGated = true
+		plan.SharedGateW = &Proj{Init: gateW.w.t, Expert: -1, InOut: gateW.inOut}
+	}
+}

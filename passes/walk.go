@@ -1,0 +1,157 @@
+// Package passes holds the graph rewrites of mokopt: the MoE detector, which
+// canonicalises every exporter shape of a Mixture-of-Experts block into one
+// moe.Spec plus weight sources, and the rewrite that replaces each block with
+// one fused ai.mok::MoE node.
+package passes
+
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// noiseOps only change shape, dtype or nothing, and are looked through.
+var noiseOps = map[string]bool{"Reshape": true, "Squeeze": true, "Unsqueeze": true, "Identity": true, "Cast": true, "Flatten": true}
+
+// ctx bundles a model and its graph index for the detector.
+type ctx struct {
+	m     *graph.Model
+	g     *graph.Graph
+	order map[*pb.NodeProto]int // topological position
+	topo  []*pb.NodeProto
+	wmm   []*pb.NodeProto // MatMul/Gemm nodes with a constant weight
+}
+
+// through walks back from v over noise ops and returns the first value not
+// produced by one.
+func (c *ctx) through(v string) string {
+	for {
+		p := c.g.Producer(v)
+		if p == nil || !noiseOps[p.GetOpType()] || len(p.Input) == 0 {
+			return v
+		}
+		v = p.Input[0]
+	}
+}
+
+// producerOp returns the producer of v looked through noise, or nil.
+func (c *ctx) producerOp(v string) *pb.NodeProto { return c.g.Producer(c.through(v)) }
+
+// constTensor returns the constant tensor behind v (an initializer or a
+// Constant node's value), looking through noise ops, or nil.
+func (c *ctx) constTensor(v string) *pb.TensorProto {
+	v = c.through(v)
+	if t := c.g.Initializer(v); t != nil {
+		return t
+	}
+	if p := c.g.Producer(v); p != nil && p.GetOpType() == "Constant" {
+		if t := graph.AttrTensor(p, "value"); t != nil {
+			return t
+		}
+	}
+	return nil
+}
+
+// constFloats decodes a constant float tensor (float32/64/16), or nil.
+func (c *ctx) constFloats(v string) []float32 {
+	t := c.constTensor(v)
+	if t == nil {
+		return nil
+	}
+	b, err := c.m.TensorBytes(t)
+	if err != nil {
+		return nil
+	}
+	f, err := graph.DecodeFloat32(graph.DataType(t), b)
+	if err != nil {
+		return nil
+	}
+	return f
+}
+
+// constInts decodes a constant integer tensor (int64/int32), or nil.
+func (c *ctx) constInts(v string) []int64 {
+	t := c.constTensor(v)
+	if t == nil {
+		return nil
+	}
+	b, err := c.m.TensorBytes(t)
+	if err != nil {
+		return nil
+	}
+	switch graph.DataType(t) {
+	case pb.TensorProto_INT64:
+		out := make([]int64, len(b)/8)
+		for i := range out {
+			out[i] = int64(binary.LittleEndian.Uint64(b[8*i:]))
+		}
+		return out
+	case pb.TensorProto_INT32:
+		out := make([]int64, len(b)/4)
+		for i := range out {
+			out[i] = int64(int32(binary.LittleEndian.Uint32(b[4*i:])))
+		}
+		return out
+	}
+	return nil
+}
+
+// scalarFloat returns the single value of a constant float tensor.
+func (c *ctx) scalarFloat(v string) (float32, bool) {
+	f := c.constFloats(v)
+	if len(f) != 1 {
+		return 0, false
+	}
+	return f[0], true
+}
+
+// scalarInt returns the single value of a constant integer tensor.
+func (c *ctx) scalarInt(v string) (int64, bool) {
+	f := c.constInts(v)
+	if len(f) != 1 {
+		return 0, false
+	}
+	return f[0], true
+}
+
+// isConst reports whether v is a constant (initializer or Constant node).
+func (c *ctx) isConst(v string) bool { return c.constTensor(v) != nil }
+
+// forward returns the set of nodes reachable from the given values.
+func (c *ctx) forward(vals ...string) map[*pb.NodeProto]bool {
+	seen := map[*pb.NodeProto]bool{}
+	stack := append([]string(nil), vals...)
+	for len(stack) > 0 {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, n := range c.g.Consumers(v) {
+			if !seen[n] {
+				seen[n] = true
+				stack = append(stack, n.Output...)
+			}
+		}
+	}
+	return seen
+}
+
+// backward returns the nodes v depends on, stopping at values in stop.
+func (c *ctx) backward(v string, stop map[string]bool) map[*pb.NodeProto]bool {
+	seen := map[*pb.NodeProto]bool{}
+	stack := []string{v}
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if stop[x] {
+			continue
+		}
+		if p := c.g.Producer(x); p != nil && !seen[p] {
+			seen[p] = true
+			stack = append(stack, graph.NodeInputs(p)...)
+		}
+	}
+	return seen
+}
+
+func isInf(f float32, sign int) bool { return math.IsInf(float64(f), sign) }
