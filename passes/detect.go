@@ -265,16 +265,20 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	if err := s.Validate(); err != nil {
 		fail("%v", err)
 	}
-	b.Name = blockName(y, region)
+	b.Name = blockName(y, ri.w.GetName(), region)
 	if os.Getenv("MOKOPT_DEBUG") != "" {
 		fmt.Fprintf(os.Stderr, "debug: x0=%s y=%s shared=%s\n", x0, y, sharedVal)
 	}
 	return b
 }
 
-// blockName derives a readable block name from the region's node names'
-// common prefix, else from the output value.
-func blockName(y string, region []*pb.NodeProto) string {
+// blockName derives a readable block name (for display and provenance only,
+// never for matching): the router weight's module path, else the region's
+// node names' common prefix, else the output value.
+func blockName(y, routerW string, region []*pb.NodeProto) string {
+	if parts := strings.Split(routerW, "."); len(parts) > 2 {
+		return strings.Join(parts[:len(parts)-2], ".")
+	}
 	prefix := ""
 	first := true
 	for _, n := range region {
@@ -295,7 +299,7 @@ func blockName(y string, region []*pb.NodeProto) string {
 		prefix = prefix[:i]
 	}
 	prefix = strings.Trim(prefix, "/._-")
-	if len(prefix) >= 3 {
+	if len(prefix) >= 3 && strings.ContainsAny(prefix, "/.") {
 		return prefix
 	}
 	return y

@@ -8,6 +8,8 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"github.com/mokopt/mokopt/passes"
 	"github.com/spf13/cobra"
 )
 
@@ -146,13 +148,95 @@ func newInspectCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			det, err := passes.Detect(m)
+			if err != nil {
+				return err
+			}
 			if asJSON {
-				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "model": s})
+				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "model": s, "moe": inspectBlocks(det)})
 			}
 			printSummary(c.OutOrStdout(), s)
+			printBlocks(c.OutOrStdout(), det)
 			return nil
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
 	return c
+}
+
+// BlockSummary is one MoE block in `inspect --json`.
+type BlockSummary struct {
+	Name   string   `json:"name"`
+	Kind   string   `json:"kind"`
+	Input  string   `json:"input"`
+	Output string   `json:"output"`
+	Nodes  int      `json:"nodes"`
+	Spec   moe.Spec `json:"spec"`
+}
+
+// MoESummary is the MoE part of `inspect --json`.
+type MoESummary struct {
+	Blocks     []BlockSummary    `json:"blocks"`
+	NearMisses []passes.NearMiss `json:"near_misses"`
+}
+
+func inspectBlocks(det *passes.Detection) MoESummary {
+	out := MoESummary{Blocks: []BlockSummary{}, NearMisses: det.NearMiss}
+	if out.NearMisses == nil {
+		out.NearMisses = []passes.NearMiss{}
+	}
+	for _, b := range det.Blocks {
+		out.Blocks = append(out.Blocks, BlockSummary{Name: b.Name, Kind: b.Kind, Input: b.Input, Output: b.Output, Nodes: b.Nodes, Spec: b.Spec})
+	}
+	return out
+}
+
+func printBlocks(w io.Writer, det *passes.Detection) {
+	fmt.Fprintf(w, "MoE blocks: %d\n", len(det.Blocks))
+	for _, b := range det.Blocks {
+		s := b.Spec
+		fmt.Fprintf(w, "  %s (%s, %d nodes): E=%d k=%d H=%d I=%d\n", b.Name, b.Kind, b.Nodes, s.NumExperts, s.TopK, s.Hidden, s.Inter)
+		router := s.RouterActivation + ", " + s.RouterOrder
+		if s.NormalizeTopK {
+			router += ", renormalised"
+		}
+		if s.RoutedScalingFactor != 1 {
+			router += fmt.Sprintf(", scaled x%g", s.RoutedScalingFactor)
+		}
+		if s.NGroup > 1 {
+			router += fmt.Sprintf(", group-limited %d of %d groups", s.TopKGroup, s.NGroup)
+		}
+		if s.RouterBias {
+			router += ", router bias"
+		}
+		if s.CorrectionBias {
+			router += ", score-correction bias"
+		}
+		if s.WeightsOnInput {
+			router += ", weights on input"
+		}
+		fmt.Fprintf(w, "    router: %s\n", router)
+		act := s.Activation
+		if s.Activation != moe.SwiGLU && s.Activation != moe.GELU {
+			act += fmt.Sprintf(" (alpha %g, limit %g)", s.SwiGLUAlpha, s.SwiGLULimit)
+		}
+		if s.GateUpInterleaved {
+			act += ", interleaved gate/up"
+		}
+		if s.ExpertBias {
+			act += ", expert biases"
+		}
+		fmt.Fprintf(w, "    experts: %s\n", act)
+		switch {
+		case s.SharedInter == 0:
+			fmt.Fprintf(w, "    shared expert: none\n")
+		case s.SharedGated:
+			fmt.Fprintf(w, "    shared expert: I=%d, sigmoid-gated\n", s.SharedInter)
+		default:
+			fmt.Fprintf(w, "    shared expert: I=%d, ungated\n", s.SharedInter)
+		}
+	}
+	for _, n := range det.NearMiss {
+		fmt.Fprintf(w, "  near-miss at %s: %s\n", n.Node, n.Reason)
+	}
 }

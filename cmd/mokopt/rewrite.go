@@ -1,0 +1,118 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/passes"
+	"github.com/spf13/cobra"
+)
+
+func init() { subcommands = append(subcommands, newRewriteCmd) }
+
+func newRewriteCmd() *cobra.Command {
+	var out, report, extMode string
+	var partial, asJSON, inPlace, noCheck bool
+	c := &cobra.Command{
+		Use:   "rewrite IN -o OUT",
+		Short: "Fuse every MoE block into one ai.mok::MoE node",
+		Long: `rewrite finds every Mixture-of-Experts block and replaces each with one fused
+ai.mok::MoE node that carries a model-local function (its decomposition in
+standard ONNX ops), stacked canonical weights, and provenance in metadata_props.
+
+By default it is all-or-nothing: if any candidate cannot be fused (for example a
+TorchScript trace that lost experts), nothing is written and the exit code is 1.
+--partial fuses the blocks that pass and reports the rest. Each block is checked
+numerically (reference semantics of the fused node against the original
+subgraph on random inputs) before the model is edited, unless --no-check.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if out == "" && !inPlace {
+				return usageErr(errors.New("rewrite needs -o OUT (or --in-place)"))
+			}
+			if inPlace {
+				out = args[0]
+			}
+			if out == args[0] && !inPlace {
+				return usageErr(fmt.Errorf("refusing to overwrite the input %s without --in-place", out))
+			}
+			mode, err := graph.ParseExternalMode(extMode)
+			if err != nil {
+				return usageErr(err)
+			}
+			m, err := loadModel(args[0])
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			opt := passes.Options{Partial: partial}
+			if !noCheck {
+				opt.Check = blockCheck(m)
+			}
+			rep, rerr := passes.Rewrite(m, opt)
+			if rep != nil && report != "" {
+				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
+					return err
+				}
+			}
+			if rerr != nil {
+				if errors.Is(rerr, graph.ErrBadInput) {
+					return &exitError{code: 2, msg: rerr.Error(), err: rerr}
+				}
+				return &exitError{code: 1, msg: fmt.Sprintf("%s: %v; no output written", args[0], rerr), err: rerr}
+			}
+			if err := m.Save(out, graph.SaveOptions{External: mode}); err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep})
+			}
+			printRewrite(c.OutOrStdout(), args[0], out, rep)
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&out, "output", "o", "", "output model path")
+	c.Flags().StringVar(&report, "report", "", "write the JSON report to this file")
+	c.Flags().BoolVar(&partial, "partial", false, "fuse the blocks that pass, report the rest")
+	c.Flags().BoolVar(&inPlace, "in-place", false, "overwrite the input model")
+	c.Flags().BoolVar(&noCheck, "no-check", false, "skip the per-block numerical check")
+	c.Flags().StringVar(&extMode, "external-data", "keep", "where initializer bytes go: keep, repack or inline")
+	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	return c
+}
+
+func printRewrite(w io.Writer, in, out string, rep *passes.Report) {
+	fmt.Fprintf(w, "%s -> %s: %d MoE block(s) fused\n", in, out, len(rep.Fused))
+	for _, f := range rep.Fused {
+		s := f.Block.Spec
+		fmt.Fprintf(w, "  %s (%s): %d nodes, %d initializers -> ai.mok::MoE [%s] E=%d k=%d H=%d I=%d\n",
+			f.Node, f.Block.Kind, f.NodesRemoved, f.InitsRemoved, f.Variant, s.NumExperts, s.TopK, s.Hidden, s.Inter)
+	}
+	for _, n := range rep.NearMiss {
+		fmt.Fprintf(w, "  not fused %s: %s\n", n.Node, n.Reason)
+	}
+	for _, n := range rep.Refused {
+		fmt.Fprintf(w, "  refused %s: %s\n", n.Node, n.Reason)
+	}
+}
+
+func writeJSONFile(path string, v any) error {
+	f, err := os.CreateTemp("", "mokopt-report-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if err := writeJSON(f, v); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	b, err := os.ReadFile(f.Name())
+	if err != nil {
+		return err
+	}
+	return graph.WriteFileAtomic(path, b)
+}

@@ -1,0 +1,270 @@
+package passes
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+// ProvenanceKey prefixes the metadata_props entries that record, per fused
+// node, the nodes and initializers it replaced.
+const ProvenanceKey = "ai.mok.fused/"
+
+// Options control Rewrite.
+type Options struct {
+	// Partial fuses the blocks that pass and reports the rest, instead of
+	// refusing the whole model when any candidate fails.
+	Partial bool
+	// Check, when set, is called for each block with its materialised
+	// weights before the model is edited; an error refuses the block.
+	Check func(b *Block, w *moe.Weights) error
+}
+
+// Provenance is what a fused node replaced, stored as JSON in metadata_props.
+type Provenance struct {
+	Node         string   `json:"node"`
+	Kind         string   `json:"kind"`
+	Nodes        []string `json:"nodes"`
+	Initializers []string `json:"initializers"`
+	Spec         moe.Spec `json:"spec"`
+}
+
+// Fused describes one fused node in a report.
+type Fused struct {
+	Block        *Block `json:"block"`
+	Node         string `json:"node"`
+	Variant      string `json:"variant"`
+	NodesRemoved int    `json:"nodes_removed"`
+	InitsRemoved int    `json:"initializers_removed"`
+}
+
+// Report is the result of Rewrite.
+type Report struct {
+	Fused    []Fused    `json:"fused"`
+	NearMiss []NearMiss `json:"near_misses"`
+	Refused  []NearMiss `json:"refused"`
+}
+
+// ErrNotFused is returned (wrapped) when candidates failed and Partial is off.
+var ErrNotFused = errors.New("MoE candidates could not be fused")
+
+// Rewrite detects every MoE block of m and replaces each with one fused
+// ai.mok::MoE node carrying a model-local function, stacked canonical
+// weights, and provenance. With Partial off, nothing is edited unless every
+// candidate fuses.
+func Rewrite(m *graph.Model, opt Options) (*Report, error) {
+	det, err := Detect(m)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{NearMiss: det.NearMiss}
+	type ready struct {
+		b *Block
+		w *moe.Weights
+	}
+	var todo []ready
+	for _, b := range det.Blocks {
+		w, err := b.W.Materialize(m, &b.Spec)
+		if err == nil && opt.Check != nil {
+			err = opt.Check(b, w)
+		}
+		if err != nil {
+			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: err.Error()})
+			continue
+		}
+		todo = append(todo, ready{b, w})
+	}
+	if !opt.Partial && (len(rep.NearMiss) > 0 || len(rep.Refused) > 0) {
+		var msgs []string
+		for _, n := range append(append([]NearMiss(nil), rep.NearMiss...), rep.Refused...) {
+			msgs = append(msgs, fmt.Sprintf("%s: %s", n.Node, n.Reason))
+		}
+		return rep, fmt.Errorf("%w (use --partial to fuse the others): %s", ErrNotFused, strings.Join(msgs, "; "))
+	}
+	if len(todo) == 0 {
+		return rep, nil
+	}
+	opset := m.Opset("")
+	g := m.Graph()
+	funcs := map[string]bool{}
+	for _, f := range m.Proto.Functions {
+		if f.GetDomain() == moe.Domain && f.GetName() == moe.OpType {
+			funcs[f.GetOverload()] = true
+		}
+	}
+	for _, r := range todo {
+		f, err := emit(m, g, r.b, r.w, opset, funcs)
+		if err != nil {
+			return rep, err
+		}
+		rep.Fused = append(rep.Fused, *f)
+	}
+	if err := g.Sort(); err != nil {
+		return rep, err
+	}
+	m.SetOpset(moe.Domain, moe.Version)
+	if m.Proto.GetIrVersion() < 10 {
+		m.Proto.IrVersion = proto.Int64(10) // function overloads need IR 10
+	}
+	return rep, nil
+}
+
+// emit replaces one block.
+func emit(m *graph.Model, g *graph.Graph, b *Block, w *moe.Weights, opset int64, funcs map[string]bool) (*Fused, error) {
+	s := &b.Spec
+	name := g.UniqueName(b.Name + "/MoE")
+	add := func(role string, dims []int64, v []float32) string {
+		if v == nil {
+			return ""
+		}
+		n := g.UniqueName(b.Name + "/" + role)
+		g.AddInitializer(moe.Float32Tensor(n, dims, v))
+		return n
+	}
+	E, H, I, Is := int64(s.NumExperts), int64(s.Hidden), int64(s.Inter), int64(s.SharedInter)
+	in := make([]string, moe.NumInputs)
+	in[moe.InHidden] = b.Input
+	in[moe.InRouterW] = add("router_weight", []int64{E, H}, w.RouterW)
+	in[moe.InRouterB] = add("router_bias", []int64{E}, w.RouterB)
+	in[moe.InCorrectionBias] = add("router_correction_bias", []int64{E}, w.CorrectionBias)
+	in[moe.InGate] = add("gate", []int64{E, I, H}, w.Gate)
+	in[moe.InUp] = add("up", []int64{E, I, H}, w.Up)
+	in[moe.InDown] = add("down", []int64{E, H, I}, w.Down)
+	in[moe.InGateBias] = add("gate_bias", []int64{E, I}, w.GateB)
+	in[moe.InUpBias] = add("up_bias", []int64{E, I}, w.UpB)
+	in[moe.InDownBias] = add("down_bias", []int64{E, H}, w.DownB)
+	if s.SharedInter > 0 {
+		in[moe.InSharedGate] = add("shared_gate", []int64{Is, H}, w.SharedGate)
+		in[moe.InSharedUp] = add("shared_up", []int64{Is, H}, w.SharedUp)
+		in[moe.InSharedDown] = add("shared_down", []int64{H, Is}, w.SharedDown)
+		in[moe.InSharedGateW] = add("shared_gate_weight", []int64{1, H}, w.SharedGateW)
+	}
+	for len(in) > 0 && in[len(in)-1] == "" {
+		in = in[:len(in)-1]
+	}
+	// The fused node takes over the block's output name.
+	old := g.Producer(b.Output)
+	if old == nil {
+		return nil, fmt.Errorf("block %s: output %q has no producer", b.Name, b.Output)
+	}
+	detached := g.UniqueName(b.Output + "__unfused")
+	for i, o := range old.Output {
+		if o == b.Output {
+			old.Output[i] = detached
+		}
+	}
+	node := graph.NewNode(moe.OpType, moe.Domain, name, in, []string{b.Output}, s.Attributes()...)
+	node.Overload = proto.String(s.Variant())
+	g.Reindex()
+	g.AddNode(node)
+	if !funcs[s.Variant()] {
+		f, err := moe.Function(s, opset)
+		if err != nil {
+			return nil, err
+		}
+		m.Proto.Functions = append(m.Proto.Functions, f)
+		funcs[s.Variant()] = true
+	}
+	// Remove the region's nodes that are now dead, and the initializers only they read.
+	region := map[*pb.NodeProto]bool{}
+	for _, n := range b.Region {
+		region[n] = true
+	}
+	removedNodes, removedInits := removeDeadIn(g, region)
+	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s}
+	js, _ := json.Marshal(prov)
+	m.SetMetadata(ProvenanceKey+name, string(js))
+	return &Fused{Block: b, Node: name, Variant: s.Variant(), NodesRemoved: len(removedNodes), InitsRemoved: len(removedInits)}, nil
+}
+
+// removeDeadIn deletes nodes of region (plus constant-only feeders) whose
+// outputs reach no graph output any more, and initializers nothing reads.
+// It returns the names of what it removed, sorted.
+func removeDeadIn(g *graph.Graph, region map[*pb.NodeProto]bool) (nodes, inits []string) {
+	live := map[*pb.NodeProto]bool{}
+	used := map[string]bool{}
+	var stack []string
+	for _, v := range g.P.Output {
+		stack = append(stack, v.GetName())
+	}
+	for len(stack) > 0 {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if used[v] {
+			continue
+		}
+		used[v] = true
+		if p := g.Producer(v); p != nil && !live[p] {
+			live[p] = true
+			stack = append(stack, graph.NodeInputs(p)...)
+		}
+	}
+	// Dead nodes in the region, and dead nodes that only fed dead region nodes.
+	drop := map[*pb.NodeProto]bool{}
+	for _, n := range g.P.Node {
+		if !live[n] && region[n] {
+			drop[n] = true
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, n := range g.P.Node {
+			if live[n] || drop[n] {
+				continue
+			}
+			feedsOnlyDropped := len(n.Output) > 0
+			for _, o := range n.Output {
+				for _, c := range g.Consumers(o) {
+					if !drop[c] {
+						feedsOnlyDropped = false
+					}
+				}
+				if g.IsOutput(o) {
+					feedsOnlyDropped = false
+				}
+			}
+			if feedsOnlyDropped {
+				drop[n] = true
+				changed = true
+			}
+		}
+	}
+	for n := range drop {
+		nodes = append(nodes, graph.NodeLabel(n))
+	}
+	readByDropped := map[string]bool{}
+	for n := range drop {
+		for _, in := range graph.NodeInputs(n) {
+			readByDropped[in] = true
+		}
+	}
+	g.RemoveNodes(drop)
+	kept := g.P.Initializer[:0]
+	for _, t := range g.P.Initializer {
+		if readByDropped[t.GetName()] && len(g.Consumers(t.GetName())) == 0 && !g.IsOutput(t.GetName()) && !g.IsInput(t.GetName()) {
+			inits = append(inits, t.GetName())
+			continue
+		}
+		kept = append(kept, t)
+	}
+	g.P.Initializer = kept
+	// value_info of removed values goes too.
+	vi := g.P.ValueInfo[:0]
+	for _, v := range g.P.ValueInfo {
+		if g.Producer(v.GetName()) != nil || g.IsInput(v.GetName()) || g.Initializer(v.GetName()) != nil {
+			vi = append(vi, v)
+		}
+	}
+	g.P.ValueInfo = vi
+	g.Reindex()
+	sort.Strings(nodes)
+	sort.Strings(inits)
+	return nodes, inits
+}
