@@ -211,6 +211,9 @@ func Forward(s *Spec, w *Weights, x []float32, T int) ([]float32, error) {
 	if len(x) != T*H {
 		return nil, fmt.Errorf("MoE input has %d values, want %d tokens x %d", len(x), T, H)
 	}
+	if err := CheckWeights(s, w); err != nil {
+		return nil, err
+	}
 	ids, rw := Route(s, w, x, T)
 	out := make([]float32, T*H)
 	tmp := make([]float32, H)
@@ -224,12 +227,12 @@ func Forward(s *Spec, w *Weights, x []float32, T int) ([]float32, error) {
 				for h := range xin {
 					xin[h] = xt[h] * rw[t][i]
 				}
-				expertFFN(s, w, e, xin, tmp, act)
+				expertFFN(s, w, e, xin, tmp, act[:s.Inter])
 				for h := range tmp {
 					acc[h] += float64(tmp[h])
 				}
 			} else {
-				expertFFN(s, w, e, xt, tmp, act)
+				expertFFN(s, w, e, xt, tmp, act[:s.Inter])
 				for h := range tmp {
 					acc[h] += float64(rw[t][i]) * float64(tmp[h])
 				}
@@ -255,4 +258,43 @@ func Forward(s *Spec, w *Weights, x []float32, T int) ([]float32, error) {
 		}
 	}
 	return out, nil
+}
+
+// CheckWeights verifies that every weight has the length the spec implies,
+// so that Forward never indexes out of range.
+func CheckWeights(s *Spec, w *Weights) error {
+	E, H, I, Is := s.NumExperts, s.Hidden, s.Inter, s.SharedInter
+	type req struct {
+		name     string
+		v        []float32
+		n        int
+		required bool
+	}
+	reqs := []req{
+		{"router_weight", w.RouterW, E * H, true},
+		{"router_bias", w.RouterB, E, false},
+		{"router_correction_bias", w.CorrectionBias, E, false},
+		{"gate", w.Gate, E * I * H, s.Activation != GELU},
+		{"up", w.Up, E * I * H, true},
+		{"down", w.Down, E * H * I, true},
+		{"gate_bias", w.GateB, E * I, false},
+		{"up_bias", w.UpB, E * I, false},
+		{"down_bias", w.DownB, E * H, false},
+		{"shared_gate", w.SharedGate, Is * H, Is > 0},
+		{"shared_up", w.SharedUp, Is * H, Is > 0},
+		{"shared_down", w.SharedDown, H * Is, Is > 0},
+		{"shared_gate_weight", w.SharedGateW, H, false},
+	}
+	for _, r := range reqs {
+		if r.v == nil {
+			if r.required {
+				return fmt.Errorf("MoE weight %s is missing", r.name)
+			}
+			continue
+		}
+		if len(r.v) != r.n {
+			return fmt.Errorf("MoE weight %s has %d values, the spec (E=%d H=%d I=%d shared I=%d) needs %d", r.name, len(r.v), E, H, I, Is, r.n)
+		}
+	}
+	return nil
 }

@@ -233,7 +233,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	}
 	region := c.regionBetween(x0, y, xDeps)
 	_ = region0
-	b := &Block{Kind: "", Input: x0, Router: ri.x, Output: y, TopK: tk}
+	b := &Block{Kind: "", Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk}
 	b.Region = region
 	b.Nodes = len(region)
 	inRegion := map[*pb.NodeProto]bool{}
@@ -596,4 +596,53 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion
 	if s.RouterActivation == "" {
 		fail("no router activation (softmax or sigmoid) found around the TopK")
 	}
+}
+
+// rankOf returns the rank of v from the graph's declared types, or -1.
+func (c *ctx) rankOf(v string) int {
+	if c.ranks == nil {
+		c.ranks = map[string]int{}
+		gp := c.g.P
+		for _, list := range [][]*pb.ValueInfoProto{gp.Input, gp.Output, gp.ValueInfo} {
+			for _, vi := range list {
+				if sh := vi.GetType().GetTensorType().GetShape(); sh != nil {
+					c.ranks[vi.GetName()] = len(sh.Dim)
+				}
+			}
+		}
+	}
+	if r, ok := c.ranks[v]; ok {
+		return r
+	}
+	return -1
+}
+
+// inputLike picks, among the block input x0 and the values between it and
+// the router input, the one whose declared rank matches the block output's,
+// so the fused node (whose output has its input's shape) keeps y's shape.
+func (c *ctx) inputLike(x0, routerIn, y string) string {
+	ry := c.rankOf(y)
+	if ry < 0 || c.rankOf(x0) == ry {
+		return x0
+	}
+	unknown := ""
+	for v := routerIn; v != x0; {
+		switch c.rankOf(v) {
+		case ry:
+			return v
+		case -1:
+			if unknown == "" {
+				unknown = v
+			}
+		}
+		p := c.g.Producer(v)
+		if p == nil || !noiseOps[p.GetOpType()] {
+			break
+		}
+		v = p.Input[0]
+	}
+	if unknown != "" {
+		return unknown
+	}
+	return x0
 }

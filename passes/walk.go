@@ -22,6 +22,7 @@ type ctx struct {
 	order map[*pb.NodeProto]int // topological position
 	topo  []*pb.NodeProto
 	wmm   []*pb.NodeProto // MatMul/Gemm nodes with a constant weight
+	ranks map[string]int  // declared ranks of values
 }
 
 // through walks back from v over noise ops and returns the first value not
