@@ -1,6 +1,7 @@
 package passes
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,9 +23,11 @@ type Options struct {
 	// Partial fuses the blocks that pass and reports the rest, instead of
 	// refusing the whole model when any candidate fails.
 	Partial bool
-	// Check, when set, is called for each block with its materialised
-	// weights before the model is edited; an error refuses the block.
-	Check func(b *Block, w *moe.Weights) error
+	// Check runs each block's numerical check (the original model on random
+	// inputs against the fused node's reference semantics) before editing.
+	Check bool
+	// Context cancels the rewrite; nil means context.Background().
+	Context context.Context
 }
 
 // Provenance is what a fused node replaced, stored as JSON in metadata_props.
@@ -50,6 +53,7 @@ type Report struct {
 	Fused    []Fused    `json:"fused"`
 	NearMiss []NearMiss `json:"near_misses"`
 	Refused  []NearMiss `json:"refused"`
+	Warnings []string   `json:"warnings,omitempty"`
 }
 
 // ErrNotFused is returned (wrapped) when candidates failed and Partial is off.
@@ -69,17 +73,45 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		b *Block
 		w *moe.Weights
 	}
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	var todo []ready
 	for _, b := range det.Blocks {
 		w, err := b.W.Materialize(m, &b.Spec)
-		if err == nil && opt.Check != nil {
-			err = opt.Check(b, w)
-		}
 		if err != nil {
 			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: err.Error()})
 			continue
 		}
 		todo = append(todo, ready{b, w})
+	}
+	if opt.Check && len(todo) > 0 {
+		bs := make([]*Block, len(todo))
+		ws := make([]*moe.Weights, len(todo))
+		for i, r := range todo {
+			bs[i], ws[i] = r.b, r.w
+		}
+		errs, err := numericCheck(ctx, m, bs, ws)
+		if errors.Is(err, ErrCheckInconclusive) {
+			rep.Warnings = append(rep.Warnings, err.Error())
+			errs, err = make([]error, len(bs)), nil
+		}
+		if err != nil {
+			return rep, err
+		}
+		kept := todo[:0]
+		for i, r := range todo {
+			if errs[i] != nil {
+				rep.Refused = append(rep.Refused, NearMiss{Node: r.b.Name, Reason: errs[i].Error()})
+				continue
+			}
+			kept = append(kept, r)
+		}
+		todo = kept
+	}
+	if err := ctx.Err(); err != nil {
+		return rep, err
 	}
 	if !opt.Partial && (len(rep.NearMiss) > 0 || len(rep.Refused) > 0) {
 		var msgs []string

@@ -31,7 +31,7 @@ func TestRewriteFixturesGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := len(m.Proto.Graph.Node)
-			rep, err := Rewrite(m, Options{})
+			rep, err := Rewrite(m, Options{Check: true})
 			if lostExperts[name] {
 				if err == nil {
 					t.Fatalf("a trace that lost experts was fused")

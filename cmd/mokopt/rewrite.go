@@ -48,10 +48,7 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 				return err
 			}
 			defer m.Close()
-			opt := passes.Options{Partial: partial}
-			if !noCheck {
-				opt.Check = blockCheck(m)
-			}
+			opt := passes.Options{Partial: partial, Check: !noCheck, Context: c.Context()}
 			rep, rerr := passes.Rewrite(m, opt)
 			if rep != nil && report != "" {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
@@ -85,6 +82,7 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 }
 
 func printRewrite(w io.Writer, in, out string, rep *passes.Report) {
+	w0 := w
 	fmt.Fprintf(w, "%s -> %s: %d MoE block(s) fused\n", in, out, len(rep.Fused))
 	for _, f := range rep.Fused {
 		s := f.Block.Spec
@@ -93,6 +91,9 @@ func printRewrite(w io.Writer, in, out string, rep *passes.Report) {
 	}
 	for _, n := range rep.NearMiss {
 		fmt.Fprintf(w, "  not fused %s: %s\n", n.Node, n.Reason)
+	}
+	for _, w := range rep.Warnings {
+		fmt.Fprintf(w0, "  warning: %s\n", w)
 	}
 	for _, n := range rep.Refused {
 		fmt.Fprintf(w, "  refused %s: %s\n", n.Node, n.Reason)
