@@ -246,6 +246,8 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	if sharedVal != "" {
 		sharedNodes = c.backward(sharedVal, map[string]bool{x0: true})
 	}
+	c.limit = inRegion
+	defer func() { c.limit = nil }()
 	c.routerPost(tk, ri, &s, inRegion)
 	plan := &WeightPlan{}
 	kind := c.experts(b, tk, ri, &s, inRegion, sharedNodes, plan)

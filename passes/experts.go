@@ -540,7 +540,7 @@ func (c *ctx) exclusiveSigmoid(v, other string) bool {
 		}
 		seen[x] = true
 		for _, n := range c.g.Consumers(x) {
-			if otherF[n] {
+			if otherF[n] || (c.limit != nil && !c.limit[n]) {
 				continue
 			}
 			if n.GetOpType() == "Sigmoid" {

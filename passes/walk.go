@@ -23,6 +23,9 @@ type ctx struct {
 	topo  []*pb.NodeProto
 	wmm   []*pb.NodeProto // MatMul/Gemm nodes with a constant weight
 	ranks map[string]int  // declared ranks of values
+	// limit, when set, bounds forward walks to one block's region so that
+	// per-branch analysis of a big model stays linear in the block's size.
+	limit map[*pb.NodeProto]bool
 }
 
 // through walks back from v over noise ops and returns the first value not
@@ -128,7 +131,7 @@ func (c *ctx) forward(vals ...string) map[*pb.NodeProto]bool {
 		v := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		for _, n := range c.g.Consumers(v) {
-			if !seen[n] {
+			if !seen[n] && (c.limit == nil || c.limit[n]) {
 				seen[n] = true
 				stack = append(stack, n.Output...)
 			}
