@@ -1,0 +1,184 @@
+//go:build ort
+
+package ortrun
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+
+	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	ort "github.com/yalue/onnxruntime_go"
+)
+
+// EnvLib is the environment variable naming the ONNX Runtime shared library.
+const EnvLib = "ONNXRUNTIME_LIB"
+
+// defaultLib is the library's path relative to the repository root.
+var defaultLib = filepath.Join(".ortlib", "libonnxruntime.so.1")
+
+// LibraryPath returns the ONNX Runtime shared library Run loads: $ONNXRUNTIME_LIB
+// when set, else .ortlib/libonnxruntime.so.1 in the nearest folder at or above
+// the working directory that has one (the repository root, for tests run in
+// ortrun/), else ../.ortlib/libonnxruntime.so.1. The file may not exist.
+func LibraryPath() string {
+	if p := os.Getenv(EnvLib); p != "" {
+		return p
+	}
+	if wd, err := os.Getwd(); err == nil {
+		for d := wd; ; {
+			p := filepath.Join(d, defaultLib)
+			if _, err := os.Stat(p); err == nil {
+				return p
+			}
+			up := filepath.Dir(d)
+			if up == d {
+				break
+			}
+			d = up
+		}
+	}
+	return filepath.Join("..", defaultLib)
+}
+
+var (
+	initOnce sync.Once
+	initErr  error
+)
+
+// Init loads the shared library and creates ONNX Runtime's environment; Run
+// calls it. Only the first call does anything; later ones return its error.
+func Init() error {
+	initOnce.Do(func() {
+		lib := LibraryPath()
+		if _, err := os.Stat(lib); err != nil {
+			initErr = fmt.Errorf("ortrun: ONNX Runtime library: %w (run .ci/fetch-ort.sh or set %s)", err, EnvLib)
+			return
+		}
+		ort.SetSharedLibraryPath(lib)
+		if err := ort.InitializeEnvironment(); err != nil {
+			initErr = fmt.Errorf("ortrun: initializing ONNX Runtime from %s: %w", lib, err)
+		}
+	})
+	return initErr
+}
+
+// Version returns the loaded ONNX Runtime's version string.
+func Version() (string, error) {
+	if err := Init(); err != nil {
+		return "", err
+	}
+	return ort.GetVersion(), nil
+}
+
+// Run evaluates the model at modelPath in ONNX Runtime (CPU execution
+// provider, default optimizations) on feeds, keyed by graph input name, and
+// returns every graph output by name. Inputs must be FLOAT or INT64 tensors;
+// outputs may be FLOAT or INT64. External data is resolved relative to the
+// model's folder, as ONNX Runtime does.
+func Run(modelPath string, feeds map[string]*eval.Tensor) (map[string]*eval.Tensor, error) {
+	if err := Init(); err != nil {
+		return nil, err
+	}
+	opts, err := ort.NewSessionOptions()
+	if err != nil {
+		return nil, fmt.Errorf("ortrun: session options: %w", err)
+	}
+	defer opts.Destroy()
+
+	_, outInfo, err := ort.GetInputOutputInfoWithOptions(modelPath, opts)
+	if err != nil {
+		return nil, fmt.Errorf("ortrun: loading %s: %w", modelPath, err)
+	}
+	outNames := make([]string, len(outInfo))
+	for i, o := range outInfo {
+		outNames[i] = o.Name
+	}
+	inNames := make([]string, 0, len(feeds))
+	for name := range feeds {
+		inNames = append(inNames, name)
+	}
+	sort.Strings(inNames)
+
+	inputs := make([]ort.Value, 0, len(inNames))
+	defer func() {
+		for _, v := range inputs {
+			v.Destroy()
+		}
+	}()
+	for _, name := range inNames {
+		v, err := toORT(feeds[name])
+		if err != nil {
+			return nil, fmt.Errorf("ortrun: input %q: %w", name, err)
+		}
+		inputs = append(inputs, v)
+	}
+
+	sess, err := ort.NewDynamicAdvancedSession(modelPath, inNames, outNames, opts)
+	if err != nil {
+		return nil, fmt.Errorf("ortrun: session for %s: %w", modelPath, err)
+	}
+	defer sess.Destroy()
+
+	outputs := make([]ort.Value, len(outNames)) // nil: ORT allocates
+	defer func() {
+		for _, v := range outputs {
+			if v != nil {
+				v.Destroy()
+			}
+		}
+	}()
+	if err := sess.Run(inputs, outputs); err != nil {
+		return nil, fmt.Errorf("ortrun: running %s: %w", modelPath, err)
+	}
+	res := make(map[string]*eval.Tensor, len(outNames))
+	for i, v := range outputs {
+		t, err := fromORT(v)
+		if err != nil {
+			return nil, fmt.Errorf("ortrun: output %q: %w", outNames[i], err)
+		}
+		res[outNames[i]] = t
+	}
+	return res, nil
+}
+
+func toORT(t *eval.Tensor) (ort.Value, error) {
+	if t == nil {
+		return nil, errors.New("nil tensor")
+	}
+	shape := make(ort.Shape, len(t.Shape))
+	for i, d := range t.Shape {
+		shape[i] = int64(d)
+	}
+	switch t.DType {
+	case pb.TensorProto_FLOAT:
+		return ort.NewTensor(shape, append([]float32(nil), t.F32...))
+	case pb.TensorProto_INT64:
+		return ort.NewTensor(shape, append([]int64(nil), t.I64...))
+	}
+	return nil, fmt.Errorf("unsupported input type %s (want FLOAT or INT64)", t.DType)
+}
+
+func fromORT(v ort.Value) (*eval.Tensor, error) {
+	if v == nil {
+		return nil, errors.New("not produced")
+	}
+	var dims []int
+	for _, d := range v.GetShape() {
+		dims = append(dims, int(d))
+	}
+	if dims == nil {
+		dims = []int{}
+	}
+	switch x := v.(type) {
+	case *ort.Tensor[float32]:
+		return eval.NewFloat32(dims, append([]float32(nil), x.GetData()...)), nil
+	case *ort.Tensor[int64]:
+		return eval.NewInt64(dims, append([]int64(nil), x.GetData()...)), nil
+	}
+	return nil, fmt.Errorf("unsupported output value %T (want float32 or int64 tensor)", v)
+}
