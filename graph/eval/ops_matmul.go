@@ -1,0 +1,267 @@
+package eval
+
+import (
+	"sync"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// gemmF32 computes c[M,N] += a[M,K] * b[K,N] (row-major), blocked over K
+// and N so the touched rows of b stay in cache.
+func gemmF32(a, b, c []float32, M, K, N int) { gemmF32Cols(a, b, c, M, K, N, 0, N) }
+
+// gemmF32Cols is gemmF32 restricted to the output columns [c0, c1).
+func gemmF32Cols(a, b, c []float32, M, K, N, c0, c1 int) {
+	const kb, nb = 256, 512
+	for k0 := 0; k0 < K; k0 += kb {
+		k1 := min(k0+kb, K)
+		for n0 := c0; n0 < c1; n0 += nb {
+			n1 := min(n0+nb, c1)
+			for i := 0; i < M; i++ {
+				crow := c[i*N+n0 : i*N+n1]
+				arow := a[i*K : i*K+K]
+				k := k0
+				for ; k+4 <= k1; k += 4 {
+					a0, a1, a2, a3 := arow[k], arow[k+1], arow[k+2], arow[k+3]
+					b0 := b[k*N+n0 : k*N+n1]
+					b1 := b[(k+1)*N+n0 : (k+1)*N+n1]
+					b2 := b[(k+2)*N+n0 : (k+2)*N+n1]
+					b3 := b[(k+3)*N+n0 : (k+3)*N+n1]
+					b0, b1, b2, b3 = b0[:len(crow)], b1[:len(crow)], b2[:len(crow)], b3[:len(crow)]
+					for j := range crow {
+						crow[j] += a0*b0[j] + a1*b1[j] + a2*b2[j] + a3*b3[j]
+					}
+				}
+				for ; k < k1; k++ {
+					av := arow[k]
+					brow := b[k*N+n0 : k*N+n1]
+					brow = brow[:len(crow)]
+					for j := range crow {
+						crow[j] += av * brow[j]
+					}
+				}
+			}
+		}
+	}
+}
+
+// gemmGeneric computes columns [c0, c1) of c += a*b for float64 and int64.
+func gemmGeneric[T float64 | int64](a, b, c []T, M, K, N, c0, c1 int) {
+	for i := 0; i < M; i++ {
+		crow := c[i*N+c0 : i*N+c1]
+		for k := 0; k < K; k++ {
+			av := a[i*K+k]
+			brow := b[k*N+c0 : k*N+c1]
+			for j := range crow {
+				crow[j] += av * brow[j]
+			}
+		}
+	}
+}
+
+// matmulJob is one 2-D product inside a batched MatMul, restricted to the
+// output rows [r0, r1) and columns [c0, c1).
+type matmulJob struct{ ao, bo, co, r0, r1, c0, c1 int }
+
+// matmul multiplies a[..., M, K] by b[..., K, N] with broadcast batch dims.
+// 1-D operands are promoted as numpy does.
+func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
+	if a.kind() != b.kind() {
+		return nil, errf("MatMul operand types differ: %s and %s", a.DType, b.DType)
+	}
+	if a.Rank() == 0 || b.Rank() == 0 {
+		return nil, errf("MatMul operands must have rank >= 1")
+	}
+	ash, bsh := a.Shape, b.Shape
+	if a.Rank() == 1 {
+		ash = []int{1, ash[0]}
+	}
+	if b.Rank() == 1 {
+		bsh = []int{bsh[0], 1}
+	}
+	M, K := ash[len(ash)-2], ash[len(ash)-1]
+	K2, N := bsh[len(bsh)-2], bsh[len(bsh)-1]
+	if K != K2 {
+		return nil, errf("MatMul shapes %v and %v do not match", a.Shape, b.Shape)
+	}
+	batch, err := BroadcastShapes(ash[:len(ash)-2], bsh[:len(bsh)-2])
+	if err != nil {
+		return nil, errf("MatMul batch dims: %v", err)
+	}
+	shape := append(append([]int{}, batch...), M, N)
+	out, err := c.alloc(a.DType, shape)
+	if err != nil {
+		return nil, err
+	}
+	// batch offsets per operand
+	ab := bcastIndex(ash[:len(ash)-2], batch)
+	bb := bcastIndex(bsh[:len(bsh)-2], batch)
+	nb := numel(batch)
+	jobs := make([]matmulJob, 0, nb)
+	for i := 0; i < nb; i++ {
+		ai, bi := i, i
+		if ab != nil {
+			ai = ab[i]
+		}
+		if bb != nil {
+			bi = bb[i]
+		}
+		jobs = append(jobs, matmulJob{ao: ai * M * K, bo: bi * K * N, co: i * M * N, r0: 0, r1: M, c0: 0, c1: N})
+	}
+	// split rows (then columns, in blocks of 64) when there are fewer
+	// batches than threads and the work is worth it.
+	threads := defaultThreads()
+	if c != nil && c.r != nil {
+		threads = c.r.threads
+	}
+	work := nb * M * K * N
+	if threads > 1 && work >= 1<<20 && len(jobs) < threads {
+		want := 2 * threads / len(jobs)
+		rp := min(want, M)
+		cp := min(max(want/rp, 1), max(N/64, 1))
+		var split []matmulJob
+		for _, j := range jobs {
+			for p := 0; p < rp; p++ {
+				r0, r1 := M*p/rp, M*(p+1)/rp
+				for q := 0; q < cp; q++ {
+					c0, c1 := N*q/cp, N*(q+1)/cp
+					if r0 < r1 && c0 < c1 {
+						split = append(split, matmulJob{ao: j.ao, bo: j.bo, co: j.co, r0: r0, r1: r1, c0: c0, c1: c1})
+					}
+				}
+			}
+		}
+		jobs = split
+	}
+	run := func(j matmulJob) {
+		rows := j.r1 - j.r0
+		switch a.kind() {
+		case kF32:
+			gemmF32Cols(a.F32[j.ao+j.r0*K:j.ao+j.r1*K], b.F32[j.bo:j.bo+K*N], out.F32[j.co+j.r0*N:j.co+j.r1*N], rows, K, N, j.c0, j.c1)
+		case kF64:
+			gemmGeneric(a.F64[j.ao+j.r0*K:j.ao+j.r1*K], b.F64[j.bo:j.bo+K*N], out.F64[j.co+j.r0*N:j.co+j.r1*N], rows, K, N, j.c0, j.c1)
+		case kI64:
+			gemmGeneric(a.I64[j.ao+j.r0*K:j.ao+j.r1*K], b.I64[j.bo:j.bo+K*N], out.I64[j.co+j.r0*N:j.co+j.r1*N], rows, K, N, j.c0, j.c1)
+		}
+	}
+	switch a.kind() {
+	case kF32, kF64, kI64:
+	default:
+		return nil, errf("MatMul is not defined for %s", a.DType)
+	}
+	if threads <= 1 || work < 1<<20 || len(jobs) == 1 {
+		for _, j := range jobs {
+			run(j)
+		}
+	} else {
+		var wg sync.WaitGroup
+		ch := make(chan matmulJob)
+		for w := 0; w < min(threads, len(jobs)); w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := range ch {
+					run(j)
+				}
+			}()
+		}
+		for _, j := range jobs {
+			ch <- j
+		}
+		close(ch)
+		wg.Wait()
+	}
+	// drop promoted dims of 1-D operands
+	final := append([]int{}, batch...)
+	if a.Rank() != 1 {
+		final = append(final, M)
+	}
+	if b.Rank() != 1 {
+		final = append(final, N)
+	}
+	out.Shape = final
+	return out, nil
+}
+
+func kMatMul(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
+	a, err := need(in, 0)
+	if err != nil {
+		return nil, err
+	}
+	b, err := need(in, 1)
+	if err != nil {
+		return nil, err
+	}
+	return one(matmul(c, a, b))
+}
+
+func kGemm(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
+	a, err := need(in, 0)
+	if err != nil {
+		return nil, err
+	}
+	b, err := need(in, 1)
+	if err != nil {
+		return nil, err
+	}
+	if a.Rank() != 2 || b.Rank() != 2 {
+		if c.Opset("") >= 7 || a.Rank() != 2 {
+			return nil, errf("Gemm needs 2-D A and B, got %v and %v", a.Shape, b.Shape)
+		}
+	}
+	if attrInt(n, "transA", 0) == 1 {
+		a = transpose(a, []int{1, 0})
+	}
+	if attrInt(n, "transB", 0) == 1 {
+		b = transpose(b, []int{1, 0})
+	}
+	y, err := matmul(c, a, b)
+	if err != nil {
+		return nil, err
+	}
+	alpha := float64(attrFloat(n, "alpha", 1))
+	beta := float64(attrFloat(n, "beta", 1))
+	if alpha != 1 {
+		scale(y, alpha)
+	}
+	if cc := opt(in, 2); cc != nil && beta != 0 {
+		if c.Opset("") < 7 && attrInt(n, "broadcast", 0) == 0 && !sameShape(cc.Shape, y.Shape) {
+			return nil, errf("C shape %v does not match %v without broadcast", cc.Shape, y.Shape)
+		}
+		if _, err := BroadcastShapes(cc.Shape, y.Shape); err != nil {
+			return nil, errf("C shape %v does not broadcast to %v", cc.Shape, y.Shape)
+		}
+		cb := expandTo(cc, y.Shape)
+		if beta != 1 {
+			scale(cb, beta)
+		}
+		if y, err = applyArith(arithOps["Add"], y, cb); err != nil {
+			return nil, err
+		}
+	}
+	return []*Tensor{y}, nil
+}
+
+// scale multiplies a numeric tensor by s in place.
+func scale(t *Tensor, s float64) {
+	switch t.kind() {
+	case kF32:
+		f := float32(s)
+		for i := range t.F32 {
+			t.F32[i] *= f
+		}
+	case kF64:
+		for i := range t.F64 {
+			t.F64[i] *= s
+		}
+	case kI64:
+		for i := range t.I64 {
+			t.I64[i] = int64(float64(t.I64[i]) * s)
+		}
+	}
+}
+
+func init() {
+	builtin("", kMatMul, "MatMul")
+	builtin("", kGemm, "Gemm")
+}
