@@ -50,6 +50,7 @@ type UnsupportedOpError struct {
 	Domain, OpType, Node string
 }
 
+// Error formats as "unsupported op DOMAIN::OP (node NAME)".
 func (e *UnsupportedOpError) Error() string {
 	return fmt.Sprintf("unsupported op %s::%s (node %s)", domainName(e.Domain), e.OpType, e.Node)
 }

@@ -160,7 +160,7 @@ func TestFloat8(t *testing.T) {
 	}{
 		{pb.TensorProto_FLOAT8E4M3FN, 1, 1},
 		{pb.TensorProto_FLOAT8E4M3FN, 448, 448},
-		{pb.TensorProto_FLOAT8E4M3FN, 1.0625, 1},   // tie between 1 and 1.125 -> even
+		{pb.TensorProto_FLOAT8E4M3FN, 1.0625, 1},    // tie between 1 and 1.125 -> even
 		{pb.TensorProto_FLOAT8E4M3FN, 1.1875, 1.25}, // tie between 1.125 and 1.25 -> even
 		{pb.TensorProto_FLOAT8E4M3FN, 0.001953125, 0.001953125},
 		{pb.TensorProto_FLOAT8E4M3FNUZ, 240, 240},
@@ -181,7 +181,9 @@ func TestFloat8(t *testing.T) {
 		t.Error("E4M3FN NaN handling")
 	}
 	to := func(dt pb.TensorProto_DataType) *pb.AttributeProto { return ia("to", int64(dt)) }
-	f8 := func(dt pb.TensorProto_DataType, v ...float32) *Tensor { return &Tensor{DType: dt, Shape: sh(len(v)), F32: v} }
+	f8 := func(dt pb.TensorProto_DataType, v ...float32) *Tensor {
+		return &Tensor{DType: dt, Shape: sh(len(v)), F32: v}
+	}
 	runCases(t, []opCase{
 		{name: "cast saturates", op: "Cast", opset: 19, attrs: attrs(to(pb.TensorProto_FLOAT8E4M3FN)), in: ins(f32(sh(3), 1000, -1000, 0.3)),
 			want: outs(f8(pb.TensorProto_FLOAT8E4M3FN, 448, -448, 0.3125))},

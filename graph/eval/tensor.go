@@ -24,13 +24,20 @@ import (
 //
 // A scalar has an empty Shape and one element.
 type Tensor struct {
+	// DType is the ONNX element type.
 	DType pb.TensorProto_DataType
+	// Shape is the row-major shape; nil or empty for a scalar.
 	Shape []int
-	F32   []float32
-	F64   []float64
-	I64   []int64
-	Bool  []bool
-	Str   []string
+	// F32 holds FLOAT, FLOAT16, BFLOAT16 and FLOAT8* data.
+	F32 []float32
+	// F64 holds DOUBLE data.
+	F64 []float64
+	// I64 holds the data of every integer type.
+	I64 []int64
+	// Bool holds BOOL data.
+	Bool []bool
+	// Str holds STRING data.
+	Str []string
 }
 
 // kind is the storage class of a data type.

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/mokopt/mokopt/verify"
+	"github.com/spf13/cobra"
+)
+
+func init() { subcommands = append(subcommands, newVerifyCmd, newRunCmd) }
+
+func parseTokens(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--tokens: %q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func newVerifyCmd() *cobra.Command {
+	var data, tokens string
+	var seed int64
+	var rtol, atol float64
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "verify A B",
+		Short: "Run two models on the same inputs with the reference interpreter and compare",
+		Long: `verify runs models A and B on the same inputs in mokopt's reference interpreter
+and compares every output element-wise: |a-b| <= atol + rtol*|b|. Inputs come from
+--data (an ONNX test_data_set folder) or are random, one case per --tokens value
+(for inputs with dynamic dims). Exit 1 on mismatch, naming the output and the worst element.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			toks, err := parseTokens(tokens)
+			if err != nil {
+				return usageErr(err)
+			}
+			a, err := loadModel(args[0])
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			b, err := loadModel(args[1])
+			if err != nil {
+				return err
+			}
+			defer b.Close()
+			rep, err := verify.Compare(c.Context(), a, b, verify.Options{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data})
+			if err != nil {
+				return err
+			}
+			return reportVerify(c.OutOrStdout(), rep, asJSON)
+		},
+	}
+	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder with input_N.pb files")
+	c.Flags().StringVar(&tokens, "tokens", "1,7,64", "token counts for random inputs (dynamic dims only)")
+	c.Flags().Int64Var(&seed, "seed", 1, "seed of the random inputs")
+	c.Flags().Float64Var(&rtol, "rtol", verify.DefaultRTol, "relative tolerance")
+	c.Flags().Float64Var(&atol, "atol", verify.DefaultATol, "absolute tolerance")
+	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	return c
+}
+
+func newRunCmd() *cobra.Command {
+	var data string
+	var rtol, atol float64
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "run MODEL --data DIR",
+		Short: "Run a model on a test_data_set and compare with its output_N.pb files",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if data == "" {
+				return usageErr(fmt.Errorf("run needs --data DIR"))
+			}
+			m, err := loadModel(args[0])
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			rep, err := verify.RunAndCheck(c.Context(), m, data, verify.Options{RTol: rtol, ATol: atol})
+			if err != nil {
+				return err
+			}
+			return reportVerify(c.OutOrStdout(), rep, asJSON)
+		},
+	}
+	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder")
+	c.Flags().Float64Var(&rtol, "rtol", verify.DefaultRTol, "relative tolerance")
+	c.Flags().Float64Var(&atol, "atol", verify.DefaultATol, "absolute tolerance")
+	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	return c
+}
+
+func reportVerify(w io.Writer, rep *verify.Report, asJSON bool) error {
+	if asJSON {
+		if err := writeJSON(w, rep); err != nil {
+			return err
+		}
+	} else {
+		for _, cs := range rep.Cases {
+			for _, o := range cs.Outputs {
+				status := "ok"
+				if o.Mismatches > 0 {
+					status = "MISMATCH"
+				}
+				fmt.Fprintf(w, "%s %s output %d %s: max abs err %.3g, max rel err %.3g, worst at %v (%d of %d elements off)\n",
+					status, cs.Name, o.Index, o.NameA, float64(o.MaxAbsErr), float64(o.MaxRelErr), o.WorstMultiIndex, o.Mismatches, o.Elements)
+			}
+			if cs.Message != "" {
+				fmt.Fprintf(w, "%s: %s\n", cs.Name, cs.Message)
+			}
+		}
+		for _, n := range rep.Notes {
+			fmt.Fprintf(w, "note: %s\n", n)
+		}
+	}
+	if !rep.Pass {
+		return &exitError{code: 1, msg: "outputs differ"}
+	}
+	return nil
+}
