@@ -71,6 +71,9 @@ func normDomain(d string) string {
 
 type opKey struct{ domain, op string }
 
+// funcKey names a model-local function: domain, name and (IR 10) overload.
+type funcKey struct{ domain, op, overload string }
+
 var (
 	regMu    sync.RWMutex
 	custom   = map[opKey]KernelFunc{}
@@ -234,7 +237,7 @@ type runner struct {
 	m       *graph.Model
 	opt     Options
 	threads int
-	funcs   map[opKey]*pb.FunctionProto
+	funcs   map[funcKey]*pb.FunctionProto
 	live    int64
 	depth   int
 }
@@ -300,12 +303,12 @@ func Run(ctx context.Context, m *graph.Model, feeds map[string]*Tensor, opt Opti
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	r := &runner{ctx: ctx, m: m, opt: opt, threads: opt.Threads, funcs: map[opKey]*pb.FunctionProto{}}
+	r := &runner{ctx: ctx, m: m, opt: opt, threads: opt.Threads, funcs: map[funcKey]*pb.FunctionProto{}}
 	if r.threads <= 0 {
 		r.threads = defaultThreads()
 	}
 	for _, f := range m.Proto.GetFunctions() {
-		r.funcs[opKey{normDomain(f.GetDomain()), f.GetName()}] = f
+		r.funcs[funcKey{normDomain(f.GetDomain()), f.GetName(), f.GetOverload()}] = f
 	}
 	g := m.Proto.GetGraph()
 	opsets := opsetMap(m.Proto.GetOpsetImport())
@@ -501,7 +504,7 @@ func nodeObj(n *pb.NodeProto) string {
 func (r *runner) runNode(sc *scope, n *pb.NodeProto, opsets map[string]int64, inputs []*Tensor) ([]*Tensor, error) {
 	dom := normDomain(n.GetDomain())
 	fn, ok, isCustom := lookupKernel(dom, n.GetOpType())
-	f := r.funcs[opKey{dom, n.GetOpType()}]
+	f := r.funcs[funcKey{dom, n.GetOpType(), n.GetOverload()}]
 	if f != nil && (!isCustom || r.opt.PreferFunctions) {
 		return r.callFunction(f, n, opsets, inputs)
 	}
