@@ -1,0 +1,110 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/kernel"
+	"github.com/mokopt/mokopt/lowering"
+	"github.com/spf13/cobra"
+)
+
+func init() { subcommands = append(subcommands, newLowerCmd) }
+
+func newLowerCmd() *cobra.Command {
+	var out, target, planPath, extMode string
+	var ep, tokens int
+	var strict, asJSON bool
+	c := &cobra.Command{
+		Use:   "lower IN -o OUT --target gb300-nvl72|gb200-nvl72 --ep N",
+		Short: "Lower fused ai.mok::MoE nodes to the MoK megakernel (MXFP8 routed, BF16 shared)",
+		Long: `lower replaces each fused ai.mok::MoE node that the Mixture-of-Kittens kernel
+can take by the router in standard ONNX ops (topk_experts int64 [T,k],
+router_weights float [T,k]) and one ai.mok::MoKDispatchFFNCombine node with the
+routed experts quantized to MXFP8 (E4M3 + UE8M0 scales in the tcgen05 layout)
+and the shared expert in BF16, all kernel knobs at their defaults, the EP
+placement and the target as attributes.
+
+Every violated constraint of the kernel contract is reported with its number.
+With --strict any error-severity violation refuses the model (exit 1, nothing
+written). Without it, a block the kernel cannot take (e.g. H % 256 != 0, GELU,
+expert biases) stays unlowered with a warning, and a gated or wider shared
+expert is kept outside the kernel as standard ONNX ops.
+
+--plan writes the launch plan (shapes, placement, workspace, weight bytes,
+knobs, predicted times against an unfused DeepEP baseline, and the vendor's
+benchmark shapes) as JSON.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if out == "" {
+				return usageErr(errors.New("lower needs -o OUT"))
+			}
+			if out == args[0] {
+				return usageErr(fmt.Errorf("refusing to overwrite the input %s", out))
+			}
+			if target == "" {
+				return usageErr(errors.New("lower needs --target (gb300-nvl72 or gb200-nvl72)"))
+			}
+			tgt, err := kernel.LookupTarget(target)
+			if err != nil {
+				return usageErr(err)
+			}
+			if ep <= 0 {
+				return usageErr(errors.New("lower needs --ep N (the expert-parallel size, e.g. 8 or 64)"))
+			}
+			if tokens < 0 {
+				return usageErr(fmt.Errorf("--tokens-per-rank %d is negative", tokens))
+			}
+			mode, err := graph.ParseExternalMode(extMode)
+			if err != nil {
+				return usageErr(err)
+			}
+			m, err := loadModel(args[0])
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			rep, lerr := lowering.Lower(m, lowering.Options{Target: tgt, EP: ep, TokensPerRank: tokens, Strict: strict})
+			if lerr != nil {
+				if asJSON && rep != nil {
+					_ = writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": nil, "report": rep})
+				}
+				if errors.Is(lerr, graph.ErrBadInput) {
+					return &exitError{code: 2, msg: lerr.Error(), err: lerr}
+				}
+				return &exitError{code: 1, msg: fmt.Sprintf("%s: %v; no output written", args[0], lerr), err: lerr}
+			}
+			if err := m.Save(out, graph.SaveOptions{External: mode}); err != nil {
+				return err
+			}
+			if planPath != "" {
+				b, err := json.MarshalIndent(rep.Plan, "", "  ")
+				if err != nil {
+					return err
+				}
+				if err := graph.WriteFileAtomic(planPath, append(b, '\n')); err != nil {
+					return err
+				}
+			}
+			if asJSON {
+				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep})
+			}
+			fmt.Fprintf(c.OutOrStdout(), "%s -> %s: %s", args[0], out, rep.Summary())
+			if planPath != "" {
+				fmt.Fprintf(c.OutOrStdout(), "  plan written to %s\n", planPath)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&out, "output", "o", "", "output model path")
+	c.Flags().StringVar(&target, "target", "", "target rack: gb300-nvl72 or gb200-nvl72")
+	c.Flags().IntVar(&ep, "ep", 0, "expert-parallel group size (1, 4, 8, 16, 32 or 64)")
+	c.Flags().IntVar(&tokens, "tokens-per-rank", 0, "static tokens per rank T (checked: >= 512, multiple of 256); 0: unknown")
+	c.Flags().StringVar(&planPath, "plan", "", "write the launch plan JSON to this file")
+	c.Flags().BoolVar(&strict, "strict", false, "refuse the model when any block violates the kernel contract")
+	c.Flags().StringVar(&extMode, "external-data", "keep", "where initializer bytes go: keep, repack or inline")
+	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	return c
+}
