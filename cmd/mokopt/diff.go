@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/mokopt/mokopt/diff"
+	"github.com/mokopt/mokopt/graph"
+	"github.com/spf13/cobra"
+)
+
+func init() { subcommands = append(subcommands, newDiffCmd) }
+
+func newDiffCmd() *cobra.Command {
+	var format, out, color string
+	var stat, verbose bool
+	c := &cobra.Command{
+		Use:   "diff A B",
+		Short: "Compare two models structurally; explain fused regions",
+		Long: `diff compares model A (old) with model B (new) by structure, not by names:
+nodes are matched by op, attributes and what feeds them (anchored on graph
+inputs and outputs by position, initializers by content), so renamed but
+identical graphs compare equal. Each fused ai.mok::MoE node of B is reported
+with the region of A it replaced (checked against B's provenance record when
+present); everything else is listed as removed, added or changed.
+
+Formats: text (default; coloured on a terminal), json (schema in diff/SCHEMA.md),
+markdown (for pull-request comments), dot (Graphviz), html (one self-contained
+page; the graph is rendered with Graphviz dot when it is installed).
+
+Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
+		Args: func(c *cobra.Command, args []string) error {
+			if err := cobra.ExactArgs(2)(c, args); err != nil {
+				return usageErr(err)
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			switch format {
+			case "text", "json", "markdown", "md", "dot", "html":
+			default:
+				return usageErr(fmt.Errorf("unknown --format %q (want text, json, markdown, dot or html)", format))
+			}
+			if stat && format != "text" && format != "json" {
+				return usageErr(fmt.Errorf("--stat works with --format text or json, not %s", format))
+			}
+			if color != "auto" && color != "always" && color != "never" {
+				return usageErr(fmt.Errorf("unknown --color %q (want auto, always or never)", color))
+			}
+			a, err := loadModel(args[0])
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			b, err := loadModel(args[1])
+			if err != nil {
+				return err
+			}
+			defer b.Close()
+			r, err := diff.Compare(a, b)
+			if err != nil {
+				// Any failure to compare is an error (exit 2), as in diff(1).
+				return &exitError{code: 2, msg: err.Error(), err: err}
+			}
+			var buf bytes.Buffer
+			w := io.Writer(&buf)
+			useColor := color == "always" || color == "auto" && out == "" && os.Getenv("NO_COLOR") == "" && isTerminal(c.OutOrStdout())
+			switch {
+			case stat && format == "json":
+				err = diff.JSONStat(w, r)
+			case stat:
+				err = diff.Stat(w, r)
+			case format == "json":
+				err = diff.JSON(w, r)
+			case format == "markdown" || format == "md":
+				err = diff.Markdown(w, r)
+			case format == "dot":
+				err = diff.DOT(w, r)
+			case format == "html":
+				err = diff.HTML(w, r)
+			default:
+				err = diff.TextWith(w, r, diff.TextOptions{Color: useColor, Verbose: verbose})
+			}
+			if err != nil {
+				return &exitError{code: 2, msg: err.Error(), err: err}
+			}
+			if out != "" {
+				if err := graph.WriteFileAtomic(out, buf.Bytes()); err != nil {
+					return &exitError{code: 2, msg: err.Error(), err: err}
+				}
+			} else if _, err := c.OutOrStdout().Write(buf.Bytes()); err != nil {
+				return &exitError{code: 2, msg: err.Error(), err: err}
+			}
+			if !r.Same() {
+				return &exitError{code: 1}
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&format, "format", "text", "output format: text, json, markdown, dot or html")
+	c.Flags().BoolVar(&stat, "stat", false, "print counts only")
+	c.Flags().StringVarP(&out, "output", "o", "", "write the report to this file instead of stdout")
+	c.Flags().StringVar(&color, "color", "auto", "colour text output: auto (on a terminal, unless NO_COLOR is set), always or never")
+	c.Flags().BoolVarP(&verbose, "verbose", "v", false, "text: list every node of every fused region")
+	return c
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
