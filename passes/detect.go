@@ -427,8 +427,9 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 	// The combine point comes after expert compute: a MatMul/Gemm with a
 	// constant weight other than the router.
 	var emOut []string
+	anc := c.backward(tk.Input[0], nil) // an earlier layer's experts are not ours
 	for _, n := range c.weightMatMuls() {
-		if n != routerLinear {
+		if n != routerLinear && !anc[n] {
 			emOut = append(emOut, n.Output...)
 		}
 	}
