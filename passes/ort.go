@@ -152,4 +152,3 @@ func (c *ctx) detectORT(n *pb.NodeProto) (b *Block, err error) {
 	}
 	return b, nil
 }
-
