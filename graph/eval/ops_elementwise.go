@@ -149,11 +149,7 @@ func nanMin(a, b float64) float64 {
 func kArith(op string) KernelFunc {
 	ar := arithOps[op]
 	return func(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-		a, err := need(in, 0)
-		if err != nil {
-			return nil, err
-		}
-		b, err := need(in, 1)
+		a, b, err := need2(in)
 		if err != nil {
 			return nil, err
 		}
@@ -219,11 +215,7 @@ func kVariadic(op string) KernelFunc {
 }
 
 func kPow(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	a, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	b, err := need(in, 1)
+	a, b, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -250,11 +242,7 @@ func kPow(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 }
 
 func kMod(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	a, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	b, err := need(in, 1)
+	a, b, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -290,11 +278,7 @@ func pyMod(x, y float64) float64 {
 }
 
 func kPRelu(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	s, err := need(in, 1)
+	x, s, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -321,11 +305,7 @@ func kPRelu(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 }
 
 func kBitShift(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	a, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	b, err := need(in, 1)
+	a, b, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -622,11 +602,7 @@ func kCompare(op string) KernelFunc {
 		cp.b = func(a, b bool) bool { return a == b }
 	}
 	return func(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-		a, err := need(in, 0)
-		if err != nil {
-			return nil, err
-		}
-		b, err := need(in, 1)
+		a, b, err := need2(in)
 		if err != nil {
 			return nil, err
 		}
@@ -678,11 +654,7 @@ func kLogical(op string) KernelFunc {
 		f = func(a, b bool) bool { return a != b }
 	}
 	return func(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-		a, err := need(in, 0)
-		if err != nil {
-			return nil, err
-		}
-		b, err := need(in, 1)
+		a, b, err := need2(in)
 		if err != nil {
 			return nil, err
 		}
@@ -706,11 +678,7 @@ func kBitwise(op string) KernelFunc {
 		f = func(a, b int64) int64 { return a ^ b }
 	}
 	return func(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-		a, err := need(in, 0)
-		if err != nil {
-			return nil, err
-		}
-		b, err := need(in, 1)
+		a, b, err := need2(in)
 		if err != nil {
 			return nil, err
 		}
@@ -780,11 +748,7 @@ func kIsInf(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 }
 
 func kWhere(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	cond, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	x, err := need(in, 1)
+	cond, x, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -1050,11 +1014,7 @@ func kCast(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 }
 
 func kCastLike(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	like, err := need(in, 1)
+	x, like, err := need2(in)
 	if err != nil {
 		return nil, err
 	}

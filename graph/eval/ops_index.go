@@ -43,11 +43,7 @@ func indexList(t *Tensor, dim int) ([]int, error) {
 }
 
 func kGather(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	it, err := need(in, 1)
+	x, it, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -99,11 +95,7 @@ func elementIndex(it *Tensor, xshape []int, axis int) ([]int, error) {
 }
 
 func kGatherElements(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	it, err := need(in, 1)
+	x, it, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -170,11 +162,7 @@ func ndOffsets(data []int, it *Tensor, batchDims int) (offs []int, sliceShape []
 }
 
 func kGatherND(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	it, err := need(in, 1)
+	x, it, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -242,11 +230,7 @@ func checkReduction(red string) error {
 }
 
 func kScatterND(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	it, err := need(in, 1)
+	x, it, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -276,11 +260,7 @@ func kScatterND(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) 
 }
 
 func kScatterElements(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	it, err := need(in, 1)
+	x, it, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -351,11 +331,7 @@ func kNonZero(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 }
 
 func kOneHot(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	it, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	dt, err := need(in, 1)
+	it, dt, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -540,11 +516,7 @@ func kArg(op string) KernelFunc {
 }
 
 func kCumSum(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	at, err := need(in, 1)
+	x, at, err := need2(in)
 	if err != nil {
 		return nil, err
 	}

@@ -184,11 +184,7 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 }
 
 func kMatMul(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	a, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	b, err := need(in, 1)
+	a, b, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -196,11 +192,7 @@ func kMatMul(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 }
 
 func kGemm(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	a, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	b, err := need(in, 1)
+	a, b, err := need2(in)
 	if err != nil {
 		return nil, err
 	}

@@ -383,11 +383,7 @@ func kLayerNorm(rms bool) KernelFunc {
 // normalization of input + skip (+ bias), also returning that sum.
 func kSkipNorm(rms bool) KernelFunc {
 	return func(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-		x, err := need(in, 0)
-		if err != nil {
-			return nil, err
-		}
-		skip, err := need(in, 1)
+		x, skip, err := need2(in)
 		if err != nil {
 			return nil, err
 		}
@@ -445,11 +441,7 @@ func kBatchNorm(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) 
 }
 
 func kInstanceNorm(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	s, err := need(in, 1)
+	x, s, err := need2(in)
 	if err != nil {
 		return nil, err
 	}

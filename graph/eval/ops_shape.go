@@ -135,11 +135,7 @@ func reshapeTo(in []int, spec []int64, allowZero bool) ([]int, error) {
 }
 
 func kExpand(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	s, err := need(in, 1)
+	x, s, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -158,11 +154,7 @@ func kExpand(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 }
 
 func kTile(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	r, err := need(in, 1)
+	x, r, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -860,11 +852,7 @@ func kSpaceToDepth(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, erro
 }
 
 func kCompress(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	cond, err := need(in, 1)
+	x, cond, err := need2(in)
 	if err != nil {
 		return nil, err
 	}
@@ -890,11 +878,7 @@ func kCompress(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 }
 
 func kReverseSequence(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
-	x, err := need(in, 0)
-	if err != nil {
-		return nil, err
-	}
-	l, err := need(in, 1)
+	x, l, err := need2(in)
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,16 @@ func need(inputs []*Tensor, i int) (*Tensor, error) {
 	return inputs[i], nil
 }
 
+// need2 checks that inputs 0 and 1 are present and returns them.
+func need2(inputs []*Tensor) (*Tensor, *Tensor, error) {
+	a, err := need(inputs, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := need(inputs, 1)
+	return a, b, err
+}
+
 // opt returns input i or nil.
 func opt(inputs []*Tensor, i int) *Tensor {
 	if i >= len(inputs) {
