@@ -2,7 +2,7 @@ package lowering
 
 import (
 	"fmt"
-	"math"
+	"github.com/mokopt/mokopt/moe"
 	"sync"
 
 	"github.com/mokopt/mokopt/graph"
@@ -105,11 +105,11 @@ func evalKernel(ctx *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eva
 				xt := x.F32[t*H : (t+1)*H]
 				// Shared expert, BF16.
 				for i := 0; i < Is; i++ {
-					gv, uv := dot(xt, sg.F32[i*H:(i+1)*H]), dot(xt, su.F32[i*H:(i+1)*H])
-					h[i] = bf16(gv * sigmoid(gv) * uv)
+					gv, uv := moe.Dot(xt, sg.F32[i*H:(i+1)*H]), moe.Dot(xt, su.F32[i*H:(i+1)*H])
+					h[i] = bf16(gv * moe.Logistic(gv) * uv)
 				}
 				for j := 0; j < H; j++ {
-					acc[j] = bf16(dot(h[:Is], sd.F32[j*Is:(j+1)*Is]))
+					acc[j] = bf16(moe.Dot(h[:Is], sd.F32[j*Is:(j+1)*Is]))
 				}
 				// Routed experts.
 				copy(xq, xt)
@@ -119,18 +119,18 @@ func evalKernel(ctx *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eva
 				for j := 0; j < k; j++ {
 					e := ids.I64[t*k+j]
 					for i := 0; i < I; i++ {
-						g[i], u[i] = dot(xq, wg[e][i*H:(i+1)*H]), dot(xq, wu[e][i*H:(i+1)*H])
+						g[i], u[i] = moe.Dot(xq, wg[e][i*H:(i+1)*H]), moe.Dot(xq, wu[e][i*H:(i+1)*H])
 						if limit > 0 {
 							g[i] = min(g[i], limit)
 							u[i] = max(min(u[i], limit), -limit)
 						}
-						h[i] = g[i] * sigmoid(g[i]) * u[i]
+						h[i] = g[i] * moe.Logistic(g[i]) * u[i]
 					}
 					if actQuant {
 						fakeQuant(h[:I], codes)
 					}
 					for c := 0; c < H; c++ {
-						yr[c] = bf16(dot(h[:I], wd[e][c*I:(c+1)*I]))
+						yr[c] = bf16(moe.Dot(h[:I], wd[e][c*I:(c+1)*I]))
 					}
 					wt := rw.F32[t*k+j]
 					for c := range acc {
@@ -208,16 +208,5 @@ func fakeQuant(v []float32, codes []uint8) {
 		mxfp8.DequantizeBlock(blk, codes, s)
 	}
 }
-
-func dot(a, b []float32) float32 {
-	var s float32
-	b = b[:len(a)]
-	for i := range a {
-		s += a[i] * b[i]
-	}
-	return s
-}
-
-func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
 
 func bf16(f float32) float32 { return graph.BFloat16ToFloat32(graph.Float32ToBFloat16(f)) }

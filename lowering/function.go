@@ -1,8 +1,6 @@
 package lowering
 
 import (
-	"fmt"
-
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
@@ -12,30 +10,12 @@ import (
 // fp8Opset is the first default-domain opset whose Cast reads float8e4m3fn.
 const fp8Opset = 19
 
-// builder accumulates the nodes of a function body (the same small helper
-// as moe/body.go's bodyBuilder, which is unexported).
-type builder struct {
-	nodes []*pb.NodeProto
-	n     int
-}
-
-func (b *builder) op(op string, inputs []string, attrs ...*pb.AttributeProto) string {
-	b.n++
-	out := fmt.Sprintf("k%d", b.n)
-	b.nodes = append(b.nodes, graph.NewNode(op, "", "", inputs, []string{out}, attrs...))
-	return out
-}
-
-func (b *builder) ints(v ...int64) string {
-	return b.op("Constant", nil, graph.TensorAttr("value", moe.Int64Tensor("", []int64{int64(len(v))}, v)))
-}
-
-func (b *builder) scalar(f float32) string {
-	return b.op("Constant", nil, graph.TensorAttr("value", moe.Float32Tensor("", nil, []float32{f})))
-}
+// builder is moe.Builder plus the casts and dequantisation the kernel
+// node's function body needs.
+type builder struct{ moe.Builder }
 
 func (b *builder) cast(v string, to pb.TensorProto_DataType) string {
-	return b.op("Cast", []string{v}, graph.IntAttr("to", int64(to)))
+	return b.Op("Cast", []string{v}, graph.IntAttr("to", int64(to)))
 }
 
 // bf16 rounds a float tensor to bfloat16 and back.
@@ -50,13 +30,13 @@ func (b *builder) bf16(v string) string {
 // elements.
 func (b *builder) dequant(q, s string) string {
 	qf := b.cast(q, pb.TensorProto_FLOAT)
-	scale := b.op("Pow", []string{b.scalar(2), b.op("Sub", []string{b.cast(s, pb.TensorProto_FLOAT), b.scalar(127)})})
-	tiles := b.op("Slice", []string{b.op("Shape", []string{s}), b.ints(0), b.ints(2)}) // [E·N/128, K/128]
-	s5 := b.op("Reshape", []string{scale, b.op("Concat", []string{tiles, b.ints(32, 4, 4)}, graph.IntAttr("axis", 0))})
+	scale := b.Op("Pow", []string{b.Scalar(2), b.Op("Sub", []string{b.cast(s, pb.TensorProto_FLOAT), b.Scalar(127)})})
+	tiles := b.Op("Slice", []string{b.Op("Shape", []string{s}), b.Ints(0), b.Ints(2)}) // [E·N/128, K/128]
+	s5 := b.Op("Reshape", []string{scale, b.Op("Concat", []string{tiles, b.Ints(32, 4, 4)}, graph.IntAttr("axis", 0))})
 	// [tile row, tile col, r%32, r/32, kb%4] -> [tile row, r/32, r%32, tile col, kb%4] = [row, K-block]
-	rowBlock := b.op("Transpose", []string{s5}, graph.IntsAttr("perm", 0, 3, 2, 1, 4))
-	perElem := b.op("Expand", []string{b.op("Reshape", []string{rowBlock, b.ints(-1, 1)}), b.ints(1, 32)})
-	return b.op("Mul", []string{qf, b.op("Reshape", []string{perElem, b.op("Shape", []string{q})})})
+	rowBlock := b.Op("Transpose", []string{s5}, graph.IntsAttr("perm", 0, 3, 2, 1, 4))
+	perElem := b.Op("Expand", []string{b.Op("Reshape", []string{rowBlock, b.Ints(-1, 1)}), b.Ints(1, 32)})
+	return b.Op("Mul", []string{qf, b.Op("Reshape", []string{perElem, b.Op("Shape", []string{q})})})
 }
 
 // kernelFunction returns the model-local function of MoKDispatchFFNCombine:
@@ -68,41 +48,41 @@ func (b *builder) dequant(q, s string) string {
 // activations); the combine buffer, the shared expert's hidden and output,
 // and the result are rounded to bfloat16 as the kernel stores them.
 func kernelFunction(clamped bool, opset int64) *pb.FunctionProto {
-	b := &builder{}
+	b := &builder{moe.Builder{Prefix: "k"}}
 	in := InputNames
 	xf := b.cast(in[InX], pb.TensorProto_FLOAT) // [T, H]
 	wg := b.dequant(in[InGate], in[InGateScale])
 	wu := b.dequant(in[InUp], in[InUpScale])
 	wd := b.dequant(in[InDown], in[InDownScale])
 	tr := graph.IntsAttr("perm", 0, 2, 1)
-	xe := b.op("Unsqueeze", []string{xf, b.ints(0)}) // [1, T, H]
-	g := b.op("MatMul", []string{xe, b.op("Transpose", []string{wg}, tr)})
-	u := b.op("MatMul", []string{xe, b.op("Transpose", []string{wu}, tr)})
+	xe := b.Op("Unsqueeze", []string{xf, b.Ints(0)}) // [1, T, H]
+	g := b.Op("MatMul", []string{xe, b.Op("Transpose", []string{wg}, tr)})
+	u := b.Op("MatMul", []string{xe, b.Op("Transpose", []string{wu}, tr)})
 	if clamped {
-		limit := b.op("Constant", nil, &pb.AttributeProto{Name: proto.String("value_float"), Type: pb.AttributeProto_FLOAT.Enum(), RefAttrName: proto.String(AttrSwiGLULimit)})
-		g = b.op("Min", []string{g, limit})
-		u = b.op("Clip", []string{u, b.op("Neg", []string{limit}), limit})
+		limit := b.Op("Constant", nil, &pb.AttributeProto{Name: proto.String("value_float"), Type: pb.AttributeProto_FLOAT.Enum(), RefAttrName: proto.String(AttrSwiGLULimit)})
+		g = b.Op("Min", []string{g, limit})
+		u = b.Op("Clip", []string{u, b.Op("Neg", []string{limit}), limit})
 	}
-	a := b.op("Mul", []string{b.op("Mul", []string{g, b.op("Sigmoid", []string{g})}), u})
-	d := b.bf16(b.op("MatMul", []string{a, b.op("Transpose", []string{wd}, tr)})) // [E, T, H], bf16 combine buffer
-	te := b.op("Concat", []string{
-		b.op("Slice", []string{b.op("Shape", []string{xf}), b.ints(0), b.ints(1)}),
-		b.op("Slice", []string{b.op("Shape", []string{in[InGate]}), b.ints(0), b.ints(1)}),
+	a := b.Op("Mul", []string{b.Op("Mul", []string{g, b.Op("Sigmoid", []string{g})}), u})
+	d := b.bf16(b.Op("MatMul", []string{a, b.Op("Transpose", []string{wd}, tr)})) // [E, T, H], bf16 combine buffer
+	te := b.Op("Concat", []string{
+		b.Op("Slice", []string{b.Op("Shape", []string{xf}), b.Ints(0), b.Ints(1)}),
+		b.Op("Slice", []string{b.Op("Shape", []string{in[InGate]}), b.Ints(0), b.Ints(1)}),
 	}, graph.IntAttr("axis", 0))
-	zeros := b.op("ConstantOfShape", []string{te}, graph.TensorAttr("value", moe.Float32Tensor("", []int64{1}, []float32{0})))
-	route := b.op("ScatterElements", []string{zeros, in[InTopKExperts], in[InRouterWeights]}, graph.IntAttr("axis", 1)) // [T, E]
-	routeE := b.op("Unsqueeze", []string{b.op("Transpose", []string{route}, graph.IntsAttr("perm", 1, 0)), b.ints(-1)})
-	y := b.op("ReduceSum", []string{b.op("Mul", []string{d, routeE}), b.ints(0)}, graph.IntAttr("keepdims", 0)) // [T, H]
+	zeros := b.Op("ConstantOfShape", []string{te}, graph.TensorAttr("value", moe.Float32Tensor("", []int64{1}, []float32{0})))
+	route := b.Op("ScatterElements", []string{zeros, in[InTopKExperts], in[InRouterWeights]}, graph.IntAttr("axis", 1)) // [T, E]
+	routeE := b.Op("Unsqueeze", []string{b.Op("Transpose", []string{route}, graph.IntsAttr("perm", 1, 0)), b.Ints(-1)})
+	y := b.Op("ReduceSum", []string{b.Op("Mul", []string{d, routeE}), b.Ints(0)}, graph.IntAttr("keepdims", 0)) // [T, H]
 	t2 := graph.IntsAttr("perm", 1, 0)
 	shared := func(w string) string {
-		return b.op("Transpose", []string{b.cast(w, pb.TensorProto_FLOAT)}, t2)
+		return b.Op("Transpose", []string{b.cast(w, pb.TensorProto_FLOAT)}, t2)
 	}
-	sg := b.op("MatMul", []string{xf, shared(in[InSharedGate])})
-	su := b.op("MatMul", []string{xf, shared(in[InSharedUp])})
-	sa := b.bf16(b.op("Mul", []string{b.op("Mul", []string{sg, b.op("Sigmoid", []string{sg})}), su}))
-	sd := b.bf16(b.op("MatMul", []string{sa, shared(in[InSharedDown])}))
-	y = b.op("Add", []string{y, sd})
-	b.nodes = append(b.nodes, graph.NewNode("Cast", "", "", []string{y}, []string{"output"}, graph.IntAttr("to", int64(pb.TensorProto_BFLOAT16))))
+	sg := b.Op("MatMul", []string{xf, shared(in[InSharedGate])})
+	su := b.Op("MatMul", []string{xf, shared(in[InSharedUp])})
+	sa := b.bf16(b.Op("Mul", []string{b.Op("Mul", []string{sg, b.Op("Sigmoid", []string{sg})}), su}))
+	sd := b.bf16(b.Op("MatMul", []string{sa, shared(in[InSharedDown])}))
+	y = b.Op("Add", []string{y, sd})
+	b.Nodes = append(b.Nodes, graph.NewNode("Cast", "", "", []string{y}, []string{"output"}, graph.IntAttr("to", int64(pb.TensorProto_BFLOAT16))))
 	overload := overloadSwiGLU
 	if clamped {
 		overload = overloadSwiGLUClamped
@@ -114,7 +94,7 @@ func kernelFunction(clamped bool, opset int64) *pb.FunctionProto {
 		Input:       append([]string(nil), in[:]...),
 		Output:      []string{"output"},
 		Attribute:   append([]string(nil), attrNames...),
-		Node:        b.nodes,
+		Node:        b.Nodes,
 		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(opset)}},
 		DocString: proto.String("Reference semantics of ai.mok::MoKDispatchFFNCombine (" + overload + "): MXFP8 routed SwiGLU experts " +
 			"dequantized from E4M3 codes and tcgen05-layout UE8M0 scales, BF16 shared expert, out = shared + sum_k w[t,k]*routed[t,k]. " +

@@ -14,32 +14,38 @@ var attrNames = []string{"activation", "ep_size", "expert_offset", "gate_up_inte
 	"num_experts", "router_activation", "router_order", "routed_scaling_factor", "shared_expert_gated",
 	"swiglu_alpha", "swiglu_limit", "top_k", "topk_group", "weights_on_input"}
 
-// bodyBuilder accumulates the nodes of a function body.
-type bodyBuilder struct {
-	nodes []*pb.NodeProto
-	n     int
+// Builder accumulates the nodes of a function body in the default domain,
+// naming each intermediate value Prefix followed by a counter.
+type Builder struct {
+	Nodes  []*pb.NodeProto
+	Prefix string
+	n      int
 }
 
-func (b *bodyBuilder) tmp() string { b.n++; return fmt.Sprintf("t%d", b.n) }
+func (b *Builder) tmp() string { b.n++; return fmt.Sprintf("%s%d", b.Prefix, b.n) }
 
-func (b *bodyBuilder) op(op string, inputs []string, attrs ...*pb.AttributeProto) string {
+// Op appends a one-output node and returns its output's name.
+func (b *Builder) Op(op string, inputs []string, attrs ...*pb.AttributeProto) string {
 	out := b.tmp()
-	b.nodes = append(b.nodes, graph.NewNode(op, "", "", inputs, []string{out}, attrs...))
+	b.Nodes = append(b.Nodes, graph.NewNode(op, "", "", inputs, []string{out}, attrs...))
 	return out
 }
 
-func (b *bodyBuilder) op2(op string, inputs []string, attrs ...*pb.AttributeProto) (string, string) {
+// Op2 appends a two-output node (TopK) and returns its outputs' names.
+func (b *Builder) Op2(op string, inputs []string, attrs ...*pb.AttributeProto) (string, string) {
 	o1, o2 := b.tmp(), b.tmp()
-	b.nodes = append(b.nodes, graph.NewNode(op, "", "", inputs, []string{o1, o2}, attrs...))
+	b.Nodes = append(b.Nodes, graph.NewNode(op, "", "", inputs, []string{o1, o2}, attrs...))
 	return o1, o2
 }
 
-func (b *bodyBuilder) ints(v ...int64) string {
-	return b.op("Constant", nil, graph.TensorAttr("value", Int64Tensor("", []int64{int64(len(v))}, v)))
+// Ints appends a Constant 1-D INT64 tensor.
+func (b *Builder) Ints(v ...int64) string {
+	return b.Op("Constant", nil, graph.TensorAttr("value", Int64Tensor("", []int64{int64(len(v))}, v)))
 }
 
-func (b *bodyBuilder) scalar(f float32) string {
-	return b.op("Constant", nil, graph.TensorAttr("value", Float32Tensor("", nil, []float32{f})))
+// Scalar appends a Constant FLOAT scalar.
+func (b *Builder) Scalar(f float32) string {
+	return b.Op("Constant", nil, graph.TensorAttr("value", Float32Tensor("", nil, []float32{f})))
 }
 
 // Int64Tensor builds an INT64 tensor with raw data.
@@ -79,71 +85,71 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 	if opset < 13 {
 		return nil, fmt.Errorf("the fused node's function body needs ONNX opset >= 13, model has %d", opset)
 	}
-	b := &bodyBuilder{}
+	b := &Builder{Prefix: "t"}
 	in := InputNames
 	axisLast := graph.IntAttr("axis", -1)
-	x2 := b.op("Reshape", []string{in[InHidden], b.ints(-1, int64(s.Hidden))})
+	x2 := b.Op("Reshape", []string{in[InHidden], b.Ints(-1, int64(s.Hidden))})
 	linIn := []string{x2, in[InRouterW]}
 	if s.RouterBias {
 		linIn = append(linIn, in[InRouterB])
 	}
-	logits := b.op("Gemm", linIn, graph.IntAttr("transB", 1))
-	k := b.ints(int64(s.TopK))
+	logits := b.Op("Gemm", linIn, graph.IntAttr("transB", 1))
+	k := b.Ints(int64(s.TopK))
 	activate := func(v string) string {
 		if s.RouterActivation == Softmax {
-			return b.op("Softmax", []string{v}, axisLast)
+			return b.Op("Softmax", []string{v}, axisLast)
 		}
-		return b.op("Sigmoid", []string{v})
+		return b.Op("Sigmoid", []string{v})
 	}
 	var w, idx string
 	if s.RouterOrder == TopKThenActivation {
 		var vals string
-		vals, idx = b.op2("TopK", []string{logits, k}, axisLast)
+		vals, idx = b.Op2("TopK", []string{logits, k}, axisLast)
 		w = activate(vals)
 	} else {
 		scores := activate(logits)
 		choice := scores
 		if s.CorrectionBias {
-			choice = b.op("Add", []string{scores, in[InCorrectionBias]})
+			choice = b.Op("Add", []string{scores, in[InCorrectionBias]})
 		}
 		if s.NGroup > 1 {
 			per := int64(s.NumExperts / s.NGroup)
-			g3 := b.op("Reshape", []string{choice, b.ints(-1, int64(s.NGroup), per)})
-			top2, _ := b.op2("TopK", []string{g3, b.ints(min(2, per))}, axisLast)
-			gs := b.op("ReduceSum", []string{top2, b.ints(-1)}, graph.IntAttr("keepdims", 0))
-			_, gi := b.op2("TopK", []string{gs, b.ints(int64(s.TopKGroup))}, axisLast)
-			ones := b.op("Expand", []string{b.scalar(1), b.op("Shape", []string{gi})})
-			zeros := b.op("Mul", []string{gs, b.scalar(0)})
-			gmask := b.op("ScatterElements", []string{zeros, gi, ones}, graph.IntAttr("axis", 1))
-			gm3 := b.op("Expand", []string{b.op("Unsqueeze", []string{gmask, b.ints(-1)}), b.op("Shape", []string{g3})})
-			mask := b.op("Cast", []string{b.op("Reshape", []string{gm3, b.ints(-1, int64(s.NumExperts))})}, graph.IntAttr("to", int64(pb.TensorProto_BOOL)))
-			choice = b.op("Where", []string{mask, choice, b.scalar(float32(math.Inf(-1)))})
+			g3 := b.Op("Reshape", []string{choice, b.Ints(-1, int64(s.NGroup), per)})
+			top2, _ := b.Op2("TopK", []string{g3, b.Ints(min(2, per))}, axisLast)
+			gs := b.Op("ReduceSum", []string{top2, b.Ints(-1)}, graph.IntAttr("keepdims", 0))
+			_, gi := b.Op2("TopK", []string{gs, b.Ints(int64(s.TopKGroup))}, axisLast)
+			ones := b.Op("Expand", []string{b.Scalar(1), b.Op("Shape", []string{gi})})
+			zeros := b.Op("Mul", []string{gs, b.Scalar(0)})
+			gmask := b.Op("ScatterElements", []string{zeros, gi, ones}, graph.IntAttr("axis", 1))
+			gm3 := b.Op("Expand", []string{b.Op("Unsqueeze", []string{gmask, b.Ints(-1)}), b.Op("Shape", []string{g3})})
+			mask := b.Op("Cast", []string{b.Op("Reshape", []string{gm3, b.Ints(-1, int64(s.NumExperts))})}, graph.IntAttr("to", int64(pb.TensorProto_BOOL)))
+			choice = b.Op("Where", []string{mask, choice, b.Scalar(float32(math.Inf(-1)))})
 		}
-		_, idx = b.op2("TopK", []string{choice, k}, axisLast)
-		w = b.op("GatherElements", []string{scores, idx}, graph.IntAttr("axis", 1))
+		_, idx = b.Op2("TopK", []string{choice, k}, axisLast)
+		w = b.Op("GatherElements", []string{scores, idx}, graph.IntAttr("axis", 1))
 	}
 	if s.NormalizeTopK {
-		w = b.op("Div", []string{w, b.op("ReduceSum", []string{w, b.ints(-1)}, graph.IntAttr("keepdims", 1))})
+		w = b.Op("Div", []string{w, b.Op("ReduceSum", []string{w, b.Ints(-1)}, graph.IntAttr("keepdims", 1))})
 	}
 	if s.RoutedScalingFactor != 1 && s.RoutedScalingFactor != 0 {
-		w = b.op("Mul", []string{w, b.scalar(s.RoutedScalingFactor)})
+		w = b.Op("Mul", []string{w, b.Scalar(s.RoutedScalingFactor)})
 	}
-	zerosTE := b.op("Mul", []string{logits, b.scalar(0)})
-	route := b.op("ScatterElements", []string{zerosTE, idx, w}, graph.IntAttr("axis", 1)) // [T, E]
-	routeE := b.op("Unsqueeze", []string{b.op("Transpose", []string{route}, graph.IntsAttr("perm", 1, 0)), b.ints(-1)})
-	xe := b.op("Unsqueeze", []string{x2, b.ints(0)}) // [1, T, H]
+	zerosTE := b.Op("Mul", []string{logits, b.Scalar(0)})
+	route := b.Op("ScatterElements", []string{zerosTE, idx, w}, graph.IntAttr("axis", 1)) // [T, E]
+	routeE := b.Op("Unsqueeze", []string{b.Op("Transpose", []string{route}, graph.IntsAttr("perm", 1, 0)), b.Ints(-1)})
+	xe := b.Op("Unsqueeze", []string{x2, b.Ints(0)}) // [1, T, H]
 	combine := routeE
 	if s.WeightsOnInput {
-		xe = b.op("Mul", []string{xe, routeE}) // [E, T, H]
-		ones := b.op("Expand", []string{b.scalar(1), b.op("Shape", []string{idx})})
-		sel := b.op("ScatterElements", []string{zerosTE, idx, ones}, graph.IntAttr("axis", 1))
-		combine = b.op("Unsqueeze", []string{b.op("Transpose", []string{sel}, graph.IntsAttr("perm", 1, 0)), b.ints(-1)})
+		xe = b.Op("Mul", []string{xe, routeE}) // [E, T, H]
+		ones := b.Op("Expand", []string{b.Scalar(1), b.Op("Shape", []string{idx})})
+		sel := b.Op("ScatterElements", []string{zerosTE, idx, ones}, graph.IntAttr("axis", 1))
+		combine = b.Op("Unsqueeze", []string{b.Op("Transpose", []string{sel}, graph.IntsAttr("perm", 1, 0)), b.Ints(-1)})
 	}
 	tr := graph.IntsAttr("perm", 0, 2, 1)
 	proj := func(wName, bias string) string {
-		y := b.op("MatMul", []string{xe, b.op("Transpose", []string{wName}, tr)})
+		y := b.Op("MatMul", []string{xe, b.Op("Transpose", []string{wName}, tr)})
 		if bias != "" {
-			y = b.op("Add", []string{y, b.op("Unsqueeze", []string{bias, b.ints(1)})})
+			y = b.Op("Add", []string{y, b.Op("Unsqueeze", []string{bias, b.Ints(1)})})
 		}
 		return y
 	}
@@ -157,39 +163,39 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 	var a string
 	switch s.Activation {
 	case GELU:
-		inner := b.op("Erf", []string{b.op("Mul", []string{u, b.scalar(float32(1 / math.Sqrt2))})})
-		a = b.op("Mul", []string{b.op("Mul", []string{u, b.scalar(0.5)}), b.op("Add", []string{inner, b.scalar(1)})})
+		inner := b.Op("Erf", []string{b.Op("Mul", []string{u, b.Scalar(float32(1 / math.Sqrt2))})})
+		a = b.Op("Mul", []string{b.Op("Mul", []string{u, b.Scalar(0.5)}), b.Op("Add", []string{inner, b.Scalar(1)})})
 	default:
 		g := proj(in[InGate], opt(InGateBias, s.ExpertBias))
 		if s.Activation == SwiGLUClamped || (s.Activation == SwiGLUOAI && s.SwiGLULimit > 0) {
-			g = b.op("Min", []string{g, b.scalar(s.SwiGLULimit)})
-			u = b.op("Clip", []string{u, b.scalar(-s.SwiGLULimit), b.scalar(s.SwiGLULimit)})
+			g = b.Op("Min", []string{g, b.Scalar(s.SwiGLULimit)})
+			u = b.Op("Clip", []string{u, b.Scalar(-s.SwiGLULimit), b.Scalar(s.SwiGLULimit)})
 		}
 		if s.Activation == SwiGLUOAI {
-			glu := b.op("Mul", []string{g, b.op("Sigmoid", []string{b.op("Mul", []string{g, b.scalar(s.SwiGLUAlpha)})})})
-			a = b.op("Mul", []string{b.op("Add", []string{u, b.scalar(1)}), glu})
+			glu := b.Op("Mul", []string{g, b.Op("Sigmoid", []string{b.Op("Mul", []string{g, b.Scalar(s.SwiGLUAlpha)})})})
+			a = b.Op("Mul", []string{b.Op("Add", []string{u, b.Scalar(1)}), glu})
 		} else {
-			a = b.op("Mul", []string{b.op("Mul", []string{g, b.op("Sigmoid", []string{g})}), u})
+			a = b.Op("Mul", []string{b.Op("Mul", []string{g, b.Op("Sigmoid", []string{g})}), u})
 		}
 	}
-	d := b.op("MatMul", []string{a, b.op("Transpose", []string{in[InDown]}, tr)}) // [E, T, H]
+	d := b.Op("MatMul", []string{a, b.Op("Transpose", []string{in[InDown]}, tr)}) // [E, T, H]
 	if s.ExpertBias {
-		d = b.op("Add", []string{d, b.op("Unsqueeze", []string{in[InDownBias], b.ints(1)})})
+		d = b.Op("Add", []string{d, b.Op("Unsqueeze", []string{in[InDownBias], b.Ints(1)})})
 	}
-	y := b.op("ReduceSum", []string{b.op("Mul", []string{d, combine}), b.ints(0)}, graph.IntAttr("keepdims", 0)) // [T, H]
+	y := b.Op("ReduceSum", []string{b.Op("Mul", []string{d, combine}), b.Ints(0)}, graph.IntAttr("keepdims", 0)) // [T, H]
 	if s.SharedInter > 0 {
 		t2 := graph.IntsAttr("perm", 1, 0)
-		sg := b.op("MatMul", []string{x2, b.op("Transpose", []string{in[InSharedGate]}, t2)})
-		su := b.op("MatMul", []string{x2, b.op("Transpose", []string{in[InSharedUp]}, t2)})
-		sa := b.op("Mul", []string{b.op("Mul", []string{sg, b.op("Sigmoid", []string{sg})}), su})
-		sd := b.op("MatMul", []string{sa, b.op("Transpose", []string{in[InSharedDown]}, t2)})
+		sg := b.Op("MatMul", []string{x2, b.Op("Transpose", []string{in[InSharedGate]}, t2)})
+		su := b.Op("MatMul", []string{x2, b.Op("Transpose", []string{in[InSharedUp]}, t2)})
+		sa := b.Op("Mul", []string{b.Op("Mul", []string{sg, b.Op("Sigmoid", []string{sg})}), su})
+		sd := b.Op("MatMul", []string{sa, b.Op("Transpose", []string{in[InSharedDown]}, t2)})
 		if s.SharedGated {
-			gate := b.op("Sigmoid", []string{b.op("MatMul", []string{x2, b.op("Transpose", []string{in[InSharedGateW]}, t2)})})
-			sd = b.op("Mul", []string{sd, gate})
+			gate := b.Op("Sigmoid", []string{b.Op("MatMul", []string{x2, b.Op("Transpose", []string{in[InSharedGateW]}, t2)})})
+			sd = b.Op("Mul", []string{sd, gate})
 		}
-		y = b.op("Add", []string{y, sd})
+		y = b.Op("Add", []string{y, sd})
 	}
-	b.nodes = append(b.nodes, graph.NewNode("Reshape", "", "", []string{y, b.op("Shape", []string{in[InHidden]})}, []string{"output"}))
+	b.Nodes = append(b.Nodes, graph.NewNode("Reshape", "", "", []string{y, b.Op("Shape", []string{in[InHidden]})}, []string{"output"}))
 	f := &pb.FunctionProto{
 		Name:        proto.String(OpType),
 		Domain:      proto.String(Domain),
@@ -197,7 +203,7 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		Input:       append([]string(nil), in[:]...),
 		Output:      []string{"output"},
 		Attribute:   append([]string(nil), attrNames...),
-		Node:        b.nodes,
+		Node:        b.Nodes,
 		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(opset)}},
 		DocString:   proto.String("Canonical decomposition of ai.mok::MoE (" + s.Variant() + "): every expert runs on every token, weighted by the routing matrix. Generated by mokopt."),
 	}

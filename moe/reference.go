@@ -30,7 +30,7 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 	for t := 0; t < T; t++ {
 		xt := x[t*H : (t+1)*H]
 		for e := 0; e < E; e++ {
-			logits[e] = dot(xt, w.RouterW[e*H:(e+1)*H])
+			logits[e] = Dot(xt, w.RouterW[e*H:(e+1)*H])
 			if w.RouterB != nil {
 				logits[e] += w.RouterB[e]
 			}
@@ -47,7 +47,7 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 				softmax(vals)
 			} else {
 				for i := range vals {
-					vals[i] = sigmoid(vals[i])
+					vals[i] = Logistic(vals[i])
 				}
 			}
 			wt = vals
@@ -57,7 +57,7 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 				softmax(scores)
 			} else {
 				for i := range scores {
-					scores[i] = sigmoid(scores[i])
+					scores[i] = Logistic(scores[i])
 				}
 			}
 			choice := append([]float32(nil), scores...)
@@ -146,9 +146,12 @@ func softmax(v []float32) {
 	}
 }
 
-func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+// Logistic is the sigmoid function 1/(1+e^-x), computed in float64.
+func Logistic(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
 
-func dot(a, b []float32) float32 {
+// Dot is the float32 dot product of a and b[:len(a)], summed in order.
+func Dot(a, b []float32) float32 {
+	b = b[:len(a)]
 	var s float32
 	for i := range a {
 		s += a[i] * b[i]
@@ -165,15 +168,15 @@ func Activate(s *Spec, g, u float32) float32 {
 	case SwiGLUClamped:
 		g = min(g, s.SwiGLULimit)
 		u = max(min(u, s.SwiGLULimit), -s.SwiGLULimit)
-		return g * sigmoid(g) * u
+		return g * Logistic(g) * u
 	case SwiGLUOAI:
 		if s.SwiGLULimit > 0 {
 			g = min(g, s.SwiGLULimit)
 			u = max(min(u, s.SwiGLULimit), -s.SwiGLULimit)
 		}
-		return (u + 1) * g * sigmoid(s.SwiGLUAlpha*g)
+		return (u + 1) * g * Logistic(s.SwiGLUAlpha*g)
 	}
-	return g * sigmoid(g) * u
+	return g * Logistic(g) * u
 }
 
 // expertFFN computes one expert's output for one token into out (length H).
@@ -182,19 +185,19 @@ func expertFFN(s *Spec, w *Weights, e int, xt, out []float32, act []float32) {
 	for i := 0; i < I; i++ {
 		var g float32
 		if w.Gate != nil {
-			g = dot(xt, w.Gate[(e*I+i)*H:(e*I+i+1)*H])
+			g = Dot(xt, w.Gate[(e*I+i)*H:(e*I+i+1)*H])
 			if w.GateB != nil {
 				g += w.GateB[e*I+i]
 			}
 		}
-		u := dot(xt, w.Up[(e*I+i)*H:(e*I+i+1)*H])
+		u := Dot(xt, w.Up[(e*I+i)*H:(e*I+i+1)*H])
 		if w.UpB != nil {
 			u += w.UpB[e*I+i]
 		}
 		act[i] = Activate(s, g, u)
 	}
 	for h := 0; h < H; h++ {
-		v := dot(act, w.Down[(e*H+h)*I:(e*H+h+1)*I])
+		v := Dot(act, w.Down[(e*H+h)*I:(e*H+h+1)*I])
 		if w.DownB != nil {
 			v += w.DownB[e*H+h]
 		}
@@ -241,16 +244,16 @@ func Forward(s *Spec, w *Weights, x []float32, T int) ([]float32, error) {
 		if s.SharedInter > 0 {
 			Is := s.SharedInter
 			for i := 0; i < Is; i++ {
-				g := dot(xt, w.SharedGate[i*H:(i+1)*H])
-				u := dot(xt, w.SharedUp[i*H:(i+1)*H])
-				act[i] = g * sigmoid(g) * u
+				g := Dot(xt, w.SharedGate[i*H:(i+1)*H])
+				u := Dot(xt, w.SharedUp[i*H:(i+1)*H])
+				act[i] = g * Logistic(g) * u
 			}
 			gate := float32(1)
 			if s.SharedGated {
-				gate = sigmoid(dot(xt, w.SharedGateW))
+				gate = Logistic(Dot(xt, w.SharedGateW))
 			}
 			for h := 0; h < H; h++ {
-				acc[h] += float64(gate * dot(act[:Is], w.SharedDown[h*Is:(h+1)*Is]))
+				acc[h] += float64(gate * Dot(act[:Is], w.SharedDown[h*Is:(h+1)*Is]))
 			}
 		}
 		for h := range acc {
