@@ -200,20 +200,20 @@ func topoOrder(nodes []*pb.NodeProto) ([]*pb.NodeProto, []int, error) {
 		succ[fill[e[0]]] = e[1]
 		fill[e[0]]++
 	}
-	h := &minHeap{}
+	h := &graph.MinHeap[int32]{}
 	for i := 0; i < n; i++ {
 		if indeg[i] == 0 {
-			h.push(int32(i))
+			h.Push(int32(i))
 		}
 	}
 	order := make([]*pb.NodeProto, 0, n)
-	for h.len() > 0 {
-		i := h.pop()
+	for h.Len() > 0 {
+		i := h.Pop()
 		order = append(order, nodes[i])
 		file[len(order)-1] = int(i)
 		for _, j := range succ[start[i]:start[i+1]] {
 			if indeg[j]--; indeg[j] == 0 {
-				h.push(j)
+				h.Push(j)
 			}
 		}
 	}
@@ -225,45 +225,6 @@ func topoOrder(nodes []*pb.NodeProto) ([]*pb.NodeProto, []int, error) {
 		}
 	}
 	return order, file, nil
-}
-
-// minHeap is a binary min-heap of node positions.
-type minHeap struct{ a []int32 }
-
-func (h *minHeap) len() int { return len(h.a) }
-
-func (h *minHeap) push(x int32) {
-	h.a = append(h.a, x)
-	for i := len(h.a) - 1; i > 0; {
-		p := (i - 1) / 2
-		if h.a[p] <= h.a[i] {
-			break
-		}
-		h.a[p], h.a[i] = h.a[i], h.a[p]
-		i = p
-	}
-}
-
-func (h *minHeap) pop() int32 {
-	top := h.a[0]
-	last := len(h.a) - 1
-	h.a[0] = h.a[last]
-	h.a = h.a[:last]
-	for i := 0; ; {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < len(h.a) && h.a[l] < h.a[m] {
-			m = l
-		}
-		if r < len(h.a) && h.a[r] < h.a[m] {
-			m = r
-		}
-		if m == i {
-			break
-		}
-		h.a[m], h.a[i] = h.a[i], h.a[m]
-		i = m
-	}
-	return top
 }
 
 // digestInits hashes every initializer's contents, in parallel.

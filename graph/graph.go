@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"cmp"
 	"fmt"
 	"sort"
 	"strconv"
@@ -256,20 +257,20 @@ func (g *Graph) TopoSort() ([]*pb.NodeProto, error) {
 		}
 	}
 	// Kahn's algorithm with a min-heap on file position keeps the order stable.
-	h := &intHeap{}
+	h := &MinHeap[int]{}
 	for i := range nodes {
 		if indeg[i] == 0 {
-			h.push(i)
+			h.Push(i)
 		}
 	}
 	out := make([]*pb.NodeProto, 0, len(nodes))
-	for h.len() > 0 {
-		i := h.pop()
+	for h.Len() > 0 {
+		i := h.Pop()
 		out = append(out, nodes[i])
 		for _, j := range succ[i] {
 			indeg[j]--
 			if indeg[j] == 0 {
-				h.push(j)
+				h.Push(j)
 			}
 		}
 	}
@@ -410,10 +411,15 @@ func OpKey(n *pb.NodeProto) string {
 	return n.GetOpType()
 }
 
-type intHeap struct{ a []int }
+// MinHeap is a binary min-heap, used for stable topological orders (pop
+// the smallest file position first).
+type MinHeap[T cmp.Ordered] struct{ a []T }
 
-func (h *intHeap) len() int { return len(h.a) }
-func (h *intHeap) push(x int) {
+// Len returns the number of elements.
+func (h *MinHeap[T]) Len() int { return len(h.a) }
+
+// Push adds x.
+func (h *MinHeap[T]) Push(x T) {
 	h.a = append(h.a, x)
 	i := len(h.a) - 1
 	for i > 0 {
@@ -425,7 +431,9 @@ func (h *intHeap) push(x int) {
 		i = p
 	}
 }
-func (h *intHeap) pop() int {
+
+// Pop removes and returns the smallest element; the heap must not be empty.
+func (h *MinHeap[T]) Pop() T {
 	top := h.a[0]
 	last := len(h.a) - 1
 	h.a[0] = h.a[last]
