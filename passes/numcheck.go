@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -120,8 +121,8 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 				errs[i] = fmt.Errorf("numerical check: block input or output not computed as float")
 				continue
 			}
-			if !sameShape(x.Shape, y.Shape) {
-				if r := vals[b.Router]; r != nil && sameShape(r.Shape, y.Shape) {
+			if !slices.Equal(x.Shape, y.Shape) {
+				if r := vals[b.Router]; r != nil && slices.Equal(r.Shape, y.Shape) {
 					b.Input, x = b.Router, r
 				} else {
 					errs[i] = fmt.Errorf("numerical check: block input shape %v differs from output shape %v", x.Shape, y.Shape)
@@ -153,15 +154,3 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 
 // ErrCheckInconclusive is wrapped when the numerical check could not run.
 var ErrCheckInconclusive = errors.New("numerical check inconclusive")
-
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}

@@ -16,6 +16,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -199,7 +200,7 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 		return nil, err
 	}
 	aIns, bIns := eval.GraphInputs(a), eval.GraphInputs(b)
-	byName := sameNames(aIns, bIns)
+	byName := slices.Equal(aIns, bIns)
 	if !byName {
 		r.Notes = append(r.Notes, fmt.Sprintf("inputs differ in names (a: %v, b: %v); b is fed by position", aIns, bIns))
 	}
@@ -368,7 +369,7 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 		oc.Message = fmt.Sprintf("type differs: a is %s, b is %s", oc.DTypeA, oc.DTypeB)
 		return oc
 	}
-	if !equalInts(a.t.Shape, b.t.Shape) {
+	if !slices.Equal(a.t.Shape, b.t.Shape) {
 		oc.Message = fmt.Sprintf("shape differs: a is %v, b is %v", a.t.Shape, b.t.Shape)
 		return oc
 	}
@@ -402,30 +403,6 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 			d.Mismatches, oc.Elements, opt.ATol, opt.RTol, oc.WorstMultiIndex, float64(oc.WorstA), float64(oc.WorstB))
 	}
 	return oc
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func sameNames(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func infos(names []string, ts []*eval.Tensor) []TensorInfo {

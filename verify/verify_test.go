@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -207,7 +208,7 @@ func TestRandomTokensDynamic(t *testing.T) {
 	}
 	for i, n := range []int{3, 5} {
 		c := r.Cases[i]
-		if c.Tokens != n || !equalInts(c.Inputs[0].Shape, []int{1, n}) || !equalInts(c.Outputs[0].ShapeA, []int{1, n, 3}) {
+		if c.Tokens != n || !slices.Equal(c.Inputs[0].Shape, []int{1, n}) || !slices.Equal(c.Outputs[0].ShapeA, []int{1, n, 3}) {
 			t.Errorf("case %d: %+v", i, c)
 		}
 	}
@@ -262,7 +263,7 @@ func TestResolveDims(t *testing.T) {
 	for _, c := range cases {
 		got := resolveDims(c.specs, 5)
 		for i := range c.want {
-			if !equalInts(got[i], c.want[i]) {
+			if !slices.Equal(got[i], c.want[i]) {
 				t.Errorf("%s: got %v, want %v", c.name, got, c.want)
 			}
 		}

@@ -1,6 +1,9 @@
 package eval
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // BroadcastShapes returns the shape that numpy-style multidirectional
 // broadcasting of the given shapes yields, or an error if two dims differ
@@ -34,7 +37,7 @@ func BroadcastShapes(shapes ...[]int) ([]int, error) {
 // the element of a tensor with shape in that broadcasting maps to it. It
 // returns nil when in equals out (the identity map). in must broadcast to out.
 func bcastIndex(in, out []int) []int {
-	if sameShape(in, out) {
+	if slices.Equal(in, out) {
 		return nil
 	}
 	n := numel(out)

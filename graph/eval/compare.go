@@ -3,6 +3,7 @@ package eval
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Diff summarises the elementwise difference between a computed tensor and
@@ -27,7 +28,7 @@ func (d Diff) OK() bool { return d.Mismatches == 0 }
 // themselves; strings and bools compare exactly.
 func Compare(got, want *Tensor, rtol, atol float64) (Diff, error) {
 	d := Diff{Worst: -1}
-	if !sameShape(got.Shape, want.Shape) {
+	if !slices.Equal(got.Shape, want.Shape) {
 		return d, fmt.Errorf("shape %v, want %v", got.Shape, want.Shape)
 	}
 	if got.kind() != want.kind() {

@@ -3,6 +3,7 @@ package eval
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
@@ -133,7 +134,7 @@ func expectTensor(t *testing.T, got, want *Tensor) {
 	if got == nil {
 		t.Fatalf("no output, want %v", want)
 	}
-	if got.DType != want.DType || !sameShape(got.Shape, want.Shape) {
+	if got.DType != want.DType || !slices.Equal(got.Shape, want.Shape) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	for i := 0; i < want.Len(); i++ {

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"slices"
 	"sort"
 	"strings"
 
@@ -99,7 +100,7 @@ func kLoop(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		}
 		first := scans[s][0]
 		for _, t := range scans[s] {
-			if !sameShape(t.Shape, first.Shape) {
+			if !slices.Equal(t.Shape, first.Shape) {
 				return nil, errf("Loop scan output %d changes shape across iterations", s)
 			}
 		}

@@ -2,6 +2,7 @@ package eval
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,16 +18,16 @@ func broadcast2[A, B, R any](a []A, ash []int, b []B, bsh []int, f func(A, B) R)
 	n := numel(shape)
 	out := make([]R, n)
 	switch {
-	case sameShape(ash, shape) && sameShape(bsh, shape):
+	case slices.Equal(ash, shape) && slices.Equal(bsh, shape):
 		for i := range out {
 			out[i] = f(a[i], b[i])
 		}
-	case sameShape(ash, shape) && len(b) == 1:
+	case slices.Equal(ash, shape) && len(b) == 1:
 		bv := b[0]
 		for i := range out {
 			out[i] = f(a[i], bv)
 		}
-	case sameShape(bsh, shape) && len(a) == 1:
+	case slices.Equal(bsh, shape) && len(a) == 1:
 		av := a[0]
 		for i := range out {
 			out[i] = f(av, b[i])

@@ -2,6 +2,7 @@ package eval
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -22,7 +23,7 @@ func TestBroadcastShapes(t *testing.T) {
 	}
 	for _, c := range cases {
 		got, err := BroadcastShapes(c.in...)
-		if (err != nil) != c.wantErr || (!c.wantErr && !sameShape(got, c.want)) {
+		if (err != nil) != c.wantErr || (!c.wantErr && !slices.Equal(got, c.want)) {
 			t.Errorf("BroadcastShapes(%v) = %v, %v; want %v (err %v)", c.in, got, err, c.want, c.wantErr)
 		}
 	}

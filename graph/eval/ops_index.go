@@ -2,6 +2,7 @@ package eval
 
 import (
 	"math"
+	"slices"
 	"sort"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -276,7 +277,7 @@ func kScatterElements(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, e
 	if err != nil {
 		return nil, err
 	}
-	if !sameShape(it.Shape, up.Shape) || up.kind() != x.kind() {
+	if !slices.Equal(it.Shape, up.Shape) || up.kind() != x.kind() {
 		return nil, errf("updates %v must match indices %v", up.Shape, it.Shape)
 	}
 	idx, err := elementIndex(it, x.Shape, axis)

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"slices"
 	"sync"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -217,7 +218,7 @@ func kGemm(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		scale(y, alpha)
 	}
 	if cc := opt(in, 2); cc != nil && beta != 0 {
-		if c.Opset("") < 7 && attrInt(n, "broadcast", 0) == 0 && !sameShape(cc.Shape, y.Shape) {
+		if c.Opset("") < 7 && attrInt(n, "broadcast", 0) == 0 && !slices.Equal(cc.Shape, y.Shape) {
 			return nil, errf("C shape %v does not match %v without broadcast", cc.Shape, y.Shape)
 		}
 		if _, err := BroadcastShapes(cc.Shape, y.Shape); err != nil {

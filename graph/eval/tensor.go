@@ -311,19 +311,6 @@ func (t *Tensor) String() string {
 	return b.String()
 }
 
-// sameShape reports whether two shapes are equal.
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // normalize rounds narrow float results to their precision and wraps narrow
 // integer results to their range, in place.
 func (t *Tensor) normalize() {
