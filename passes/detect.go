@@ -134,30 +134,31 @@ func (c *ctx) isAuxTopK(n *pb.NodeProto) bool {
 
 // routerFed reports whether a TopK is fed by a linear layer with a constant
 // weight, i.e. it looks like a router and a failure is worth reporting.
-func (c *ctx) routerFed(n *pb.NodeProto) (ok bool) {
-	defer func() {
-		if r := recover(); r != nil {
-			if _, isReject := r.(reject); !isReject {
-				panic(r)
-			}
-			ok = false
-		}
-	}()
-	c.router(n)
-	return true
+func (c *ctx) routerFed(n *pb.NodeProto) bool {
+	return attempt(func() { c.router(n) }) == nil
 }
 
 func (c *ctx) detectAt(tk *pb.NodeProto) (b *Block, err error) {
+	if err := attempt(func() { b = c.analyze(tk) }); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// attempt runs f and turns a fail() inside it into the returned error;
+// any other panic propagates.
+func attempt(f func()) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			rj, ok := r.(reject)
 			if !ok {
 				panic(r)
 			}
-			b, err = nil, rj
+			err = rj
 		}
 	}()
-	return c.analyze(tk), nil
+	f()
+	return nil
 }
 
 // routerInfo is what the walk back from the selection TopK finds.

@@ -14,15 +14,13 @@ import (
 // fc3 up, fc2 down, each [E, out, in] (the legacy [E, in, out] layout is
 // recognised by ORT's own rule).
 func (c *ctx) detectORT(n *pb.NodeProto) (b *Block, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			rj, ok := r.(reject)
-			if !ok {
-				panic(r)
-			}
-			b, err = nil, rj
-		}
-	}()
+	if err := attempt(func() { b = c.ort(n) }); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func (c *ctx) ort(n *pb.NodeProto) *Block {
 	in := func(i int) string {
 		if i < len(n.Input) {
 			return n.Input[i]
@@ -145,10 +143,10 @@ func (c *ctx) detectORT(n *pb.NodeProto) (b *Block, err error) {
 	if len(c.g.Consumers(lin.Output[0])) == 1 {
 		region = append([]*pb.NodeProto{lin}, region...)
 	}
-	b = &Block{Name: blockName(n.Output[0], ri.w.GetName(), region), Kind: KindORT, Spec: s, Input: in(0), Router: in(0), Output: n.Output[0],
+	b := &Block{Name: blockName(n.Output[0], ri.w.GetName(), region), Kind: KindORT, Spec: s, Input: in(0), Router: in(0), Output: n.Output[0],
 		Nodes: len(region), Region: region, W: plan}
 	if err := s.Validate(); err != nil {
 		fail("%v", err)
 	}
-	return b, nil
+	return b
 }
