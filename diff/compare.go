@@ -481,7 +481,7 @@ func (c *compared) regions(r *Result) {
 		for _, n := range rg.Nodes {
 			ops[n.Op]++
 		}
-		rg.Ops = sortCounts(ops)
+		rg.Ops = graph.SortCounts(ops)
 		sort.Slice(rg.Nodes, func(x, y int) bool { return rg.Nodes[x].Index < rg.Nodes[y].Index })
 		if pr := provs[b.nodes[c.fused[g]].GetName()]; pr != nil {
 			rg.Provenance = checkProvenance(pr, rg)

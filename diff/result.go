@@ -2,8 +2,9 @@ package diff
 
 import (
 	"fmt"
-	"sort"
 	"strings"
+
+	"github.com/mokopt/mokopt/graph"
 )
 
 // SchemaVersion is the version of the JSON document JSON writes (see SCHEMA.md).
@@ -87,10 +88,7 @@ type Summary struct {
 }
 
 // OpCount is a number of nodes of one op.
-type OpCount struct {
-	Op    string `json:"op"`
-	Count int    `json:"count"`
-}
+type OpCount = graph.OpCount
 
 // NodeRef names a node of one model.
 type NodeRef struct {
@@ -250,7 +248,7 @@ func (r *Result) summarize() {
 		s.RegionInitializers += len(g.Initializers)
 		ops[g.Fused.Op]++
 	}
-	s.FusedOps = sortCounts(ops)
+	s.FusedOps = graph.SortCounts(ops)
 	s.NodesRemoved, s.NodesAdded, s.NodesChanged = len(r.Nodes.Removed), len(r.Nodes.Added), len(r.Nodes.Changed)
 	s.InitializersRemoved, s.InitializersAdded, s.InitializersChanged = len(r.Initializers.Removed), len(r.Initializers.Added), len(r.Initializers.Changed)
 	s.OtherChanges = s.NodesRemoved + s.NodesAdded + s.NodesChanged + s.InitializersRemoved + s.InitializersAdded +
@@ -308,18 +306,4 @@ func plural(n int, what string) string {
 		return "1 " + what
 	}
 	return fmt.Sprintf("%d %ss", n, what)
-}
-
-func sortCounts(m map[string]int) []OpCount {
-	out := make([]OpCount, 0, len(m))
-	for k, v := range m {
-		out = append(out, OpCount{Op: k, Count: v})
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Count != out[j].Count {
-			return out[i].Count > out[j].Count
-		}
-		return out[i].Op < out[j].Op
-	})
-	return out
 }

@@ -384,6 +384,11 @@ func (g *Graph) OpCensus() []OpCount {
 	for _, n := range g.P.Node {
 		m[OpKey(n)]++
 	}
+	return SortCounts(m)
+}
+
+// SortCounts turns op counts into rows, most frequent first, then by name.
+func SortCounts(m map[string]int) []OpCount {
 	out := make([]OpCount, 0, len(m))
 	for k, v := range m {
 		out = append(out, OpCount{Op: k, Count: v})
