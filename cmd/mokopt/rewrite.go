@@ -1,10 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/passes"
@@ -101,19 +101,9 @@ func printRewrite(w io.Writer, in, out string, rep *passes.Report) {
 }
 
 func writeJSONFile(path string, v any) error {
-	f, err := os.CreateTemp("", "mokopt-report-*")
-	if err != nil {
+	var buf bytes.Buffer
+	if err := writeJSON(&buf, v); err != nil {
 		return err
 	}
-	defer os.Remove(f.Name())
-	if err := writeJSON(f, v); err != nil {
-		f.Close()
-		return err
-	}
-	f.Close()
-	b, err := os.ReadFile(f.Name())
-	if err != nil {
-		return err
-	}
-	return graph.WriteFileAtomic(path, b)
+	return graph.WriteFileAtomic(path, buf.Bytes())
 }
