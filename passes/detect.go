@@ -2,7 +2,6 @@ package passes
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
@@ -207,7 +206,6 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	}
 	// Extend through shape noise and a shared-expert Add.
 	xDeps := c.forward(x0)
-	region0 := c.regionBetween(x0, y, xDeps)
 	var sharedVal string
 	for {
 		cons := c.g.Consumers(y)
@@ -233,7 +231,6 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		break
 	}
 	region := c.regionBetween(x0, y, xDeps)
-	_ = region0
 	b := &Block{Kind: "", Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk}
 	b.Region = region
 	b.Nodes = len(region)
@@ -269,9 +266,6 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		fail("%v", err)
 	}
 	b.Name = blockName(y, ri.w.GetName(), region)
-	if os.Getenv("MOKOPT_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "debug: x0=%s y=%s shared=%s\n", x0, y, sharedVal)
-	}
 	return b
 }
 
