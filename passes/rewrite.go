@@ -245,27 +245,30 @@ func removeDeadIn(g *graph.Graph, region map[*pb.NodeProto]bool) (nodes, inits [
 			drop[n] = true
 		}
 	}
-	for changed := true; changed; {
-		changed = false
-		for _, n := range g.P.Node {
-			if live[n] || drop[n] {
-				continue
-			}
-			feedsOnlyDropped := len(n.Output) > 0
-			for _, o := range n.Output {
-				for _, c := range g.Consumers(o) {
-					if !drop[c] {
-						feedsOnlyDropped = false
-					}
-				}
-				if g.IsOutput(o) {
+	// Consumers come after producers in topological order, so one pass in
+	// reverse order settles every node (the rewrite adds no cycle).
+	order, err := g.TopoSort()
+	if err != nil {
+		order = g.P.Node
+	}
+	for i := len(order) - 1; i >= 0; i-- {
+		n := order[i]
+		if live[n] || drop[n] {
+			continue
+		}
+		feedsOnlyDropped := len(n.Output) > 0
+		for _, o := range n.Output {
+			for _, c := range g.Consumers(o) {
+				if !drop[c] {
 					feedsOnlyDropped = false
 				}
 			}
-			if feedsOnlyDropped {
-				drop[n] = true
-				changed = true
+			if g.IsOutput(o) {
+				feedsOnlyDropped = false
 			}
+		}
+		if feedsOnlyDropped {
+			drop[n] = true
 		}
 	}
 	for n := range drop {
