@@ -150,13 +150,5 @@ func actualInputs(n *pb.NodeProto) []string {
 // nodeDims returns a function from fused-node input position to the dims of
 // the initializer it reads (nil when absent or not an initializer).
 func nodeDims(g *graph.Graph, n *pb.NodeProto) func(pos int) []int64 {
-	return func(pos int) []int64 {
-		if pos >= len(n.Input) || n.Input[pos] == "" {
-			return nil
-		}
-		if t := g.Initializer(n.Input[pos]); t != nil {
-			return t.GetDims()
-		}
-		return nil
-	}
+	return moe.InitializerDims(g, n)
 }

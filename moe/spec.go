@@ -197,10 +197,29 @@ func (s *Spec) Attributes() []*pb.AttributeProto {
 	return attrs
 }
 
+// InitializerDims returns the dims function SpecFromNode needs for a node
+// whose weights are initializers of g: the dims of the initializer at an
+// input position, nil when the input is absent or not an initializer.
+func InitializerDims(g *graph.Graph, n *pb.NodeProto) func(pos int) []int64 {
+	return func(pos int) []int64 {
+		if pos >= len(n.Input) || n.Input[pos] == "" {
+			return nil
+		}
+		if t := g.Initializer(n.Input[pos]); t != nil {
+			return t.GetDims()
+		}
+		return nil
+	}
+}
+
 // SpecFromNode decodes a fused node's attributes; shapes (Hidden, Inter,
 // SharedInter) and the presence flags come from the weights' dims, given as
-// a function from input position to dims (nil when absent).
+// a function from input position to dims (nil when absent; see
+// InitializerDims). A nil function is an error.
 func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
+	if dims == nil {
+		return nil, fmt.Errorf("node %q: SpecFromNode needs the weights' dims (see InitializerDims)", graph.NodeLabel(n))
+	}
 	if n.GetDomain() != Domain || n.GetOpType() != OpType {
 		return nil, fmt.Errorf("node %q is %s::%s, not %s::%s", graph.NodeLabel(n), n.GetDomain(), n.GetOpType(), Domain, OpType)
 	}

@@ -3,6 +3,7 @@
 package ortrun
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	ort "github.com/yalue/onnxruntime_go"
@@ -81,6 +83,26 @@ func Version() (string, error) {
 // outputs may be FLOAT or INT64. External data is resolved relative to the
 // model's folder, as ONNX Runtime does.
 func Run(modelPath string, feeds map[string]*eval.Tensor) (map[string]*eval.Tensor, error) {
+	return run(modelPath, nil, feeds)
+}
+
+// RunModel evaluates an in-memory model in ONNX Runtime, like Run: the model
+// is encoded with its external and deferred initializers inline (so it must
+// fit protobuf's 2 GiB limit), which runs exactly what m holds, edits
+// included. It has the signature of verify.Runner.
+func RunModel(ctx context.Context, m *graph.Model, feeds map[string]*eval.Tensor) (map[string]*eval.Tensor, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	data, err := m.MarshalInline()
+	if err != nil {
+		return nil, err
+	}
+	return run(m.Name(), data, feeds)
+}
+
+// run evaluates the model in data, or at path when data is nil.
+func run(path string, data []byte, feeds map[string]*eval.Tensor) (map[string]*eval.Tensor, error) {
 	if err := Init(); err != nil {
 		return nil, err
 	}
@@ -90,9 +112,14 @@ func Run(modelPath string, feeds map[string]*eval.Tensor) (map[string]*eval.Tens
 	}
 	defer opts.Destroy()
 
-	_, outInfo, err := ort.GetInputOutputInfoWithOptions(modelPath, opts)
+	var outInfo []ort.InputOutputInfo
+	if data != nil {
+		_, outInfo, err = ort.GetInputOutputInfoWithONNXData(data)
+	} else {
+		_, outInfo, err = ort.GetInputOutputInfoWithOptions(path, opts)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("ortrun: loading %s: %w", modelPath, err)
+		return nil, fmt.Errorf("ortrun: loading %s: %w", path, err)
 	}
 	outNames := make([]string, len(outInfo))
 	for i, o := range outInfo {
@@ -118,9 +145,14 @@ func Run(modelPath string, feeds map[string]*eval.Tensor) (map[string]*eval.Tens
 		inputs = append(inputs, v)
 	}
 
-	sess, err := ort.NewDynamicAdvancedSession(modelPath, inNames, outNames, opts)
+	var sess *ort.DynamicAdvancedSession
+	if data != nil {
+		sess, err = ort.NewDynamicAdvancedSessionWithONNXData(data, inNames, outNames, opts)
+	} else {
+		sess, err = ort.NewDynamicAdvancedSession(path, inNames, outNames, opts)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("ortrun: session for %s: %w", modelPath, err)
+		return nil, fmt.Errorf("ortrun: session for %s: %w", path, err)
 	}
 	defer sess.Destroy()
 
@@ -133,7 +165,7 @@ func Run(modelPath string, feeds map[string]*eval.Tensor) (map[string]*eval.Tens
 		}
 	}()
 	if err := sess.Run(inputs, outputs); err != nil {
-		return nil, fmt.Errorf("ortrun: running %s: %w", modelPath, err)
+		return nil, fmt.Errorf("ortrun: running %s: %w", path, err)
 	}
 	res := make(map[string]*eval.Tensor, len(outNames))
 	for i, v := range outputs {

@@ -51,7 +51,17 @@ type Options struct {
 	DataDir string
 	// Eval is passed to eval.Run (memory limit, threads, ...).
 	Eval eval.Options
+	// Runner, when set, evaluates both models instead of the reference
+	// interpreter (for example ONNX Runtime, ortrun.RunModel); Eval is then
+	// ignored.
+	Runner Runner
+	// Engine names the evaluator in the report: "ref" when empty.
+	Engine string
 }
+
+// Runner evaluates a model on feeds, keyed by graph input name, and returns
+// its outputs by name.
+type Runner func(ctx context.Context, m *graph.Model, feeds map[string]*eval.Tensor) (map[string]*eval.Tensor, error)
 
 // Float is a float64 that marshals NaN and ±Inf as the JSON strings "NaN",
 // "Inf" and "-Inf" (plain JSON numbers cannot hold them).
@@ -106,6 +116,9 @@ type Report struct {
 	// Reference names the side whose values scale the tolerance: model b,
 	// or the data folder for RunAndCheck.
 	Reference string `json:"reference"`
+	// Engine is the evaluator that ran the models: "ref" (mokopt's
+	// reference interpreter) or the Options.Engine given.
+	Engine string `json:"engine"`
 	// Inputs is "data" (from a data folder) or "random".
 	Inputs string `json:"inputs"`
 	// Seed is the seed random inputs were drawn with.
@@ -222,11 +235,11 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 		if opt.DataDir == "" {
 			hint = " (random inputs; a graph traced on other inputs may have their shapes or routing baked in: use a data dir)"
 		}
-		outA, err := runOutputs(ctx, a, feedA, opt.Eval)
+		outA, err := runOutputs(ctx, a, feedA, opt)
 		if err != nil {
 			return nil, fmt.Errorf("case %s: model a: %w%s", s.name, err, hint)
 		}
-		outB, err := runOutputs(ctx, b, feedB, opt.Eval)
+		outB, err := runOutputs(ctx, b, feedB, opt)
 		if err != nil {
 			return nil, fmt.Errorf("case %s: model b: %w%s", s.name, err, hint)
 		}
@@ -263,7 +276,7 @@ func RunAndCheck(ctx context.Context, m *graph.Model, dataDir string, opt Option
 		if err != nil {
 			return nil, err
 		}
-		out, err := runOutputs(ctx, m, feeds, opt.Eval)
+		out, err := runOutputs(ctx, m, feeds, opt)
 		if err != nil {
 			return nil, fmt.Errorf("data set %s: %w", filepath.Base(d), err)
 		}
@@ -291,7 +304,11 @@ func checkTol(opt Options) error {
 }
 
 func newReport(opt Options) *Report {
-	return &Report{SchemaVersion: SchemaVersion, Seed: opt.Seed, RTol: opt.RTol, ATol: opt.ATol, Inputs: "random", Cases: []Case{}}
+	engine := opt.Engine
+	if engine == "" {
+		engine = "ref"
+	}
+	return &Report{SchemaVersion: SchemaVersion, Engine: engine, Seed: opt.Seed, RTol: opt.RTol, ATol: opt.ATol, Inputs: "random", Cases: []Case{}}
 }
 
 func (r *Report) finish() {
@@ -310,9 +327,16 @@ type named struct {
 }
 
 // runOutputs evaluates m and returns its graph outputs in order.
-func runOutputs(ctx context.Context, m *graph.Model, feeds map[string]*eval.Tensor, opt eval.Options) ([]named, error) {
-	opt.Capture, opt.KeepAll = nil, false
-	res, err := eval.Run(ctx, m, feeds, opt)
+func runOutputs(ctx context.Context, m *graph.Model, feeds map[string]*eval.Tensor, opt Options) ([]named, error) {
+	var res map[string]*eval.Tensor
+	var err error
+	if opt.Runner != nil {
+		res, err = opt.Runner(ctx, m, feeds)
+	} else {
+		eo := opt.Eval
+		eo.Capture, eo.KeepAll = nil, false
+		res, err = eval.Run(ctx, m, feeds, eo)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -595,7 +619,7 @@ func (r *Report) Summary() string {
 	if against == "" {
 		against = r.Reference
 	}
-	fmt.Fprintf(&b, "%s: %s vs %s (%s inputs, rtol %g, atol %g)\n", verdict, r.ModelA, against, r.Inputs, r.RTol, r.ATol)
+	fmt.Fprintf(&b, "%s: %s vs %s (%s inputs, engine %s, rtol %g, atol %g)\n", verdict, r.ModelA, against, r.Inputs, r.Engine, r.RTol, r.ATol)
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "  note: %s\n", n)
 	}

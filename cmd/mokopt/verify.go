@@ -28,7 +28,7 @@ func parseTokens(s string) ([]int, error) {
 }
 
 func newVerifyCmd() *cobra.Command {
-	var data, tokens string
+	var data, tokens, engine string
 	var seed int64
 	var rtol, atol float64
 	var asJSON bool
@@ -36,7 +36,7 @@ func newVerifyCmd() *cobra.Command {
 		Use:   "verify A B",
 		Short: "Run two models on the same inputs with the reference interpreter and compare",
 		Long: `verify runs models A and B on the same inputs in mokopt's reference interpreter
-and compares every output element-wise: |a-b| <= atol + rtol*|b|. Inputs come from
+(or, with --engine ort, in ONNX Runtime) and compares every output element-wise: |a-b| <= atol + rtol*|b|. Inputs come from
 --data (an ONNX test_data_set folder) or are random, one case per --tokens value
 (for inputs with dynamic dims). Exit 1 on mismatch, naming the output and the worst element.`,
 		Args: cobra.ExactArgs(2),
@@ -44,6 +44,10 @@ and compares every output element-wise: |a-b| <= atol + rtol*|b|. Inputs come fr
 			toks, err := parseTokens(tokens)
 			if err != nil {
 				return usageErr(err)
+			}
+			runner, err := engineRunner(engine)
+			if err != nil {
+				return err
 			}
 			a, err := loadModel(args[0])
 			if err != nil {
@@ -55,7 +59,7 @@ and compares every output element-wise: |a-b| <= atol + rtol*|b|. Inputs come fr
 				return err
 			}
 			defer b.Close()
-			rep, err := verify.Compare(c.Context(), a, b, verify.Options{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data})
+			rep, err := verify.Compare(c.Context(), a, b, verify.Options{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, Runner: runner, Engine: engine})
 			if err != nil {
 				return err
 			}
@@ -63,6 +67,7 @@ and compares every output element-wise: |a-b| <= atol + rtol*|b|. Inputs come fr
 		},
 	}
 	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder with input_N.pb files")
+	c.Flags().StringVar(&engine, "engine", "ref", "evaluator: ref (mokopt's reference interpreter) or ort (ONNX Runtime; binaries built with -tags ort)")
 	c.Flags().StringVar(&tokens, "tokens", "1,7,64", "token counts for random inputs (dynamic dims only)")
 	c.Flags().Int64Var(&seed, "seed", 1, "seed of the random inputs")
 	c.Flags().Float64Var(&rtol, "rtol", verify.DefaultRTol, "relative tolerance")

@@ -1,0 +1,7 @@
+//go:build ort
+
+package main
+
+import "github.com/mokopt/mokopt/ortrun"
+
+func init() { engines["ort"] = ortrun.RunModel }
