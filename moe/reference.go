@@ -210,6 +210,15 @@ func expertFFN(s *Spec, w *Weights, e int, xt, out []float32, act []float32) {
 // the (optionally sigmoid-gated) shared expert. It is written independently
 // of the function body in body.go so the two can check each other.
 func Forward(s *Spec, w *Weights, x []float32, T int) ([]float32, error) {
+	return ForwardExperts(s, w, x, T, nil)
+}
+
+// ForwardExperts is Forward where only the routed experts for which keep
+// returns true contribute (routing is unchanged: the others' weights are
+// simply dropped, not renormalised away); nil keeps every expert. It
+// describes graphs that compute a subset of the experts, such as a trace
+// that unrolled its loop over the experts hit at trace time.
+func ForwardExperts(s *Spec, w *Weights, x []float32, T int, keep func(expert int) bool) ([]float32, error) {
 	H := s.Hidden
 	if len(x) != T*H {
 		return nil, fmt.Errorf("MoE input has %d values, want %d tokens x %d", len(x), T, H)
@@ -226,6 +235,9 @@ func Forward(s *Spec, w *Weights, x []float32, T int) ([]float32, error) {
 		xt := x[t*H : (t+1)*H]
 		acc := make([]float64, H)
 		for i, e := range ids[t] {
+			if keep != nil && !keep(e) {
+				continue
+			}
 			if s.WeightsOnInput {
 				for h := range xin {
 					xin[h] = xt[h] * rw[t][i]

@@ -33,6 +33,13 @@ type Block struct {
 	Region []*pb.NodeProto `json:"-"`
 	W      *WeightPlan     `json:"-"`
 	TopK   *pb.NodeProto   `json:"-"`
+
+	// TracedExperts, when non-zero, says the block was rebuilt from a trace
+	// that unrolled its loop over the experts hit at trace time this many
+	// times (fewer than Spec.NumExperts): the fused node runs every expert
+	// from the stacked weights, where the original graph dropped the
+	// contributions of experts past the first TracedExperts hit.
+	TracedExperts int `json:"traced_experts,omitempty"`
 }
 
 // NearMiss is a candidate (a TopK feeding expert-like compute) that was not
@@ -55,9 +62,21 @@ func (r reject) Error() string { return r.msg }
 
 func fail(format string, args ...any) { panic(reject{fmt.Sprintf(format, args...)}) }
 
+// DetectOptions changes what Detect accepts.
+type DetectOptions struct {
+	// RestoreTracedExperts accepts a TorchScript trace whose loop over the
+	// experts hit at trace time was unrolled fewer times than there are
+	// experts, when every expert's weights are in stacked initializers: the
+	// block is rebuilt with all experts (Block.TracedExperts says so).
+	RestoreTracedExperts bool
+}
+
 // Detect finds every MoE block in m's main graph. It never edits the model.
-func Detect(m *graph.Model) (*Detection, error) {
-	c := &ctx{m: m, g: m.Graph()}
+func Detect(m *graph.Model) (*Detection, error) { return DetectWith(m, DetectOptions{}) }
+
+// DetectWith is Detect with options.
+func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
+	c := &ctx{m: m, g: m.Graph(), restore: opt.RestoreTracedExperts}
 	topo, err := c.g.TopoSort()
 	if err != nil {
 		return nil, &graph.InputError{File: m.Name(), Msg: err.Error(), Err: err}

@@ -288,8 +288,10 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, i
 		if slots != len(branches) {
 			fail("mixed traced-loop and constant expert branches")
 		}
-		if slots < E {
-			fail("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts)", slots, E, E-slots, slots)
+		if slots < E && c.restore {
+			b.TracedExperts = slots
+		} else if slots < E {
+			fail("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts; --restore-traced-experts rebuilds all experts from the stacked weights)", slots, E, E-slots, slots)
 		}
 		if slots > E {
 			fail("%d traced expert branches for %d experts", slots, E)

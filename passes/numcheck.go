@@ -129,7 +129,12 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 					continue
 				}
 			}
-			got, err := moe.Forward(&b.Spec, ws[i], x.F32, len(x.F32)/b.Spec.Hidden)
+			T := len(x.F32) / b.Spec.Hidden
+			var keep func(int) bool
+			if b.TracedExperts > 0 {
+				keep = tracedExperts(&b.Spec, ws[i], x.F32, T, b.TracedExperts)
+			}
+			got, err := moe.ForwardExperts(&b.Spec, ws[i], x.F32, T, keep)
 			if err != nil {
 				errs[i] = err
 				continue
@@ -154,3 +159,27 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 
 // ErrCheckInconclusive is wrapped when the numerical check could not run.
 var ErrCheckInconclusive = errors.New("numerical check inconclusive")
+
+// tracedExperts says which experts a trace unrolled over the experts hit at
+// trace time computes on input x: the first n experts hit, in ascending id
+// order (the order ONNX NonZero lists them in, which such traces iterate
+// over). The check of a restored block compares the original graph with the
+// fused semantics restricted to these experts, which proves the restored
+// block equal to the trace on everything the trace computes.
+func tracedExperts(s *moe.Spec, w *moe.Weights, x []float32, T, n int) func(int) bool {
+	ids, _ := moe.Route(s, w, x, T)
+	hit := make([]bool, s.NumExperts)
+	for _, row := range ids {
+		for _, e := range row {
+			hit[e] = true
+		}
+	}
+	kept := make([]bool, s.NumExperts)
+	for e := 0; e < s.NumExperts && n > 0; e++ {
+		if hit[e] {
+			kept[e] = true
+			n--
+		}
+	}
+	return func(e int) bool { return kept[e] }
+}

@@ -28,6 +28,10 @@ type Options struct {
 	Check bool
 	// Context cancels the rewrite; nil means context.Background().
 	Context context.Context
+	// RestoreTracedExperts rebuilds, with a warning, blocks whose
+	// TorchScript trace computes fewer experts than the stacked weights
+	// hold (see DetectOptions).
+	RestoreTracedExperts bool
 }
 
 // Provenance is what a fused node replaced, stored as JSON in metadata_props.
@@ -37,6 +41,9 @@ type Provenance struct {
 	Nodes        []string `json:"nodes"`
 	Initializers []string `json:"initializers"`
 	Spec         moe.Spec `json:"spec"`
+	// TracedExperts is Block.TracedExperts: non-zero when the block was
+	// restored from a trace that computed only that many experts.
+	TracedExperts int `json:"traced_experts,omitempty"`
 }
 
 // Fused describes one fused node in a report.
@@ -64,11 +71,16 @@ var ErrNotFused = errors.New("MoE candidates could not be fused")
 // weights, and provenance. With Partial off, nothing is edited unless every
 // candidate fuses.
 func Rewrite(m *graph.Model, opt Options) (*Report, error) {
-	det, err := Detect(m)
+	det, err := DetectWith(m, DetectOptions{RestoreTracedExperts: opt.RestoreTracedExperts})
 	if err != nil {
 		return nil, err
 	}
 	rep := &Report{NearMiss: det.NearMiss}
+	for _, b := range det.Blocks {
+		if b.TracedExperts > 0 {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s: restored from a trace that computed only %d of %d experts per input: the fused node runs all %d experts from the stacked weights, so its outputs differ from the original graph's wherever the original dropped tokens", b.Name, b.TracedExperts, b.Spec.NumExperts, b.Spec.NumExperts))
+		}
+	}
 	type ready struct {
 		b *Block
 		w *moe.Weights
@@ -210,7 +222,7 @@ func emit(m *graph.Model, g *graph.Graph, b *Block, w *moe.Weights, opset int64,
 		region[n] = true
 	}
 	removedNodes, removedInits := removeDeadIn(g, region)
-	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s}
+	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s, TracedExperts: b.TracedExperts}
 	js, _ := json.Marshal(prov)
 	m.SetMetadata(ProvenanceKey+name, string(js))
 	return &Fused{Block: b, Node: name, Variant: s.Variant(), NodesRemoved: len(removedNodes), InitsRemoved: len(removedInits)}, nil

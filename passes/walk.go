@@ -26,6 +26,8 @@ type ctx struct {
 	// limit, when set, bounds forward walks to one block's region so that
 	// per-branch analysis of a big model stays linear in the block's size.
 	limit map[*pb.NodeProto]bool
+	// restore rebuilds blocks whose trace lost experts (DetectOptions).
+	restore bool
 }
 
 // through walks back from v over noise ops and returns the first value not

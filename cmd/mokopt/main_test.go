@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"strings"
 	"path/filepath"
 	"testing"
 
@@ -24,6 +25,7 @@ func TestRewriteExitCodes(t *testing.T) {
 	}{
 		{"example fuses", []string{"rewrite", example, "-o", filepath.Join(dir, "ok.onnx")}, 0, true},
 		{"lost experts refused", []string{"rewrite", lost, "-o", filepath.Join(dir, "lost.onnx")}, 1, false},
+		{"lost experts restored", []string{"rewrite", "--restore-traced-experts", lost, "-o", filepath.Join(dir, "restored.onnx")}, 0, true},
 		{"garbage input", []string{"rewrite", garbage, "-o", filepath.Join(dir, "garbage_out.onnx")}, 2, false},
 		{"missing input", []string{"rewrite", filepath.Join(dir, "nope.onnx"), "-o", filepath.Join(dir, "nope_out.onnx")}, 2, false},
 		{"no output flag", []string{"rewrite", example}, 2, false},
@@ -31,7 +33,7 @@ func TestRewriteExitCodes(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.name == "lost experts refused" {
+			if strings.HasPrefix(tc.name, "lost experts") {
 				if _, err := os.Stat(lost); err != nil {
 					t.Skip("fixtures not available")
 				}

@@ -15,7 +15,7 @@ func init() { subcommands = append(subcommands, newRewriteCmd) }
 
 func newRewriteCmd() *cobra.Command {
 	var out, report, extMode string
-	var partial, asJSON, inPlace, noCheck bool
+	var partial, asJSON, inPlace, noCheck, restore bool
 	c := &cobra.Command{
 		Use:   "rewrite IN -o OUT",
 		Short: "Fuse every MoE block into one ai.mok::MoE node",
@@ -48,7 +48,7 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 				return err
 			}
 			defer m.Close()
-			opt := passes.Options{Partial: partial, Check: !noCheck, Context: c.Context()}
+			opt := passes.Options{Partial: partial, Check: !noCheck, Context: c.Context(), RestoreTracedExperts: restore}
 			rep, rerr := passes.Rewrite(m, opt)
 			if rep != nil && report != "" {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
@@ -67,7 +67,7 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 			if asJSON {
 				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep})
 			}
-			printRewrite(c.OutOrStdout(), args[0], out, rep)
+			printRewrite(c.OutOrStdout(), c.ErrOrStderr(), args[0], out, rep)
 			return nil
 		},
 	}
@@ -76,13 +76,14 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 	c.Flags().BoolVar(&partial, "partial", false, "fuse the blocks that pass, report the rest")
 	c.Flags().BoolVar(&inPlace, "in-place", false, "overwrite the input model")
 	c.Flags().BoolVar(&noCheck, "no-check", false, "skip the per-block numerical check")
+	c.Flags().BoolVar(&restore, "restore-traced-experts", false, "rebuild, with a warning, blocks whose TorchScript trace computes fewer experts than its stacked weights hold")
 	c.Flags().StringVar(&extMode, "external-data", "keep", "where initializer bytes go: keep, repack or inline")
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
 	return c
 }
 
-func printRewrite(w io.Writer, in, out string, rep *passes.Report) {
-	w0 := w
+// printRewrite writes the rewrite summary to w and its warnings to errw.
+func printRewrite(w, errw io.Writer, in, out string, rep *passes.Report) {
 	fmt.Fprintf(w, "%s -> %s: %d MoE block(s) fused\n", in, out, len(rep.Fused))
 	for _, f := range rep.Fused {
 		s := f.Block.Spec
@@ -92,8 +93,8 @@ func printRewrite(w io.Writer, in, out string, rep *passes.Report) {
 	for _, n := range rep.NearMiss {
 		fmt.Fprintf(w, "  not fused %s: %s\n", n.Node, n.Reason)
 	}
-	for _, w := range rep.Warnings {
-		fmt.Fprintf(w0, "  warning: %s\n", w)
+	for _, msg := range rep.Warnings {
+		fmt.Fprintf(errw, "mokopt: warning: %s\n", msg)
 	}
 	for _, n := range rep.Refused {
 		fmt.Fprintf(w, "  refused %s: %s\n", n.Node, n.Reason)
