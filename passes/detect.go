@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 
@@ -106,7 +107,7 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 		}
 		b, err := c.detectAt(n)
 		if err != nil {
-			if !c.routerFed(n) {
+			if !c.routerFed(n) && !c.feedsExpertCompute(n) {
 				continue // a TopK used for something else entirely: not a candidate
 			}
 			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
@@ -117,6 +118,7 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 		}
 		det.Blocks = append(det.Blocks, b)
 	}
+	det.NearMiss = append(det.NearMiss, c.routerlessExperts(claimed)...)
 	for i, b := range det.Blocks {
 		if b.Name == "" {
 			b.Name = fmt.Sprintf("moe_%d", i)
@@ -344,7 +346,7 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 			continue
 		case "Add":
 			a, bb := p.Input[0], p.Input[1]
-			if t := c.constTensor(bb); t != nil && len(t.GetDims()) == 1 {
+			if t := c.constTensor(bb); t != nil && vectorLike(t) {
 				if ri.act != "" || c.isActivated(a) {
 					ri.corr = t
 				} else {
@@ -353,7 +355,7 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 				v = a
 				continue
 			}
-			if t := c.constTensor(a); t != nil && len(t.GetDims()) == 1 {
+			if t := c.constTensor(a); t != nil && vectorLike(t) {
 				if c.isActivated(bb) {
 					ri.corr = t
 				} else {
@@ -402,6 +404,21 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 	return nil
 }
 
+// vectorLike reports whether t is a vector, possibly with leading unit
+// dims ([E] or [1, E], as a per-expert bias kept per expert group is).
+func vectorLike(t *pb.TensorProto) bool {
+	d := t.GetDims()
+	if len(d) == 0 {
+		return false
+	}
+	for _, x := range d[:len(d)-1] {
+		if x != 1 {
+			return false
+		}
+	}
+	return true
+}
+
 // isActivated reports whether v (looked through noise) is a Sigmoid/Softmax output.
 func (c *ctx) isActivated(v string) bool {
 	p := c.producerOp(v)
@@ -413,10 +430,12 @@ func (c *ctx) isActivated(v string) bool {
 // input is a reduction over a [.., n_group, E/n_group] reshape.
 func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
 	back := c.backward(where.Input[0], nil)
+	found := false
 	for n := range back {
 		if n.GetOpType() != "TopK" {
 			continue
 		}
+		found = true
 		if k, ok := c.scalarInt(n.Input[1]); ok {
 			// The group TopK consumes a ReduceSum; the inner TopK a Reshape.
 			if p := c.producerOp(n.Input[0]); p != nil && p.GetOpType() == "ReduceSum" {
@@ -429,8 +448,10 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
 			}
 		}
 	}
-	if ri.nGroup < 2 {
-		fail("group-limited routing: cannot read the number of groups")
+	// One group (GLM-4.5 style configs keep the machinery with n_group=1)
+	// is plain top-k routing.
+	if !found || ri.nGroup < 1 || ri.topkGroup < 1 || ri.topkGroup > ri.nGroup {
+		fail("group-limited routing: cannot read the number of groups (n_group %d, topk_group %d)", ri.nGroup, ri.topkGroup)
 	}
 }
 
@@ -591,14 +612,7 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion
 			}
 		case "Div":
 			p := c.producerOp(n.Input[1])
-			if p != nil && p.GetOpType() == "Add" { // sum + epsilon
-				for i, in := range p.Input {
-					if f, ok := c.scalarFloat(in); ok && f >= 0 && f < 1e-6 {
-						p = c.producerOp(p.Input[1-i])
-						break
-					}
-				}
-			}
+			p = c.epsilonGuard(p)
 			if p != nil && p.GetOpType() == "ReduceSum" {
 				s.NormalizeTopK = true
 			}
@@ -613,6 +627,41 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion
 	if s.RouterActivation == "" {
 		fail("no router activation (softmax or sigmoid) found around the TopK")
 	}
+}
+
+// epsilonGuard looks through the guard a renormalisation puts on its
+// denominator — sum + eps, Clip(sum, min=eps) or Max(sum, eps) with a tiny
+// eps — and returns the producer of the sum (p itself when unguarded). The
+// guard only matters for sums below eps, which routing weights never reach.
+func (c *ctx) epsilonGuard(p *pb.NodeProto) *pb.NodeProto {
+	if p == nil {
+		return nil
+	}
+	tiny := func(v string) bool {
+		f, ok := c.scalarFloat(v)
+		return ok && f >= 0 && f < 1e-6
+	}
+	switch p.GetOpType() {
+	case "Add", "Max":
+		if len(p.Input) == 2 {
+			for i, in := range p.Input {
+				if tiny(in) {
+					return c.producerOp(p.Input[1-i])
+				}
+			}
+		}
+	case "Clip":
+		noMax := len(p.Input) < 3 || p.Input[2] == ""
+		if !noMax {
+			if f, ok := c.scalarFloat(p.Input[2]); ok && math.IsInf(float64(f), 1) {
+				noMax = true
+			}
+		}
+		if len(p.Input) >= 2 && tiny(p.Input[1]) && noMax {
+			return c.producerOp(p.Input[0])
+		}
+	}
+	return p
 }
 
 // rankOf returns the rank of v from the graph's declared types, or -1.

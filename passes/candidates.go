@@ -1,0 +1,56 @@
+package passes
+
+import (
+	"fmt"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// feedsExpertCompute reports whether a TopK's indices reach a MatMul or Gemm
+// with a constant weight: the TopK selects what weight compute runs, so it is
+// an MoE candidate even when its router could not be read
+// (a failure then is a near-miss worth reporting, not an unrelated TopK).
+func (c *ctx) feedsExpertCompute(tk *pb.NodeProto) bool {
+	if len(tk.Output) < 2 {
+		return false
+	}
+	for n := range c.forward(tk.Output[1]) {
+		if op := n.GetOpType(); op != "MatMul" && op != "Gemm" {
+			continue
+		}
+		for _, in := range n.Input[:min(2, len(n.Input))] {
+			if c.matmulWeight(in) != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// routerlessExperts reports expert-like compute that no block claimed: a
+// MatMul or Gemm whose weight is a slice of a stacked [E, ...] initializer
+// chosen by data-dependent indices. Such a block routes tokens without a
+// TopK (for example PhiMoE's sparsemixer, which picks experts with ArgMax
+// and masked softmaxes), which mokopt cannot fuse: it is reported once per
+// stacked weight as a near-miss.
+func (c *ctx) routerlessExperts(claimed map[*pb.NodeProto]bool) []NearMiss {
+	seen := map[string]bool{}
+	var out []NearMiss
+	for _, n := range c.topo {
+		if op := n.GetOpType(); (op != "MatMul" && op != "Gemm") || claimed[n] {
+			continue
+		}
+		for _, in := range n.Input[:min(2, len(n.Input))] {
+			w := c.matmulWeight(in)
+			if w == nil || (w.sel != selRouted && w.sel != selSlot) || len(w.t.GetDims()) < 3 || seen[w.t.GetName()] {
+				continue
+			}
+			seen[w.t.GetName()] = true
+			out = append(out, NearMiss{Node: graph.NodeLabel(n), Reason: fmt.Sprintf(
+				"expert weights %q %v are gathered per token by data-dependent indices, but no TopK router selects them: routing without TopK (e.g. sparsemixer's ArgMax and masked softmax) is not supported",
+				w.t.GetName(), w.t.GetDims())})
+		}
+	}
+	return out
+}
