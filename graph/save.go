@@ -2,6 +2,7 @@ package graph
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -49,6 +50,37 @@ type SaveOptions struct {
 	// DataName is the side file's name, relative to the output's folder
 	// (default: the output's base name + ".data").
 	DataName string
+	// Context cancels the save between and inside tensors (deferred
+	// tensors such as lowering's quantized weights are computed while they
+	// are written); nil means context.Background(). A cancelled save
+	// returns the context's error and leaves no output or temporary file.
+	Context context.Context
+	// Progress, when set, is called as initializer bytes are written, with
+	// the bytes written so far and the total to write (at most about once
+	// per MiB, and once at the end).
+	Progress func(written, total int64)
+}
+
+// ctxWriter fails a write once its context is done, and reports progress.
+type ctxWriter struct {
+	ctx      context.Context
+	w        io.Writer
+	n, total int64
+	last     int64
+	progress func(written, total int64)
+}
+
+func (c *ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	if c.progress != nil && (c.n-c.last >= 1<<20 || c.n == c.total) {
+		c.last = c.n
+		c.progress(c.n, c.total)
+	}
+	return n, err
 }
 
 // maxProtoSize is protobuf's 2 GiB limit on one serialized message.
@@ -71,6 +103,13 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if opt.DataName == "" {
 		opt.DataName = filepath.Base(path) + ".data"
 	}
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	dir := filepath.Dir(path)
 	moved, err := m.planExternal(opt)
 	if err != nil {
@@ -90,8 +129,19 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 		}
 		defer side.abort()
 		bw := bufio.NewWriterSize(side.f, 1<<20)
+		cw := &ctxWriter{ctx: ctx, w: bw, progress: opt.Progress}
+		for _, t := range moved {
+			n, err := m.tensorSize(t)
+			if err != nil {
+				return err
+			}
+			cw.total += n
+		}
 		var off int64
 		for _, t := range moved {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			r, n, err := m.TensorReader(t)
 			if err != nil {
 				return err
@@ -102,7 +152,14 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 				}
 				off += pad
 			}
-			if _, err := io.CopyN(bw, r, n); err != nil {
+			_, err = io.CopyN(cw, r, n)
+			if c, ok := r.(io.Closer); ok {
+				c.Close() // ends a deferred producer that was cut short
+			}
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 				return fmt.Errorf("writing initializer %q to %s: %w", t.GetName(), opt.DataName, err)
 			}
 			restore = append(restore, swapToExternal(t, opt.DataName, off, n))
@@ -136,6 +193,9 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 			}
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if sz := proto.Size(m.Proto); sz > maxProtoSize {
 		return fmt.Errorf("%s: %w (%d bytes)", path, ErrTooLarge, sz)
 	}
@@ -151,12 +211,84 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if _, err := mf.f.Write(b); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if side != nil {
 		if err := side.commit(); err != nil {
 			return err
 		}
 	}
 	return mf.commit()
+}
+
+// ErrNeedsSideFile is wrapped by the error Encode returns for a model whose
+// initializers live in an external data file: a stream carries one file only.
+var ErrNeedsSideFile = errors.New("the model keeps initializers in an external data file, which a single stream cannot carry")
+
+// FirstExternal returns the first initializer (of the main graph, subgraphs
+// or training_info) stored in an external data file, or nil if there is none.
+func (m *Model) FirstExternal() *pb.TensorProto {
+	for _, t := range allInitializers(m.Proto) {
+		if IsExternal(t) {
+			return t
+		}
+	}
+	return nil
+}
+
+// Encode writes the model as one self-contained file to w (for example
+// standard output), deterministically. Deferred tensors (such as lowering's
+// quantized weights) are computed and stored inline. External tensors are
+// read and stored inline when opt.External is ExternalInline; otherwise a
+// model with external data is refused with an error wrapping
+// ErrNeedsSideFile, before anything is written. opt.Context cancels the
+// encoding before anything is written; opt.DataName, Threshold and Progress
+// are ignored.
+func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if t := m.FirstExternal(); t != nil && opt.External != ExternalInline {
+		loc := ""
+		if ref, err := External(t); err == nil {
+			loc = " (" + ref.Location + ")"
+		}
+		return fmt.Errorf("initializer %q is stored externally%s: %w; write to a file, or use --external-data inline", t.GetName(), loc, ErrNeedsSideFile)
+	}
+	var restore []func()
+	defer func() {
+		for _, r := range restore {
+			r()
+		}
+	}()
+	for _, t := range allInitializers(m.Proto) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		_, deferred := m.deferred[t]
+		if !deferred && !IsExternal(t) {
+			continue
+		}
+		b, err := m.TensorBytes(t)
+		if err != nil {
+			return err
+		}
+		restore = append(restore, swapToInline(t, b))
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if sz := proto.Size(m.Proto); sz > maxProtoSize {
+		return fmt.Errorf("%w (%d bytes)", ErrTooLarge, sz)
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m.Proto)
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", m.Name(), err)
+	}
+	_, err = w.Write(b)
+	return err
 }
 
 // Marshal encodes the model, which must hold no external data, deterministically.

@@ -1,6 +1,7 @@
 package passes
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sort"
@@ -70,6 +71,12 @@ type DetectOptions struct {
 	// experts, when every expert's weights are in stacked initializers: the
 	// block is rebuilt with all experts (Block.TracedExperts says so).
 	RestoreTracedExperts bool
+	// Context is checked before each candidate; nil means
+	// context.Background().
+	Context context.Context
+	// Progress, when set, is called with the candidates examined so far and
+	// the number of nodes that may start one.
+	Progress func(done, total int)
 }
 
 // Detect finds every MoE block in m's main graph. It never edits the model.
@@ -77,6 +84,11 @@ func Detect(m *graph.Model) (*Detection, error) { return DetectWith(m, DetectOpt
 
 // DetectWith is Detect with options.
 func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
+	cx := opt.Context
+	if cx == nil {
+		cx = context.Background()
+	}
+	progress := opt.Progress
 	c := &ctx{m: m, g: m.Graph(), restore: opt.RestoreTracedExperts}
 	topo, err := c.g.TopoSort()
 	if err != nil {
@@ -89,7 +101,21 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 	}
 	det := &Detection{}
 	claimed := map[*pb.NodeProto]bool{}
+	total, done := 0, 0
 	for _, n := range topo {
+		if n.GetOpType() == "TopK" || n.GetOpType() == "MoE" {
+			total++
+		}
+	}
+	for _, n := range topo {
+		if n.GetOpType() == "TopK" || n.GetOpType() == "MoE" {
+			if err := cx.Err(); err != nil {
+				return nil, err
+			}
+			if done++; progress != nil {
+				progress(done, total)
+			}
+		}
 		if n.GetOpType() == "MoE" && n.GetDomain() == "com.microsoft" {
 			b, err := c.detectORT(n)
 			if err != nil {

@@ -32,6 +32,16 @@ type Options struct {
 	// TorchScript trace computes fewer experts than the stacked weights
 	// hold (see DetectOptions).
 	RestoreTracedExperts bool
+	// Progress, when set, is told how far each stage got: "detect"
+	// (candidates), "weights" (blocks whose weights were read), "check"
+	// (blocks checked: 0 of n, then n of n) and "fuse" (blocks fused).
+	Progress func(stage string, done, total int)
+}
+
+func (o *Options) progress(stage string, done, total int) {
+	if o.Progress != nil {
+		o.Progress(stage, done, total)
+	}
 }
 
 // Provenance is what a fused node replaced, stored as JSON in metadata_props.
@@ -71,7 +81,12 @@ var ErrNotFused = errors.New("MoE candidates could not be fused")
 // weights, and provenance. With Partial off, nothing is edited unless every
 // candidate fuses.
 func Rewrite(m *graph.Model, opt Options) (*Report, error) {
-	det, err := DetectWith(m, DetectOptions{RestoreTracedExperts: opt.RestoreTracedExperts})
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	det, err := DetectWith(m, DetectOptions{RestoreTracedExperts: opt.RestoreTracedExperts, Context: ctx,
+		Progress: func(done, total int) { opt.progress("detect", done, total) }})
 	if err != nil {
 		return nil, err
 	}
@@ -85,12 +100,12 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		b *Block
 		w *moe.Weights
 	}
-	ctx := opt.Context
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	var todo []ready
-	for _, b := range det.Blocks {
+	for i, b := range det.Blocks {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		opt.progress("weights", i, len(det.Blocks))
 		w, err := b.W.Materialize(m, &b.Spec)
 		if err != nil {
 			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: err.Error()})
@@ -104,7 +119,10 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		for i, r := range todo {
 			bs[i], ws[i] = r.b, r.w
 		}
+		opt.progress("weights", len(det.Blocks), len(det.Blocks))
+		opt.progress("check", 0, len(bs))
 		errs, err := numericCheck(ctx, m, bs, ws)
+		opt.progress("check", len(bs), len(bs))
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
 			errs, err = make([]error, len(bs)), nil
@@ -143,13 +161,18 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 			funcs[f.GetOverload()] = true
 		}
 	}
-	for _, r := range todo {
+	for i, r := range todo {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		opt.progress("fuse", i, len(todo))
 		f, err := emit(m, g, r.b, r.w, opset, funcs)
 		if err != nil {
 			return rep, err
 		}
 		rep.Fused = append(rep.Fused, *f)
 	}
+	opt.progress("fuse", len(todo), len(todo))
 	if err := g.Sort(); err != nil {
 		return rep, err
 	}

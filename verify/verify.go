@@ -57,6 +57,16 @@ type Options struct {
 	Runner Runner
 	// Engine names the evaluator in the report: "ref" when empty.
 	Engine string
+	// Progress, when set, is called after each model run with the runs
+	// done so far and the total (two per case for Compare, one for
+	// RunAndCheck).
+	Progress func(done, total int)
+}
+
+func (o Options) progress(done, total int) {
+	if o.Progress != nil {
+		o.Progress(done, total)
+	}
 }
 
 // Runner evaluates a model on feeds, keyed by graph input name, and returns
@@ -217,6 +227,7 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 	if !byName {
 		r.Notes = append(r.Notes, fmt.Sprintf("inputs differ in names (a: %v, b: %v); b is fed by position", aIns, bIns))
 	}
+	runs := 0
 	for _, s := range sets {
 		c := Case{Name: s.name, Tokens: s.tokens, Inputs: infos(s.names, s.tensors)}
 		feedA, err := eval.Feeds(a, s.tensors, s.names)
@@ -239,10 +250,14 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 		if err != nil {
 			return nil, fmt.Errorf("case %s: model a: %w%s", s.name, err, hint)
 		}
+		runs++
+		opt.progress(runs, 2*len(sets))
 		outB, err := runOutputs(ctx, b, feedB, opt)
 		if err != nil {
 			return nil, fmt.Errorf("case %s: model b: %w%s", s.name, err, hint)
 		}
+		runs++
+		opt.progress(runs, 2*len(sets))
 		compareCase(&c, outA, outB, opt)
 		r.Cases = append(r.Cases, c)
 	}
@@ -264,7 +279,7 @@ func RunAndCheck(ctx context.Context, m *graph.Model, dataDir string, opt Option
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range dirs {
+	for i, d := range dirs {
 		ds, err := eval.ReadDataSet(d)
 		if err != nil {
 			return nil, err
@@ -280,6 +295,7 @@ func RunAndCheck(ctx context.Context, m *graph.Model, dataDir string, opt Option
 		if err != nil {
 			return nil, fmt.Errorf("data set %s: %w", filepath.Base(d), err)
 		}
+		opt.progress(i+1, len(dirs))
 		ref := make([]named, len(ds.Outputs))
 		for i, t := range ds.Outputs {
 			n := ds.OutputNames[i]
