@@ -1,0 +1,57 @@
+package mokopt
+
+import (
+	"context"
+	"errors"
+
+	"github.com/mokopt/mokopt/passes"
+)
+
+// RewriteReport is what Rewrite did: the fused blocks, near-misses, refused
+// candidates and warnings.
+type RewriteReport = passes.Report
+
+// RewriteOptions control Rewrite.
+type RewriteOptions struct {
+	// Partial fuses the blocks that pass and reports the rest, instead of
+	// refusing the whole model when any candidate fails.
+	Partial bool
+	// Check runs each block's numerical check (the original model on
+	// random inputs in the reference interpreter against the fused node's
+	// reference semantics) before the model is edited. The CLI sets it
+	// unless --no-check.
+	Check bool
+	// Progress, when set, receives detect, weights, check and fuse events.
+	Progress Progress
+}
+
+// Rewrite finds every MoE block of m and replaces each with one fused
+// ai.mok::MoE node carrying a model-local function (its decomposition in
+// standard ONNX ops), stacked canonical weights and provenance. Without
+// Partial, a candidate that cannot be fused refuses the whole model with
+// an *UnsupportedPatternError and m is unchanged. Bad input gives an
+// *InputError. A cancelled ctx returns its error; m may then be partly
+// edited and must be discarded.
+func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport, error) {
+	if err := errCtx(ctx); err != nil {
+		return nil, err
+	}
+	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx}
+	if opt.Progress != nil {
+		po.Progress = func(stage string, done, total int) { opt.Progress.report(stage, done, total) }
+	}
+	rep, err := passes.Rewrite(m.g, po)
+	if err != nil {
+		if errors.Is(err, passes.ErrNotFused) && rep != nil {
+			var cs []Candidate
+			cs = append(cs, rep.NearMiss...)
+			cs = append(cs, rep.Refused...)
+			return rep, &UnsupportedPatternError{File: m.Name(), Candidates: cs, Report: rep, err: err}
+		}
+		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			return rep, ctx.Err()
+		}
+		return rep, err
+	}
+	return rep, nil
+}

@@ -1,0 +1,103 @@
+package mokopt
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/mokopt/mokopt/verify"
+)
+
+// VerifyReport holds per case and per output the largest absolute and
+// relative errors and the worst element.
+type VerifyReport = verify.Report
+
+// Default tolerances of Verify: |a-b| <= ATol + RTol*|b|.
+const (
+	DefaultRTol = verify.DefaultRTol
+	DefaultATol = verify.DefaultATol
+)
+
+// Engines Verify runs models with.
+const (
+	// EngineRef is mokopt's reference interpreter (graph/eval).
+	EngineRef = "ref"
+)
+
+// VerifyOptions control Verify and Run.
+type VerifyOptions struct {
+	// Engine runs the models: "" or EngineRef for the reference interpreter.
+	Engine string
+	// Tokens lists the token counts of the random-input cases (dynamic
+	// dims only); empty means one default case.
+	Tokens []int
+	// Seed makes random inputs reproducible.
+	Seed int64
+	// RTol and ATol are the tolerances; zero means exact (see
+	// DefaultVerifyOptions).
+	RTol, ATol float64
+	// DataDir, when set, supplies the inputs (an ONNX test_data_set folder,
+	// or one holding test_data_set_* folders).
+	DataDir string
+	// Progress, when set, receives "verify" events (model runs done).
+	Progress Progress
+}
+
+// DefaultVerifyOptions returns the CLI's defaults: tokens 1, 7 and 64,
+// seed 1, the default tolerances, the reference interpreter.
+func DefaultVerifyOptions() VerifyOptions {
+	return VerifyOptions{Engine: EngineRef, Tokens: []int{1, 7, 64}, Seed: 1, RTol: DefaultRTol, ATol: DefaultATol}
+}
+
+func (o VerifyOptions) lower() (verify.Options, error) {
+	if o.Engine != "" && o.Engine != EngineRef {
+		return verify.Options{}, fmt.Errorf("unknown verify engine %q (want %s)", o.Engine, EngineRef)
+	}
+	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir}
+	if o.Progress != nil {
+		vo.Progress = func(done, total int) { o.Progress.report(StageVerify, done, total) }
+	}
+	return vo, nil
+}
+
+// Verify runs a and b on the same inputs and compares their outputs by
+// position, b being the reference of the tolerance. When outputs differ it
+// returns the report and a *MismatchError; evaluation failures (an
+// unsupported op, a malformed model) are other errors.
+func Verify(ctx context.Context, a, b *Model, opt VerifyOptions) (*VerifyReport, error) {
+	if err := errCtx(ctx); err != nil {
+		return nil, err
+	}
+	vo, err := opt.lower()
+	if err != nil {
+		return nil, err
+	}
+	rep, err := verify.Compare(ctx, a.g, b.g, vo)
+	if err != nil {
+		return nil, err
+	}
+	if !rep.Pass {
+		return rep, mismatchError(rep)
+	}
+	return rep, nil
+}
+
+// Run runs m on every ONNX test data set under dataDir and compares its
+// outputs with the stored output_N.pb files (opt.Tokens, Seed and DataDir
+// are ignored). Differences give the report and a *MismatchError.
+func Run(ctx context.Context, m *Model, dataDir string, opt VerifyOptions) (*VerifyReport, error) {
+	if err := errCtx(ctx); err != nil {
+		return nil, err
+	}
+	vo, err := opt.lower()
+	if err != nil {
+		return nil, err
+	}
+	rep, err := verify.RunAndCheck(ctx, m.g, dataDir, vo)
+	if err != nil {
+		return nil, err
+	}
+	if !rep.Pass {
+		return rep, mismatchError(rep)
+	}
+	return rep, nil
+}
