@@ -78,7 +78,7 @@ func Inspect(ctx context.Context, m *Model) (*Inspection, error) {
 	if err != nil {
 		return nil, err
 	}
-	det, err := passes.DetectContext(ctx, m.g, nil)
+	det, err := passes.DetectWith(m.g, passes.DetectOptions{Context: ctx})
 	if err != nil {
 		return nil, err
 	}

@@ -21,6 +21,10 @@ type RewriteOptions struct {
 	// reference semantics) before the model is edited. The CLI sets it
 	// unless --no-check.
 	Check bool
+	// RestoreTracedExperts rebuilds, with a warning, blocks whose
+	// TorchScript trace computes fewer experts than the stacked weights
+	// hold, instead of refusing them.
+	RestoreTracedExperts bool
 	// Progress, when set, receives detect, weights, check and fuse events.
 	Progress Progress
 }
@@ -36,7 +40,7 @@ func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport,
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
-	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx}
+	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts}
 	if opt.Progress != nil {
 		po.Progress = func(stage string, done, total int) { opt.Progress.report(stage, done, total) }
 	}

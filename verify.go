@@ -23,10 +23,19 @@ const (
 	EngineRef = "ref"
 )
 
+// Runner evaluates a model on feeds keyed by graph input name and returns
+// its outputs by name (for example ortrun.RunModel, ONNX Runtime, in
+// builds with -tags ort).
+type Runner = verify.Runner
+
 // VerifyOptions control Verify and Run.
 type VerifyOptions struct {
-	// Engine runs the models: "" or EngineRef for the reference interpreter.
+	// Engine names the evaluator: "" or EngineRef for the reference
+	// interpreter; any other name needs Runner.
 	Engine string
+	// Runner, when set, runs the models instead of the reference
+	// interpreter.
+	Runner Runner
 	// Tokens lists the token counts of the random-input cases (dynamic
 	// dims only); empty means one default case.
 	Tokens []int
@@ -49,10 +58,10 @@ func DefaultVerifyOptions() VerifyOptions {
 }
 
 func (o VerifyOptions) lower() (verify.Options, error) {
-	if o.Engine != "" && o.Engine != EngineRef {
-		return verify.Options{}, fmt.Errorf("unknown verify engine %q (want %s)", o.Engine, EngineRef)
+	if o.Runner == nil && o.Engine != "" && o.Engine != EngineRef {
+		return verify.Options{}, fmt.Errorf("verify engine %q needs a Runner (only %q is built in)", o.Engine, EngineRef)
 	}
-	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir}
+	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine}
 	if o.Progress != nil {
 		vo.Progress = func(done, total int) { o.Progress.report(StageVerify, done, total) }
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/diff"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/spf13/cobra"
@@ -49,6 +50,9 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 			if color != "auto" && color != "always" && color != "never" {
 				return usageErr(fmt.Errorf("unknown --color %q (want auto, always or never)", color))
 			}
+			if err := oneStdin(args); err != nil {
+				return err
+			}
 			a, err := loadModel(args[0])
 			if err != nil {
 				return err
@@ -59,7 +63,7 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 				return err
 			}
 			defer b.Close()
-			r, err := diff.Compare(a, b)
+			r, err := mokopt.Diff(a, b)
 			if err != nil {
 				// Any failure to compare is an error (exit 2), as in diff(1).
 				return &exitError{code: 2, msg: err.Error(), err: err}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/models"
 	"github.com/spf13/cobra"
@@ -55,7 +56,10 @@ unless --inline.`,
 			if out == "" {
 				return usageErr(errors.New("gen needs -o FILE"))
 			}
-			cfg.External = !inline
+			if out == mokopt.Stdio && asJSON {
+				return usageErr(errors.New("--json and -o - would share standard output"))
+			}
+			cfg.External = !inline && out != mokopt.Stdio // a stream carries one file: weights inline
 			if err := cfg.Validate(); err != nil {
 				return usageErr(err)
 			}
@@ -72,7 +76,7 @@ unless --inline.`,
 				}
 				s.InitializerBytes += n
 			}
-			if err := m.Save(out, graph.SaveOptions{External: graph.ExternalKeep}); err != nil {
+			if err := saveModel(c, mokopt.Wrap(m), out, graph.ExternalKeep, newProgress(c)); err != nil {
 				if errors.Is(err, graph.ErrTooLarge) {
 					return fmt.Errorf("%w (drop --inline)", err)
 				}
@@ -94,7 +98,11 @@ unless --inline.`,
 			if s.DataFile != "" {
 				where = fmt.Sprintf("%d in %s", s.DataFileBytes, s.DataFile)
 			}
-			fmt.Fprintf(c.OutOrStdout(), "%s: %s, %d layers, E=%d k=%d H=%d I=%d: %d nodes, %d initializers, %d initializer bytes (%s), %.1fs\n",
+			w := c.OutOrStdout()
+			if out == mokopt.Stdio {
+				w = c.ErrOrStderr() // standard output holds the model
+			}
+			fmt.Fprintf(w, "%s: %s, %d layers, E=%d k=%d H=%d I=%d: %d nodes, %d initializers, %d initializer bytes (%s), %.1fs\n",
 				out, cfg.Shape, cfg.Layers, cfg.Experts, cfg.TopK, cfg.Hidden, cfg.Inter, s.Nodes, s.Initializers, s.InitializerBytes, where, s.Seconds)
 			return nil
 		},
@@ -112,7 +120,7 @@ unless --inline.`,
 	f.IntVar(&cfg.Tokens, "tokens", 0, "static token count T of the input (0: symbolic \"tokens\")")
 	f.Int64Var(&cfg.Seed, "seed", 0, "weight seed")
 	f.BoolVar(&cfg.ORTSwiGLU, "ort-swiglu", false, "ort: activation_type swiglu with an interleaved fused fc1 (swiglu_fusion=1) instead of silu with fc1/fc3")
-	f.BoolVar(&inline, "inline", false, "store the weights inside FILE (2 GiB protobuf limit) instead of FILE.data")
+	f.BoolVar(&inline, "inline", false, "store the weights inside FILE (2 GiB protobuf limit) instead of FILE.data (always with -o -)")
 	f.StringVarP(&out, "output", "o", "", "output model path")
 	f.BoolVar(&asJSON, "json", false, "machine-readable output")
 	return c

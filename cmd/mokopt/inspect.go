@@ -3,11 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
-	"sort"
 	"strings"
 
-	"github.com/mokopt/mokopt/graph"
-	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/passes"
 	"github.com/spf13/cobra"
@@ -15,86 +13,7 @@ import (
 
 func init() { subcommands = append(subcommands, newInspectCmd) }
 
-// ModelSummary is the structural part of `mokopt inspect --json`.
-type ModelSummary struct {
-	File             string          `json:"file"`
-	IRVersion        int64           `json:"ir_version"`
-	Producer         string          `json:"producer,omitempty"`
-	Opsets           []OpsetEntry    `json:"opsets"`
-	Nodes            int             `json:"nodes"`
-	Functions        int             `json:"functions"`
-	Ops              []graph.OpCount `json:"ops"`
-	Initializers     int             `json:"initializers"`
-	InitializerBytes int64           `json:"initializer_bytes"`
-	ExternalBytes    int64           `json:"external_bytes"`
-	Inputs           []ValueSummary  `json:"inputs"`
-	Outputs          []ValueSummary  `json:"outputs"`
-}
-
-// OpsetEntry is one opset_import row.
-type OpsetEntry struct {
-	Domain  string `json:"domain"`
-	Version int64  `json:"version"`
-}
-
-// ValueSummary is a graph input or output with its type.
-type ValueSummary struct {
-	Name  string   `json:"name"`
-	Type  string   `json:"type"`
-	Shape []string `json:"shape"`
-}
-
-func summarize(m *graph.Model) (*ModelSummary, error) {
-	mp := m.Proto
-	s := &ModelSummary{File: m.Name(), IRVersion: mp.GetIrVersion(), Producer: strings.TrimSpace(mp.GetProducerName() + " " + mp.GetProducerVersion()),
-		Nodes: len(mp.Graph.Node), Functions: len(mp.Functions)}
-	for _, o := range mp.OpsetImport {
-		s.Opsets = append(s.Opsets, OpsetEntry{Domain: o.GetDomain(), Version: o.GetVersion()})
-	}
-	sort.Slice(s.Opsets, func(i, j int) bool { return s.Opsets[i].Domain < s.Opsets[j].Domain })
-	s.Ops = m.Graph().OpCensus()
-	for _, t := range mp.Graph.Initializer {
-		s.Initializers++
-		n, err := graph.ByteSize(graph.DataType(t), t.GetDims())
-		if err != nil {
-			if graph.DataType(t) == pb.TensorProto_STRING {
-				continue
-			}
-			return nil, &graph.InputError{File: m.Name(), Object: fmt.Sprintf("initializer %q", t.GetName()), Msg: err.Error()}
-		}
-		s.InitializerBytes += n
-		if graph.IsExternal(t) {
-			s.ExternalBytes += n
-		}
-	}
-	for _, v := range mp.Graph.Input {
-		s.Inputs = append(s.Inputs, valueSummary(v))
-	}
-	for _, v := range mp.Graph.Output {
-		s.Outputs = append(s.Outputs, valueSummary(v))
-	}
-	return s, nil
-}
-
-func valueSummary(v *pb.ValueInfoProto) ValueSummary {
-	vs := ValueSummary{Name: v.GetName(), Type: "?"}
-	if tt := v.GetType().GetTensorType(); tt != nil {
-		vs.Type = pb.TensorProto_DataType(tt.GetElemType()).String()
-		for _, d := range tt.GetShape().GetDim() {
-			switch d.Value.(type) {
-			case *pb.TensorShapeProto_Dimension_DimParam:
-				vs.Shape = append(vs.Shape, d.GetDimParam())
-			case *pb.TensorShapeProto_Dimension_DimValue:
-				vs.Shape = append(vs.Shape, fmt.Sprint(d.GetDimValue()))
-			default:
-				vs.Shape = append(vs.Shape, "?")
-			}
-		}
-	}
-	return vs
-}
-
-func printSummary(w io.Writer, s *ModelSummary) {
+func printSummary(w io.Writer, s *mokopt.ModelSummary) {
 	fmt.Fprintf(w, "%s: IR %d, %d nodes, %d functions, %d initializers (%s, %s external)\n",
 		s.File, s.IRVersion, s.Nodes, s.Functions, s.Initializers, humanBytes(s.InitializerBytes), humanBytes(s.ExternalBytes))
 	var ops []string
@@ -144,16 +63,13 @@ func newInspectCmd() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			s, err := summarize(m)
+			in, err := mokopt.Inspect(c.Context(), m)
 			if err != nil {
 				return err
 			}
-			det, err := passes.Detect(m)
-			if err != nil {
-				return err
-			}
+			s, det := &in.Model, in.Detection
 			if asJSON {
-				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "model": s, "moe": inspectBlocks(det)})
+				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "model": s, "moe": in.MoE})
 			}
 			printSummary(c.OutOrStdout(), s)
 			printBlocks(c.OutOrStdout(), det)
@@ -162,33 +78,6 @@ func newInspectCmd() *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
 	return c
-}
-
-// BlockSummary is one MoE block in `inspect --json`.
-type BlockSummary struct {
-	Name   string   `json:"name"`
-	Kind   string   `json:"kind"`
-	Input  string   `json:"input"`
-	Output string   `json:"output"`
-	Nodes  int      `json:"nodes"`
-	Spec   moe.Spec `json:"spec"`
-}
-
-// MoESummary is the MoE part of `inspect --json`.
-type MoESummary struct {
-	Blocks     []BlockSummary    `json:"blocks"`
-	NearMisses []passes.NearMiss `json:"near_misses"`
-}
-
-func inspectBlocks(det *passes.Detection) MoESummary {
-	out := MoESummary{Blocks: []BlockSummary{}, NearMisses: det.NearMiss}
-	if out.NearMisses == nil {
-		out.NearMisses = []passes.NearMiss{}
-	}
-	for _, b := range det.Blocks {
-		out.Blocks = append(out.Blocks, BlockSummary{Name: b.Name, Kind: b.Kind, Input: b.Input, Output: b.Output, Nodes: b.Nodes, Spec: b.Spec})
-	}
-	return out
 }
 
 func printBlocks(w io.Writer, det *passes.Detection) {

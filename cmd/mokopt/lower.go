@@ -1,13 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
-	"github.com/mokopt/mokopt/kernel"
-	"github.com/mokopt/mokopt/lowering"
 	"github.com/spf13/cobra"
 )
 
@@ -41,13 +39,16 @@ benchmark shapes) as JSON.`,
 			if out == "" {
 				return usageErr(errors.New("lower needs -o OUT"))
 			}
-			if out == args[0] {
+			if out == args[0] && out != mokopt.Stdio {
 				return usageErr(fmt.Errorf("refusing to overwrite the input %s", out))
+			}
+			if out == mokopt.Stdio && asJSON || planPath == mokopt.Stdio && (out == mokopt.Stdio || asJSON) {
+				return usageErr(errors.New("two outputs would share standard output (-o -, --plan -, --json)"))
 			}
 			if target == "" {
 				return usageErr(errors.New("lower needs --target (gb300-nvl72 or gb200-nvl72)"))
 			}
-			tgt, err := kernel.LookupTarget(target)
+			tgt, err := mokopt.ParseTarget(target)
 			if err != nil {
 				return usageErr(err)
 			}
@@ -66,7 +67,8 @@ benchmark shapes) as JSON.`,
 				return err
 			}
 			defer m.Close()
-			rep, lerr := lowering.Lower(m, lowering.Options{Target: tgt, EP: ep, TokensPerRank: tokens, Strict: strict})
+			progress := newProgress(c)
+			rep, lerr := mokopt.Lower(c.Context(), m, tgt, mokopt.LowerOptions{EP: ep, TokensPerRank: tokens, Strict: strict, Progress: progress})
 			if lerr != nil {
 				if asJSON && rep != nil {
 					_ = writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": nil, "report": rep})
@@ -76,24 +78,24 @@ benchmark shapes) as JSON.`,
 				}
 				return &exitError{code: 1, msg: fmt.Sprintf("%s: %v; no output written", args[0], lerr), err: lerr}
 			}
-			if err := m.Save(out, graph.SaveOptions{External: mode}); err != nil {
+			if err := saveModel(c, m, out, mode, progress); err != nil {
 				return err
 			}
 			if planPath != "" {
-				b, err := json.MarshalIndent(rep.Plan, "", "  ")
-				if err != nil {
-					return err
-				}
-				if err := graph.WriteFileAtomic(planPath, append(b, '\n')); err != nil {
+				if err := mokopt.SavePlan(planPath, rep); err != nil {
 					return err
 				}
 			}
 			if asJSON {
 				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep})
 			}
-			fmt.Fprintf(c.OutOrStdout(), "%s -> %s: %s", args[0], out, rep.Summary())
+			w := c.OutOrStdout()
+			if out == mokopt.Stdio || planPath == mokopt.Stdio {
+				w = c.ErrOrStderr() // standard output holds the model or the plan
+			}
+			fmt.Fprintf(w, "%s -> %s: %s", args[0], out, rep.Summary())
 			if planPath != "" {
-				fmt.Fprintf(c.OutOrStdout(), "  plan written to %s\n", planPath)
+				fmt.Fprintf(w, "  plan written to %s\n", planPath)
 			}
 			return nil
 		},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/passes"
 	"github.com/spf13/cobra"
@@ -33,11 +34,17 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 			if out == "" && !inPlace {
 				return usageErr(errors.New("rewrite needs -o OUT (or --in-place)"))
 			}
+			if inPlace && args[0] == mokopt.Stdio {
+				return usageErr(errors.New("--in-place needs a model file, not standard input"))
+			}
 			if inPlace {
 				out = args[0]
 			}
-			if out == args[0] && !inPlace {
+			if out == args[0] && !inPlace && out != mokopt.Stdio {
 				return usageErr(fmt.Errorf("refusing to overwrite the input %s without --in-place", out))
+			}
+			if out == mokopt.Stdio && asJSON {
+				return usageErr(errors.New("--json and -o - would share standard output; use --report FILE"))
 			}
 			mode, err := graph.ParseExternalMode(extMode)
 			if err != nil {
@@ -48,8 +55,8 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 				return err
 			}
 			defer m.Close()
-			opt := passes.Options{Partial: partial, Check: !noCheck, Context: c.Context(), RestoreTracedExperts: restore}
-			rep, rerr := passes.Rewrite(m, opt)
+			progress := newProgress(c)
+			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, Progress: progress})
 			if rep != nil && report != "" {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
 					return err
@@ -61,13 +68,17 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 				}
 				return &exitError{code: 1, msg: fmt.Sprintf("%s: %v; no output written", args[0], rerr), err: rerr}
 			}
-			if err := m.Save(out, graph.SaveOptions{External: mode}); err != nil {
+			if err := saveModel(c, m, out, mode, progress); err != nil {
 				return err
 			}
 			if asJSON {
 				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep})
 			}
-			printRewrite(c.OutOrStdout(), c.ErrOrStderr(), args[0], out, rep)
+			w := c.OutOrStdout()
+			if out == mokopt.Stdio {
+				w = c.ErrOrStderr() // standard output holds the model
+			}
+			printRewrite(w, c.ErrOrStderr(), args[0], out, rep)
 			return nil
 		},
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/spf13/cobra"
 )
@@ -32,6 +33,7 @@ Exit codes: 0 ok, 1 a check failed, 2 bad usage or unreadable input.`,
 	}
 	root.SetVersionTemplate("mokopt {{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageErr(err) })
+	root.PersistentFlags().BoolP("quiet", "q", false, "no progress reports on stderr")
 	root.AddCommand(newVersionCmd())
 	for _, f := range subcommands {
 		root.AddCommand(f())
@@ -82,13 +84,39 @@ func exitCode(err error) int {
 	return 1
 }
 
-// loadModel loads a model, turning any failure into a bad-input error.
-func loadModel(path string) (*graph.Model, error) {
-	m, err := graph.Load(path)
+// loadModel loads a model ("-": standard input), turning any failure into a
+// bad-input error.
+func loadModel(path string) (*mokopt.Model, error) {
+	m, err := mokopt.Load(path)
 	if err != nil {
 		return nil, &exitError{code: 2, msg: err.Error(), err: err}
 	}
 	return m, nil
+}
+
+// oneStdin refuses more than one "-" among model arguments: standard input
+// holds one model.
+func oneStdin(args []string) error {
+	n := 0
+	for _, a := range args {
+		if a == mokopt.Stdio {
+			n++
+		}
+	}
+	if n > 1 {
+		return usageErr(errors.New("only one model can be read from standard input (\"-\")"))
+	}
+	return nil
+}
+
+// saveModel saves m to out ("-": standard output), mapping a model that
+// needs side files on a stream to a usage error.
+func saveModel(c *cobra.Command, m *mokopt.Model, out string, mode mokopt.ExternalMode, progress mokopt.Progress) error {
+	err := mokopt.Save(c.Context(), m, out, mokopt.SaveOptions{External: mode, Progress: progress})
+	if errors.Is(err, mokopt.ErrNeedsSideFile) {
+		return usageErr(fmt.Errorf("%s: %w", m.Name(), err))
+	}
+	return err
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/verify"
 	"github.com/spf13/cobra"
 )
@@ -49,6 +51,9 @@ func newVerifyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := oneStdin(args); err != nil {
+				return err
+			}
 			a, err := loadModel(args[0])
 			if err != nil {
 				return err
@@ -59,11 +64,8 @@ func newVerifyCmd() *cobra.Command {
 				return err
 			}
 			defer b.Close()
-			rep, err := verify.Compare(c.Context(), a, b, verify.Options{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, Runner: runner, Engine: engine})
-			if err != nil {
-				return err
-			}
-			return reportVerify(c.OutOrStdout(), rep, asJSON)
+			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, Runner: runner, Engine: engine, Progress: newProgress(c)})
+			return reportVerify(c.OutOrStdout(), rep, err, asJSON)
 		},
 	}
 	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder with input_N.pb files")
@@ -93,11 +95,8 @@ func newRunCmd() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			rep, err := verify.RunAndCheck(c.Context(), m, data, verify.Options{RTol: rtol, ATol: atol})
-			if err != nil {
-				return err
-			}
-			return reportVerify(c.OutOrStdout(), rep, asJSON)
+			rep, err := mokopt.Run(c.Context(), m, data, mokopt.VerifyOptions{RTol: rtol, ATol: atol, Progress: newProgress(c)})
+			return reportVerify(c.OutOrStdout(), rep, err, asJSON)
 		},
 	}
 	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder")
@@ -107,7 +106,13 @@ func newRunCmd() *cobra.Command {
 	return c
 }
 
-func reportVerify(w io.Writer, rep *verify.Report, asJSON bool) error {
+// reportVerify prints a verify or run report; err is what the facade
+// returned with it (a *mokopt.MismatchError when outputs differ).
+func reportVerify(w io.Writer, rep *verify.Report, err error, asJSON bool) error {
+	var mm *mokopt.MismatchError
+	if err != nil && !errors.As(err, &mm) {
+		return err
+	}
 	if asJSON {
 		if err := writeJSON(w, rep); err != nil {
 			return err
