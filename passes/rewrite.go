@@ -122,7 +122,6 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
 		opt.progress("check", 0, len(bs))
 		errs, err := numericCheck(ctx, m, bs, ws)
-		opt.progress("check", len(bs), len(bs))
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
 			errs, err = make([]error, len(bs)), nil
@@ -130,6 +129,7 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		if err != nil {
 			return rep, err
 		}
+		opt.progress("check", len(bs), len(bs))
 		kept := todo[:0]
 		for i, r := range todo {
 			if errs[i] != nil {

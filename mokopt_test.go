@@ -1,0 +1,426 @@
+package mokopt_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mokopt/mokopt"
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/models"
+)
+
+const example = "testdata/example/mixtral_block_dynamo_batched_mm.onnx"
+
+func load(t *testing.T, path string) *mokopt.Model {
+	t.Helper()
+	m, err := mokopt.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func fusedExample(t *testing.T) *mokopt.Model {
+	t.Helper()
+	m := load(t, example)
+	rep, err := mokopt.Rewrite(context.Background(), m, mokopt.RewriteOptions{Check: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Fused) != 1 {
+		t.Fatalf("%d blocks fused, want 1", len(rep.Fused))
+	}
+	return m
+}
+
+// leftovers lists the files of dir other than keep.
+func leftovers(t *testing.T, dir string, keep ...string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "src") && !contains(keep, e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func contains(s []string, x string) bool {
+	for _, v := range s {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func TestBadInputIsTyped(t *testing.T) {
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.onnx")
+	os.WriteFile(garbage, []byte("\xff\xff\xffnot a model"), 0o644)
+	for _, path := range []string{garbage, filepath.Join(dir, "missing.onnx")} {
+		_, err := mokopt.Load(path)
+		var ie *mokopt.InputError
+		if !errors.As(err, &ie) || !errors.Is(err, mokopt.ErrBadInput) {
+			t.Fatalf("Load(%s): %v (%T), want an *InputError", path, err, err)
+		}
+		if ie.File != path {
+			t.Fatalf("InputError names %q, want %q", ie.File, path)
+		}
+	}
+}
+
+func TestReadRefusesExternalData(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.onnx")
+	if err := models.Write(models.Config{Shape: models.ShapeBatched, Layers: 1, Experts: 4, TopK: 2, Hidden: 64, Inter: 64, Router: "softmax", Normalize: true, External: true}, src); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = mokopt.Read(bytes.NewReader(b), "-")
+	var ie *mokopt.InputError
+	if !errors.As(err, &ie) || !strings.Contains(ie.Msg, "src.onnx.data") || !strings.HasPrefix(ie.Object, "initializer ") {
+		t.Fatalf("Read of a model with side files: %v, want an *InputError naming the initializer and the side file", err)
+	}
+	// Writing such a model to a stream is refused before anything is written.
+	m := load(t, src)
+	var out bytes.Buffer
+	err = mokopt.Write(context.Background(), m, &out, mokopt.SaveOptions{})
+	if !errors.Is(err, mokopt.ErrNeedsSideFile) || out.Len() != 0 {
+		t.Fatalf("Write: %v with %d bytes written, want ErrNeedsSideFile and nothing", err, out.Len())
+	}
+	// With ExternalInline it is one self-contained stream that reads back.
+	if err := mokopt.Write(context.Background(), m, &out, mokopt.SaveOptions{External: mokopt.ExternalInline}); err != nil {
+		t.Fatal(err)
+	}
+	back, err := mokopt.Read(&out, "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := mokopt.Inspect(context.Background(), back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Model.ExternalBytes != 0 || in.Model.InitializerBytes == 0 || len(in.MoE.Blocks) != 1 {
+		t.Fatalf("inline copy: %d external bytes, %d initializer bytes, %d blocks", in.Model.ExternalBytes, in.Model.InitializerBytes, len(in.MoE.Blocks))
+	}
+}
+
+func TestUnsupportedPatternIsTyped(t *testing.T) {
+	// A block whose experts 1..E-1 are missing from the graph (as a trace
+	// that only saw expert 0 would be) is a near-miss, not a fusion.
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.onnx")
+	if err := models.Write(models.Config{Shape: models.ShapeUnrolled, Layers: 1, Experts: 4, TopK: 2, Hidden: 64, Inter: 64, Router: "softmax", Normalize: true}, src); err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, src)
+	g := m.Graph().Graph()
+	// Drop the branch of expert 1 and chain expert 2's accumulation onto
+	// expert 0's, as a trace that never routed a token to expert 1 would.
+	kept := g.P.Node[:0]
+	for _, n := range g.P.Node {
+		if strings.Contains(n.GetName(), "layers.0.e1.") {
+			continue
+		}
+		for i, in := range n.Input {
+			if in == "layers.0.e1.acc" {
+				n.Input[i] = "layers.0.e0.acc"
+			}
+		}
+		kept = append(kept, n)
+	}
+	if len(kept) == len(g.P.Node) {
+		t.Fatal("generator names changed: no layers.0.e1 nodes")
+	}
+	removed := len(g.P.Node) - len(kept)
+	g.P.Node = kept
+	g.Reindex()
+	before := len(g.P.Node)
+	_, err := mokopt.Rewrite(context.Background(), m, mokopt.RewriteOptions{Check: true})
+	if err == nil {
+		t.Fatalf("rewrite of a block missing expert 3 (%d nodes removed) succeeded", removed)
+	}
+	var up *mokopt.UnsupportedPatternError
+	if !errors.As(err, &up) || !errors.Is(err, mokopt.ErrUnsupportedPattern) {
+		t.Fatalf("%v (%T), want an *UnsupportedPatternError", err, err)
+	}
+	t.Logf("refused: %v", err)
+	if len(up.Candidates) != 1 || !strings.Contains(up.Candidates[0].Reason, "expert") || up.Candidates[0].Node == "" {
+		t.Fatalf("candidates %+v: want each with node and reason", up.Candidates)
+	}
+	if len(m.Graph().Proto.Graph.Node) != before {
+		t.Fatal("a refused rewrite edited the model")
+	}
+}
+
+func TestKernelConstraintIsTyped(t *testing.T) {
+	m := fusedExample(t)
+	rep, err := mokopt.Lower(context.Background(), m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8, Strict: true})
+	var kc *mokopt.KernelConstraintError
+	if !errors.As(err, &kc) || !errors.Is(err, mokopt.ErrKernelConstraint) {
+		t.Fatalf("strict lower of H=64: %v (%T), want a *KernelConstraintError", err, err)
+	}
+	codes := strings.Join(kc.Codes(), ",")
+	if codes != "H_MOD_256,I_MOD_256" {
+		t.Fatalf("violated codes %s, want H_MOD_256,I_MOD_256", codes)
+	}
+	if kc.Violations[0].Number == 0 || kc.Violations[0].Node == "" || rep == nil || rep.Lowered() != 0 {
+		t.Fatalf("violation %+v, report %v", kc.Violations[0], rep)
+	}
+	// Without Strict the block stays unlowered, with the same violations as warnings.
+	rep, err = mokopt.Lower(context.Background(), m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Lowered() != 0 || len(rep.Warnings()) == 0 || !strings.Contains(strings.Join(rep.Warnings(), "\n"), "H_MOD_256") {
+		t.Fatalf("lenient lower: %d lowered, warnings %q", rep.Lowered(), rep.Warnings())
+	}
+	if _, err := mokopt.Lower(context.Background(), m, "gb999", mokopt.LowerOptions{EP: 8}); err == nil {
+		t.Fatal("unknown target accepted")
+	}
+}
+
+func TestMismatchIsTyped(t *testing.T) {
+	a := load(t, example)
+	b := fusedExample(t)
+	opt := mokopt.DefaultVerifyOptions()
+	rep, err := mokopt.Verify(context.Background(), a, b, opt)
+	if err != nil || !rep.Pass {
+		t.Fatalf("example vs its rewrite: %v", err)
+	}
+	// Perturb one weight of the fused node: expert 0's down projection.
+	g := b.Graph().Graph()
+	var hit string
+	for _, init := range g.P.Initializer {
+		if strings.HasSuffix(init.GetName(), "/down") && init.RawData != nil {
+			f := math.Float32frombits(uint32(init.RawData[0]) | uint32(init.RawData[1])<<8 | uint32(init.RawData[2])<<16 | uint32(init.RawData[3])<<24)
+			u := math.Float32bits(f + 10)
+			init.RawData[0], init.RawData[1], init.RawData[2], init.RawData[3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+			hit = init.GetName()
+		}
+	}
+	if hit == "" {
+		t.Fatal("no fused down weight found")
+	}
+	rep, err = mokopt.Verify(context.Background(), a, b, opt)
+	var mm *mokopt.MismatchError
+	if !errors.As(err, &mm) || !errors.Is(err, mokopt.ErrMismatch) {
+		t.Fatalf("verify after perturbing %s: %v (%T), want a *MismatchError", hit, err, err)
+	}
+	if rep == nil || rep.Pass || mm.Report != rep || len(mm.Outputs) == 0 || mm.Outputs[0].Mismatches == 0 || float64(mm.Outputs[0].MaxAbsErr) <= 0 {
+		t.Fatalf("mismatch error %+v", mm)
+	}
+	if !strings.Contains(err.Error(), mm.Outputs[0].NameA) {
+		t.Fatalf("message %q does not name the output", err)
+	}
+	if _, err := mokopt.Verify(context.Background(), a, b, mokopt.VerifyOptions{Engine: "nope"}); err == nil {
+		t.Fatal("unknown engine accepted")
+	}
+}
+
+func TestStdioRoundTrip(t *testing.T) {
+	m := fusedExample(t)
+	var out bytes.Buffer
+	if err := mokopt.Write(context.Background(), m, &out, mokopt.SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f.onnx")
+	if err := mokopt.Save(context.Background(), m, file, mokopt.SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(file)
+	if !bytes.Equal(out.Bytes(), want) {
+		t.Fatalf("stream (%d bytes) and file (%d bytes) differ", out.Len(), len(want))
+	}
+	back, err := mokopt.Read(&out, "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := mokopt.Diff(m, back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Same() {
+		t.Fatal("a model read back from its stream differs from it")
+	}
+}
+
+// bigModel writes an unrolled E=64 model of several layers with external
+// data (about 100 MB) and returns its path.
+func bigModel(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: no large model")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.onnx")
+	cfg := models.Config{Shape: models.ShapeUnrolled, Layers: 4, Experts: 64, TopK: 2, Hidden: 128, Inter: 256, Router: "softmax", Normalize: true, External: true}
+	if err := models.Write(cfg, src); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// cancelAt runs a rewrite and save of src into dir, cancelling the context
+// from the progress hook at the first event of stage. It returns the error
+// and how long the work went on after the cancellation.
+func cancelAt(t *testing.T, src, out, stage string) (error, time.Duration, []string) {
+	t.Helper()
+	m := load(t, src)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var cancelled time.Time
+	var after []string
+	hook := func(e mokopt.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !cancelled.IsZero() {
+			after = append(after, e.Stage)
+			return
+		}
+		if e.Stage == stage {
+			cancelled = time.Now()
+			cancel()
+		}
+	}
+	_, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{Check: true, Progress: hook})
+	if err == nil {
+		err = mokopt.Save(ctx, m, out, mokopt.SaveOptions{External: mokopt.ExternalRepack, Progress: hook})
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if cancelled.IsZero() {
+		t.Fatalf("stage %s never reported", stage)
+	}
+	return err, time.Since(cancelled), after
+}
+
+func TestCancelRewrite(t *testing.T) {
+	src := bigModel(t)
+	dir := filepath.Dir(src)
+	out := filepath.Join(dir, "out.onnx")
+	for _, stage := range []string{mokopt.StageDetect, mokopt.StageCheck, mokopt.StageFuse, mokopt.StageSave} {
+		t.Run(stage, func(t *testing.T) {
+			err, latency, after := cancelAt(t, src, out, stage)
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled at %s: %v, want context.Canceled", stage, err)
+			}
+			t.Logf("cancelled at %s: returned %v later (events after: %v)", stage, latency, after)
+			// Generous: a run that finished would take seconds; this bounds
+			// a hang, not speed.
+			if latency > 10*time.Second {
+				t.Fatalf("returned %v after the cancellation", latency)
+			}
+			// The work stopped: no later stage was reached.
+			for _, s := range after {
+				if s != stage {
+					t.Fatalf("stage %s ran after the cancellation at %s", s, stage)
+				}
+			}
+			if left := leftovers(t, dir); len(left) > 0 {
+				t.Fatalf("files left behind: %v", left)
+			}
+		})
+	}
+}
+
+func TestCancelAfterDelay(t *testing.T) {
+	src := bigModel(t)
+	dir := filepath.Dir(src)
+	out := filepath.Join(dir, "out.onnx")
+	m := load(t, src)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	var saved int64
+	start := time.Now()
+	_, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{Check: true})
+	if err == nil {
+		err = mokopt.Save(ctx, m, out, mokopt.SaveOptions{External: mokopt.ExternalRepack, Progress: func(e mokopt.Event) { saved = e.Done }})
+	}
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("rewrite and save cancelled after 150ms: %v after %v, want context.DeadlineExceeded", err, took)
+	}
+	t.Logf("returned %v after start (%v after the deadline), %d bytes saved", took, took-150*time.Millisecond, saved)
+	if left := leftovers(t, dir); len(left) > 0 {
+		t.Fatalf("files left behind: %v", left)
+	}
+	// The same work uncancelled does finish (so the cancellation, not a
+	// failure, stopped it) and writes the output.
+	m2 := load(t, src)
+	full := time.Now()
+	if _, err := mokopt.Rewrite(context.Background(), m2, mokopt.RewriteOptions{Check: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mokopt.Save(context.Background(), m2, out, mokopt.SaveOptions{External: mokopt.ExternalRepack}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("uncancelled rewrite and save: %v", time.Since(full))
+	if _, err := graph.Load(out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCancelLoweredSave(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: no large model")
+	}
+	// Lowering quantizes the routed experts to MXFP8 while the model is
+	// saved; cancelling the save stops the quantizer and leaves nothing.
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.onnx")
+	cfg := models.Config{Shape: models.ShapeBatched, Layers: 2, Experts: 64, TopK: 2, Hidden: 256, Inter: 256, Router: "softmax", Normalize: true, External: true}
+	if err := models.Write(cfg, src); err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, src)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := mokopt.Lower(ctx, m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Lowered() != 2 {
+		t.Fatalf("%d blocks lowered, want 2: %q", rep.Lowered(), rep.Warnings())
+	}
+	var total, at int64
+	var when time.Time
+	err = mokopt.Save(ctx, m, filepath.Join(dir, "low.onnx"), mokopt.SaveOptions{Progress: func(e mokopt.Event) {
+		if when.IsZero() {
+			total, at, when = e.Total, e.Done, time.Now()
+			cancel()
+		}
+	}})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("save cancelled at %d of %d bytes: %v, want context.Canceled", at, total, err)
+	}
+	t.Logf("save cancelled at %d of %d bytes, returned %v later", at, total, time.Since(when))
+	if at >= total {
+		t.Fatal("the cancellation came after the last byte")
+	}
+	if left := leftovers(t, dir); len(left) > 0 {
+		t.Fatalf("files left behind: %v", left)
+	}
+}
