@@ -15,11 +15,12 @@ import (
 // stage every progressStep of the work or every progressEvery, whichever
 // comes first. Nothing is shown for work that ends within progressDelay,
 // nor with --quiet.
-const (
+var (
 	progressDelay = 500 * time.Millisecond
 	progressEvery = 5 * time.Second
-	progressStep  = 10 // percent
 )
+
+const progressStep = 10 // percent
 
 // progressReporter turns mokopt.Events into bars or lines.
 type progressReporter struct {
