@@ -424,3 +424,23 @@ func TestCancelLoweredSave(t *testing.T) {
 		t.Fatalf("files left behind: %v", left)
 	}
 }
+
+func TestCancelVerify(t *testing.T) {
+	a := load(t, example)
+	b := fusedExample(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var events []mokopt.Event
+	opt := mokopt.DefaultVerifyOptions()
+	opt.Progress = func(e mokopt.Event) {
+		events = append(events, e)
+		cancel() // after the first interpreter run
+	}
+	_, err := mokopt.Verify(ctx, a, b, opt)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("verify cancelled after the first run: %v, want context.Canceled", err)
+	}
+	if len(events) != 1 || events[0].Stage != mokopt.StageVerify || events[0].Done != 1 || events[0].Total != 2 {
+		t.Fatalf("events %+v, want one verify 1/2", events)
+	}
+}

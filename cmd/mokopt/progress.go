@@ -88,7 +88,7 @@ func (p *progressReporter) barEvent(e mokopt.Event) {
 			progressbar.OptionOnCompletion(func() { fmt.Fprintln(p.w) }),
 		}
 		if e.Bytes {
-			opts = append(opts, progressbar.OptionShowBytes(true), progressbar.OptionUseIECUnits(true))
+			opts = append(opts, progressbar.OptionShowBytes(true), progressbar.OptionShowCount(), progressbar.OptionUseIECUnits(true))
 		} else {
 			opts = append(opts, progressbar.OptionShowCount())
 		}

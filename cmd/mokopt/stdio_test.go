@@ -281,3 +281,24 @@ func TestJSONSchemaVersion(t *testing.T) {
 		}
 	}
 }
+
+func TestProgressBar(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Unix(0, 0)
+	p := &progressReporter{w: &buf, tty: true, start: now, now: func() time.Time { return now }}
+	now = now.Add(time.Second)
+	for i := int64(0); i <= 4; i++ {
+		p.event(mokopt.Event{Stage: "fuse", Done: i, Total: 4})
+	}
+	p.event(mokopt.Event{Stage: "save", Done: 1 << 20, Total: 2 << 20, Bytes: true})
+	p.event(mokopt.Event{Stage: "save", Done: 2 << 20, Total: 2 << 20, Bytes: true})
+	out := buf.String()
+	for _, want := range []string{"fuse", "4/4", "save", "2.0 MiB"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("bar output lacks %q: %q", want, out)
+		}
+	}
+	if strings.Contains(out, "mokopt: fuse") {
+		t.Errorf("a terminal got plain lines: %q", out)
+	}
+}
