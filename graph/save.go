@@ -70,6 +70,7 @@ type ctxWriter struct {
 	progress func(written, total int64)
 }
 
+// Write writes p unless the context is done.
 func (c *ctxWriter) Write(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
 		return 0, err
