@@ -70,6 +70,9 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 			}
 			var buf bytes.Buffer
 			w := io.Writer(&buf)
+			if out == mokopt.Stdio {
+				out = "" // -o - is standard output, the default
+			}
 			useColor := color == "always" || color == "auto" && out == "" && os.Getenv("NO_COLOR") == "" && isTerminal(c.OutOrStdout())
 			switch {
 			case stat && format == "json":

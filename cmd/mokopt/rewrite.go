@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
@@ -43,8 +44,8 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 			if out == args[0] && !inPlace && out != mokopt.Stdio {
 				return usageErr(fmt.Errorf("refusing to overwrite the input %s without --in-place", out))
 			}
-			if out == mokopt.Stdio && asJSON {
-				return usageErr(errors.New("--json and -o - would share standard output; use --report FILE"))
+			if n := btoi(out == mokopt.Stdio) + btoi(asJSON) + btoi(report == mokopt.Stdio); n > 1 {
+				return usageErr(errors.New("two outputs would share standard output (-o -, --report -, --json)"))
 			}
 			mode, err := graph.ParseExternalMode(extMode)
 			if err != nil {
@@ -75,8 +76,8 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep})
 			}
 			w := c.OutOrStdout()
-			if out == mokopt.Stdio {
-				w = c.ErrOrStderr() // standard output holds the model
+			if out == mokopt.Stdio || report == mokopt.Stdio {
+				w = c.ErrOrStderr() // standard output holds the model or the report
 			}
 			printRewrite(w, c.ErrOrStderr(), args[0], out, rep)
 			return nil
@@ -112,10 +113,23 @@ func printRewrite(w, errw io.Writer, in, out string, rep *passes.Report) {
 	}
 }
 
+// writeJSONFile writes v as indented JSON to path atomically ("-": standard
+// output).
 func writeJSONFile(path string, v any) error {
 	var buf bytes.Buffer
 	if err := writeJSON(&buf, v); err != nil {
 		return err
 	}
+	if path == mokopt.Stdio {
+		_, err := os.Stdout.Write(buf.Bytes())
+		return err
+	}
 	return graph.WriteFileAtomic(path, buf.Bytes())
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -123,9 +123,24 @@ func TestStdinStdout(t *testing.T) {
 	if m, err := graph.Parse(gen, "stdout"); err != nil || m.FirstExternal() != nil {
 		t.Fatalf("gen -o -: %v (external data: %v)", err, err == nil && m.FirstExternal() != nil)
 	}
+	// --report - and diff -o - write standard output.
+	code, out, stderr = run(t, nil, "rewrite", exampleModel, "-o", filepath.Join(dir, "r.onnx"), "--report", "-")
+	var rep map[string]any
+	if code != 0 || json.Unmarshal(out, &rep) != nil || rep["schema_version"] != 1.0 || !strings.Contains(stderr, "1 MoE block(s) fused") {
+		t.Fatalf("rewrite --report -: exit %d, stdout %s, stderr %q", code, out, stderr)
+	}
+	code, out, _ = run(t, nil, "diff", "--stat", "-o", "-", exampleModel, file)
+	if code != 1 || !strings.Contains(string(out), "1 fused region") {
+		t.Fatalf("diff -o -: exit %d, %s", code, out)
+	}
+	if _, err := os.Stat("-"); err == nil {
+		os.Remove("-")
+		t.Fatal(`a file named "-" was written`)
+	}
 	// Refusals: --json would share stdout; --in-place of stdin.
 	for _, args := range [][]string{
 		{"rewrite", "-", "-o", "-", "--json"},
+		{"rewrite", "-", "-o", "-", "--report", "-"},
 		{"rewrite", "-", "--in-place"},
 		{"lower", "-", "-o", "-", "--json", "--target", "gb300-nvl72", "--ep", "8"},
 		{"gen", "-o", "-", "--json"},
