@@ -1,6 +1,7 @@
 package mokopt_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -145,4 +146,31 @@ func ExampleDiff() {
 	// initializers:   0 removed, 0 added, 0 changed (0 renamed)
 	// graph I/O:      0 changes
 	// model:          0 function, 0 opset, 0 metadata, 0 field changes
+}
+
+// A self-contained model goes through a stream (standard input and output
+// in the CLI's "-"): Write encodes it, Read decodes it.
+func ExampleWrite() {
+	ctx := context.Background()
+	m, _ := mokopt.Load(exampleModel)
+	if _, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	var stream bytes.Buffer
+	if err := mokopt.Write(ctx, m, &stream, mokopt.SaveOptions{}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	back, err := mokopt.Read(&stream, "-")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	in, _ := mokopt.Inspect(ctx, back)
+	for _, op := range in.Model.Ops {
+		fmt.Println(op.Op, op.Count)
+	}
+	// Output:
+	// ai.mok::MoE 1
 }
