@@ -30,7 +30,8 @@ type blockCfg struct {
 	CBias, RBias   bool
 	ExpertBias     bool
 	WeightsOnInput bool
-	ZeroRouted     bool // routed weights all zero (only the shared expert contributes)
+	ZeroRouted     bool    // routed weights all zero (only the shared expert contributes)
+	SMThreshold    float32 // sparsemixer_threshold, with RouterAct moe.SparseMixer
 	Seed           int64
 }
 
@@ -42,6 +43,7 @@ func (c blockCfg) spec() *moe.Spec {
 	if s.RouterActivation == "" {
 		s.RouterActivation = moe.Softmax
 	}
+	s.SparseMixerThreshold = c.SMThreshold
 	if s.RouterOrder == "" {
 		s.RouterOrder = moe.ActivationThenTopK
 	}

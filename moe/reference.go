@@ -37,7 +37,9 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 		}
 		var sel []int
 		var wt []float32
-		if s.RouterOrder == TopKThenActivation {
+		if s.RouterActivation == SparseMixer {
+			sel, wt = sparseMixer(logits, k, s.SparseMixerThreshold)
+		} else if s.RouterOrder == TopKThenActivation {
 			sel = topk(logits, k)
 			vals := make([]float32, k)
 			for i, e := range sel {
@@ -92,6 +94,33 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 		ids[t], weights[t] = sel, wt
 	}
 	return ids, weights
+}
+
+// sparseMixer is the SparseMixer router on one token's logits: k picks,
+// each the best remaining logit, weighted by a softmax over the logits not
+// masked by the threshold test against that pick (see SparseMixer).
+func sparseMixer(z []float32, k int, thr float32) ([]int, []float32) {
+	cur := append([]float32(nil), z...)
+	ninf := float32(math.Inf(-1))
+	sel := make([]int, k)
+	wt := make([]float32, k)
+	g := make([]float32, len(z))
+	for j := 0; j < k; j++ {
+		i := topk(cur, 1)[0]
+		m := cur[i]
+		for e := range z {
+			factor := max(float32(math.Abs(float64(z[e]))), m)
+			if (m-z[e])/factor > thr {
+				g[e] = ninf
+			} else {
+				g[e] = cur[e]
+			}
+		}
+		softmax(g)
+		sel[j], wt[j] = i, g[i]
+		cur[i] = ninf
+	}
+	return sel, wt
 }
 
 // groupLimit keeps the experts of the topkGroup best groups (a group's score

@@ -24,6 +24,14 @@ const (
 const (
 	Softmax = "softmax"
 	Sigmoid = "sigmoid"
+	// SparseMixer is PhiMoE's router: for each of the k picks in turn, the
+	// best remaining logit m and its expert i are taken, logits z_e with
+	// (m - z_e) / max(|z_e|, m) > sparsemixer_threshold are masked out, and
+	// the pick's weight is softmax over the remaining unmasked logits at i;
+	// picked experts are excluded from later picks (their logits become
+	// -inf, while the mask test still reads the original logits). Its
+	// router_order is topk_then_activation.
+	SparseMixer = "sparsemixer"
 
 	ActivationThenTopK = "activation_then_topk"
 	TopKThenActivation = "topk_then_activation"
@@ -97,6 +105,10 @@ type Spec struct {
 
 	EPSize       int `json:"ep_size"`
 	ExpertOffset int `json:"expert_offset"`
+
+	// SparseMixerThreshold is the mask threshold of the sparsemixer router
+	// (2 x PhiMoE's router_jitter_noise); used only with that router.
+	SparseMixerThreshold float32 `json:"sparsemixer_threshold,omitempty"`
 }
 
 // Validate checks the spec's internal consistency.
@@ -108,8 +120,11 @@ func (s *Spec) Validate() error {
 	if s.TopK < 1 || s.TopK > s.NumExperts {
 		errs = append(errs, fmt.Sprintf("top_k %d not in 1..num_experts (%d)", s.TopK, s.NumExperts))
 	}
-	if s.RouterActivation != Softmax && s.RouterActivation != Sigmoid {
+	if s.RouterActivation != Softmax && s.RouterActivation != Sigmoid && s.RouterActivation != SparseMixer {
 		errs = append(errs, fmt.Sprintf("router_activation %q", s.RouterActivation))
+	}
+	if s.RouterActivation == SparseMixer && (s.RouterOrder != TopKThenActivation || s.CorrectionBias || s.NGroup > 1 || s.NormalizeTopK || s.SparseMixerThreshold < 0) {
+		errs = append(errs, "the sparsemixer router takes router_order topk_then_activation, no correction bias, no groups, no renormalisation and a threshold >= 0")
 	}
 	if s.RouterOrder != ActivationThenTopK && s.RouterOrder != TopKThenActivation {
 		errs = append(errs, fmt.Sprintf("router_order %q", s.RouterOrder))
@@ -193,6 +208,9 @@ func (s *Spec) Attributes() []*pb.AttributeProto {
 		graph.IntAttr("ep_size", int64(s.EPSize)),
 		graph.IntAttr("expert_offset", int64(s.ExpertOffset)),
 	}
+	if s.RouterActivation == SparseMixer {
+		attrs = append(attrs, graph.FloatAttr("sparsemixer_threshold", s.SparseMixerThreshold))
+	}
 	sort.Slice(attrs, func(i, j int) bool { return attrs[i].GetName() < attrs[j].GetName() })
 	return attrs
 }
@@ -240,6 +258,9 @@ func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
 		SharedGated:         graph.AttrInt(n, "shared_expert_gated", 0) != 0,
 		EPSize:              int(graph.AttrInt(n, "ep_size", 1)),
 		ExpertOffset:        int(graph.AttrInt(n, "expert_offset", 0)),
+	}
+	if s.RouterActivation == SparseMixer {
+		s.SparseMixerThreshold = graph.AttrFloat(n, "sparsemixer_threshold", 0)
 	}
 	has := func(pos int) bool { return pos < len(n.Input) && n.Input[pos] != "" }
 	s.RouterBias = has(InRouterB)

@@ -125,6 +125,11 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 			det.Blocks = append(det.Blocks, b)
 			continue
 		}
+		if n.GetOpType() == "ArgMax" && !claimed[n] {
+			if syn := c.sparseMixerAt(n); syn != nil {
+				n = syn // a sparsemixer router's selection, as a TopK
+			}
+		}
 		if n.GetOpType() != "TopK" || n.GetDomain() != "" || claimed[n] {
 			continue
 		}
@@ -223,16 +228,27 @@ type routerInfo struct {
 
 func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	s := moe.Spec{RoutedScalingFactor: 1, EPSize: 1, SwiGLUAlpha: 1}
-	k, ok := c.scalarInt(tk.Input[1])
-	if !ok {
-		fail("TopK k is not a constant")
+	sm := c.sparse[tk]
+	if sm != nil {
+		s.TopK = sm.k
+	} else {
+		k, ok := c.scalarInt(tk.Input[1])
+		if !ok {
+			fail("TopK k is not a constant")
+		}
+		if graph.AttrInt(tk, "largest", 1) != 1 {
+			fail("TopK selects the smallest values, not a router")
+		}
+		s.TopK = int(k)
 	}
-	if graph.AttrInt(tk, "largest", 1) != 1 {
-		fail("TopK selects the smallest values, not a router")
-	}
-	s.TopK = int(k)
 	ri := c.router(tk)
 	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
+	if sm != nil {
+		if ri.act != "" || ri.corr != nil || ri.nGroup > 1 {
+			fail("sparsemixer router with an activation, correction bias or groups before it")
+		}
+		s.RouterActivation, s.RouterOrder, s.SparseMixerThreshold = moe.SparseMixer, moe.TopKThenActivation, sm.thr
+	}
 	s.RouterBias, s.CorrectionBias = ri.bias != nil, ri.corr != nil
 	dims := ri.w.GetDims()
 	if len(dims) != 2 {

@@ -38,8 +38,8 @@ func TestExportedFamilies(t *testing.T) {
 		// The trace input hit only 2 of the 8 experts.
 		"ernie4_5_moe_block_torchscript": {variant: "softmax_act_topk_norm_cbias_swiglu_shared", I: 32, Is: 32, refuse: "2 times but there are 8 experts", restore: true},
 		// PhiMoE routes with sparsemixer (ArgMax and masked softmax), no TopK.
-		"phimoe_block_dynamo_batched_mm": {refuse: "no TopK router"},
-		"phimoe_block_torchscript":       {refuse: "no TopK router"},
+		"phimoe_block_dynamo_batched_mm": {variant: "sparsemixer_topk_act_swiglu", I: 128},
+		"phimoe_block_torchscript":       {variant: "sparsemixer_topk_act_swiglu", I: 128},
 	}
 	files, _ := filepath.Glob(filepath.Join(exportedDir, "*.onnx"))
 	if len(files) != len(cases) {

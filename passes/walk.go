@@ -28,6 +28,9 @@ type ctx struct {
 	limit map[*pb.NodeProto]bool
 	// restore rebuilds blocks whose trace lost experts (DetectOptions).
 	restore bool
+	// sparse maps the synthetic selection nodes standing for sparsemixer
+	// routers (sparseMixerAt) to what was read from them.
+	sparse map[*pb.NodeProto]*sparseInfo
 }
 
 // through walks back from v over noise ops and returns the first value not
