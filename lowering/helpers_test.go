@@ -32,6 +32,7 @@ type blockCfg struct {
 	WeightsOnInput bool
 	ZeroRouted     bool    // routed weights all zero (only the shared expert contributes)
 	SMThreshold    float32 // sparsemixer_threshold, with RouterAct moe.SparseMixer
+	GroupMax       bool    // groups scored by their best expert
 	Seed           int64
 }
 
@@ -44,6 +45,9 @@ func (c blockCfg) spec() *moe.Spec {
 		s.RouterActivation = moe.Softmax
 	}
 	s.SparseMixerThreshold = c.SMThreshold
+	if c.GroupMax {
+		s.GroupScore = moe.GroupScoreMax
+	}
 	if s.RouterOrder == "" {
 		s.RouterOrder = moe.ActivationThenTopK
 	}

@@ -139,6 +139,7 @@ func TestRouterMatchesRoute(t *testing.T) {
 			c.RouterAct, c.CBias, c.Norm, c.Scale, c.NGroup, c.TopKG, c.K = moe.Sigmoid, true, true, 2.5, 4, 2, 3
 		}},
 		{"softmax group-limited, unnormalized", func(c *blockCfg) { c.NGroup, c.TopKG = 2, 1 }},
+		{"deepseek-v2 group-limited greedy", func(c *blockCfg) { c.NGroup, c.TopKG, c.GroupMax, c.Scale, c.K = 4, 2, true, 1.5, 3 }},
 		{"sparsemixer top-2", func(c *blockCfg) { c.RouterAct, c.Order, c.SMThreshold = moe.SparseMixer, moe.TopKThenActivation, 0.02 }},
 		{"sparsemixer top-3, wide threshold", func(c *blockCfg) {
 			c.RouterAct, c.Order, c.SMThreshold, c.K = moe.SparseMixer, moe.TopKThenActivation, 0.5, 3

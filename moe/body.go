@@ -10,7 +10,7 @@ import (
 )
 
 // attrNames are the attributes the fused node may carry.
-var attrNames = []string{"activation", "ep_size", "expert_offset", "gate_up_interleaved", "n_group", "normalize_topk",
+var attrNames = []string{"activation", "ep_size", "expert_offset", "gate_up_interleaved", "group_score", "n_group", "normalize_topk",
 	"num_experts", "router_activation", "router_order", "routed_scaling_factor", "shared_expert_gated",
 	"sparsemixer_threshold", "swiglu_alpha", "swiglu_limit", "top_k", "topk_group", "weights_on_input"}
 
@@ -117,7 +117,7 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		if s.NGroup > 1 {
 			per := int64(s.NumExperts / s.NGroup)
 			g3 := b.Op("Reshape", []string{choice, b.Ints(-1, int64(s.NGroup), per)})
-			top2, _ := b.Op2("TopK", []string{g3, b.Ints(min(2, per))}, axisLast)
+			top2, _ := b.Op2("TopK", []string{g3, b.Ints(min(int64(s.GroupScoreTop()), per))}, axisLast)
 			gs := b.Op("ReduceSum", []string{top2, b.Ints(-1)}, graph.IntAttr("keepdims", 0))
 			_, gi := b.Op2("TopK", []string{gs, b.Ints(int64(s.TopKGroup))}, axisLast)
 			ones := b.Op("Expand", []string{b.Scalar(1), b.Op("Shape", []string{gi})})

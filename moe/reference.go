@@ -69,7 +69,7 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 				}
 			}
 			if s.NGroup > 1 {
-				groupLimit(choice, s.NGroup, s.TopKGroup)
+				groupLimit(choice, s.NGroup, s.TopKGroup, s.GroupScoreTop())
 			}
 			sel = topk(choice, k)
 			wt = make([]float32, k)
@@ -124,14 +124,14 @@ func sparseMixer(z []float32, k int, thr float32) ([]int, []float32) {
 }
 
 // groupLimit keeps the experts of the topkGroup best groups (a group's score
-// is the sum of its two best experts, as DeepSeek-V3 does) and sets the
-// others to -inf.
-func groupLimit(choice []float32, nGroup, topkGroup int) {
+// is the sum of its top best experts: two as DeepSeek-V3 does, one, the
+// maximum, as DeepSeek-V2 does) and sets the others to -inf.
+func groupLimit(choice []float32, nGroup, topkGroup, top int) {
 	per := len(choice) / nGroup
 	gs := make([]float32, nGroup)
 	for g := 0; g < nGroup; g++ {
 		grp := choice[g*per : (g+1)*per]
-		best := topk(grp, min(2, per))
+		best := topk(grp, min(top, per))
 		for _, i := range best {
 			gs[g] += grp[i]
 		}

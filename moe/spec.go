@@ -35,6 +35,12 @@ const (
 
 	ActivationThenTopK = "activation_then_topk"
 	TopKThenActivation = "topk_then_activation"
+
+	// GroupScoreTop2Sum scores an expert group by the sum of its two best
+	// choice scores (DeepSeek-V3, the default); GroupScoreMax by its best
+	// one (DeepSeek-V2's group_limited_greedy).
+	GroupScoreTop2Sum = "top2_sum"
+	GroupScoreMax     = "max"
 )
 
 // Expert activations.
@@ -109,6 +115,18 @@ type Spec struct {
 	// SparseMixerThreshold is the mask threshold of the sparsemixer router
 	// (2 x PhiMoE's router_jitter_noise); used only with that router.
 	SparseMixerThreshold float32 `json:"sparsemixer_threshold,omitempty"`
+	// GroupScore is how group-limited routing (NGroup > 1) scores a group:
+	// GroupScoreTop2Sum (also when empty) or GroupScoreMax.
+	GroupScore string `json:"group_score,omitempty"`
+}
+
+// GroupScoreTop returns how many of a group's best scores add up to the
+// group's score: 1 for GroupScoreMax, else 2.
+func (s *Spec) GroupScoreTop() int {
+	if s.GroupScore == GroupScoreMax {
+		return 1
+	}
+	return 2
 }
 
 // Validate checks the spec's internal consistency.
@@ -128,6 +146,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.RouterOrder != ActivationThenTopK && s.RouterOrder != TopKThenActivation {
 		errs = append(errs, fmt.Sprintf("router_order %q", s.RouterOrder))
+	}
+	if s.GroupScore != "" && s.GroupScore != GroupScoreTop2Sum && s.GroupScore != GroupScoreMax {
+		errs = append(errs, fmt.Sprintf("group_score %q", s.GroupScore))
 	}
 	if s.NGroup > 1 && (s.NumExperts%s.NGroup != 0 || s.TopKGroup < 1 || s.TopKGroup > s.NGroup) {
 		errs = append(errs, fmt.Sprintf("n_group %d / topk_group %d do not fit %d experts", s.NGroup, s.TopKGroup, s.NumExperts))
@@ -158,6 +179,9 @@ func (s *Spec) Variant() string {
 	}
 	if s.NGroup > 1 {
 		parts = append(parts, fmt.Sprintf("g%dof%d", s.TopKGroup, s.NGroup))
+		if s.GroupScore == GroupScoreMax {
+			parts = append(parts, "gmax")
+		}
 	}
 	if s.RouterBias {
 		parts = append(parts, "rbias")
@@ -211,6 +235,9 @@ func (s *Spec) Attributes() []*pb.AttributeProto {
 	if s.RouterActivation == SparseMixer {
 		attrs = append(attrs, graph.FloatAttr("sparsemixer_threshold", s.SparseMixerThreshold))
 	}
+	if s.NGroup > 1 && s.GroupScore == GroupScoreMax {
+		attrs = append(attrs, graph.StringAttr("group_score", s.GroupScore))
+	}
 	sort.Slice(attrs, func(i, j int) bool { return attrs[i].GetName() < attrs[j].GetName() })
 	return attrs
 }
@@ -261,6 +288,9 @@ func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
 	}
 	if s.RouterActivation == SparseMixer {
 		s.SparseMixerThreshold = graph.AttrFloat(n, "sparsemixer_threshold", 0)
+	}
+	if gs := graph.AttrString(n, "group_score", ""); gs != "" && gs != GroupScoreTop2Sum {
+		s.GroupScore = gs
 	}
 	has := func(pos int) bool { return pos < len(n.Input) && n.Input[pos] != "" }
 	s.RouterBias = has(InRouterB)

@@ -223,6 +223,7 @@ type routerInfo struct {
 	act, order string
 	nGroup     int
 	topkGroup  int
+	groupMax   bool // groups scored by their best expert, not the two best
 	scores     string // value of activated scores (act_then_topk)
 }
 
@@ -243,6 +244,9 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	}
 	ri := c.router(tk)
 	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
+	if ri.groupMax && ri.nGroup > 1 {
+		s.GroupScore = moe.GroupScoreMax
+	}
 	if sm != nil {
 		if ri.act != "" || ri.corr != nil || ri.nGroup > 1 {
 			fail("sparsemixer router with an activation, correction bias or groups before it")
@@ -467,32 +471,42 @@ func (c *ctx) isActivated(v string) bool {
 	return p != nil && (p.GetOpType() == "Sigmoid" || p.GetOpType() == "Softmax")
 }
 
-// groupInfo reads n_group and topk_group from the group-selection machinery
-// behind a Where mask: a TopK over group scores (its k is topk_group) whose
-// input is a reduction over a [.., n_group, E/n_group] reshape.
+// groupInfo reads n_group, topk_group and the group score from the
+// group-selection machinery behind a Where mask: a TopK over group scores
+// (its k is topk_group) whose input reduces a [.., n_group, E/n_group]
+// reshape of the choice scores, either as the sum of each group's two best
+// (a ReduceSum over an inner TopK, DeepSeek-V3) or as each group's best
+// (a ReduceMax, DeepSeek-V2's group_limited_greedy).
 func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
 	back := c.backward(where.Input[0], nil)
-	found := false
+	groupsRead := false
+	readGroups := func(reshape *pb.NodeProto) {
+		if reshape == nil || reshape.GetOpType() != "Reshape" {
+			return
+		}
+		if sh := c.constInts(reshape.Input[1]); len(sh) >= 2 && sh[len(sh)-2] > 0 {
+			ri.nGroup, groupsRead = int(sh[len(sh)-2]), true
+		}
+	}
 	for n := range back {
 		if n.GetOpType() != "TopK" {
 			continue
 		}
-		found = true
-		if k, ok := c.scalarInt(n.Input[1]); ok {
-			// The group TopK consumes a ReduceSum; the inner TopK a Reshape.
-			if p := c.producerOp(n.Input[0]); p != nil && p.GetOpType() == "ReduceSum" {
+		p := c.producerOp(n.Input[0])
+		if k, ok := c.scalarInt(n.Input[1]); ok && p != nil {
+			switch p.GetOpType() {
+			case "ReduceSum": // over the inner TopK's two best
 				ri.topkGroup = int(k)
+			case "ReduceMax":
+				ri.topkGroup, ri.groupMax = int(k), true
+				readGroups(c.g.Producer(p.Input[0]))
 			}
 		}
-		if p := c.g.Producer(n.Input[0]); p != nil && p.GetOpType() == "Reshape" {
-			if sh := c.constInts(p.Input[1]); len(sh) >= 2 {
-				ri.nGroup = int(sh[len(sh)-2])
-			}
-		}
+		readGroups(c.g.Producer(n.Input[0])) // the inner TopK reads the reshape
 	}
 	// One group (GLM-4.5 style configs keep the machinery with n_group=1)
 	// is plain top-k routing.
-	if !found || ri.nGroup < 1 || ri.topkGroup < 1 || ri.topkGroup > ri.nGroup {
+	if !groupsRead || ri.nGroup < 1 || ri.topkGroup < 1 || ri.topkGroup > ri.nGroup {
 		fail("group-limited routing: cannot read the number of groups (n_group %d, topk_group %d)", ri.nGroup, ri.topkGroup)
 	}
 }

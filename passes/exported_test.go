@@ -37,6 +37,18 @@ func TestExportedFamilies(t *testing.T) {
 		"ernie4_5_moe_block_dynamo_batched_mm": {variant: "softmax_act_topk_norm_cbias_swiglu_shared", I: 32, Is: 32},
 		// The trace input hit only 2 of the 8 experts.
 		"ernie4_5_moe_block_torchscript": {variant: "softmax_act_topk_norm_cbias_swiglu_shared", I: 32, Is: 32, refuse: "2 times but there are 8 experts", restore: true},
+		// DeepSeek-V2 group_limited_greedy: a group scores its best expert.
+		"deepseek_v2_block_dynamo_batched_mm":        {variant: "softmax_act_topk_scaled_g1of2_gmax_swiglu_shared", I: 32, Is: 64},
+		"deepseek_v2_block_torchscript":              {variant: "softmax_act_topk_scaled_g1of2_gmax_swiglu_shared", I: 32, Is: 64},
+		"deepseek_v2_greedy_block_dynamo_batched_mm": {variant: "softmax_act_topk_swiglu_shared", I: 32, Is: 32},
+		"dots1_block_dynamo_batched_mm":              {variant: "sigmoid_act_topk_cbias_swiglu_shared", I: 32, Is: 32},
+		"dots1_block_torchscript":                    {variant: "sigmoid_act_topk_cbias_swiglu_shared", I: 32, Is: 32},
+		"hunyuan_v1_moe_block_dynamo_batched_mm":     {variant: "softmax_act_topk_norm_swiglu_shared", I: 128, Is: 128},
+		"qwen3_next_block_dynamo_batched_mm":         {variant: "softmax_act_topk_norm_swiglu_shared_gated", I: 32, Is: 128},
+		"qwen3_next_block_torchscript":               {variant: "softmax_act_topk_norm_swiglu_shared_gated", I: 32, Is: 128},
+		"minimax_block_torchscript":                  {variant: "softmax_act_topk_norm_swiglu", I: 128},
+		// LongCat-Flash routes to 8 experts and 2 zero-computation experts.
+		"longcat_flash_block_torchscript": {refuse: "expert(s) 8, 9 missing"},
 		// PhiMoE routes with sparsemixer (ArgMax and masked softmax), no TopK.
 		"phimoe_block_dynamo_batched_mm": {variant: "sparsemixer_topk_act_swiglu", I: 128},
 		"phimoe_block_torchscript":       {variant: "sparsemixer_topk_act_swiglu", I: 128},
