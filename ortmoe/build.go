@@ -190,3 +190,41 @@ func (b *Built) Reference(a *Attrs, x []float32, T int) ([]float32, error) {
 	}
 	return a.Forward(b.Experts, x, logits, T)
 }
+
+// Cases are the attribute combinations the tests run through the kernels,
+// the conversion to ai.mok::MoE and ONNX Runtime: SwiGLU interleaved,
+// concatenated and separate (fc3), GPT-OSS's clamped form with biases,
+// silu with fc3 (Mixtral), relu, gelu, identity, k = 1..3, with and without
+// renormalisation, the legacy layout, the sparse mixer, and QMoE int8/int4
+// with per-row and block-wise scales.
+func Cases() []Case {
+	inf := float32(math.Inf(1))
+	sw := func(fusion int, alpha, beta, limit float32, norm bool) Attrs {
+		return Attrs{K: 2, Activation: SwiGLU, Fusion: fusion, Alpha: alpha, Beta: beta, Limit: limit, Normalize: norm}
+	}
+	q := func(bits, block int, a Attrs) Attrs {
+		a.Quantized, a.Bits, a.BlockSize = true, bits, block
+		return a
+	}
+	return []Case{
+		{Name: "swiglu_interleaved_norm", Attrs: sw(1, 1, 0, inf, true), E: 8, H: 16, I: 24, Seed: 1},
+		{Name: "swiglu_interleaved_nonorm", Attrs: sw(1, 1, 0, inf, false), E: 8, H: 16, I: 24, Seed: 2},
+		{Name: "swiglu_oai_bias", Attrs: sw(1, 1.702, 1, 7, true), E: 8, H: 16, I: 24, Bias: true, WeightScale: 6, Seed: 3},
+		{Name: "swiglu_clamped_k1", Attrs: Attrs{K: 1, Activation: SwiGLU, Fusion: 1, Alpha: 1, Limit: 0.5}, E: 4, H: 16, I: 16, WeightScale: 3, Seed: 17},
+		{Name: "swiglu_alpha2", Attrs: sw(1, 2, 0, inf, true), E: 4, H: 16, I: 16, Seed: 18},
+		{Name: "swiglu_concat", Attrs: sw(2, 1, 0, inf, true), E: 8, H: 16, I: 24, Seed: 4},
+		{Name: "swiglu_fc3_bias", Attrs: sw(0, 1, 0, inf, true), E: 8, H: 16, I: 24, FC3: true, Bias: true, Seed: 5},
+		{Name: "silu_fc3", Attrs: Attrs{K: 2, Activation: Silu, Normalize: true}, E: 8, H: 16, I: 24, FC3: true, Seed: 6},
+		{Name: "silu_k3", Attrs: Attrs{K: 3, Activation: Silu, Normalize: true}, E: 6, H: 16, I: 32, Seed: 9},
+		{Name: "relu_k1", Attrs: Attrs{K: 1, Activation: Relu}, E: 4, H: 16, I: 32, Seed: 7},
+		{Name: "gelu_bias", Attrs: Attrs{K: 2, Activation: Gelu}, E: 4, H: 16, I: 32, Bias: true, Seed: 8},
+		{Name: "identity", Attrs: Attrs{K: 2, Activation: Identity}, E: 4, H: 16, I: 32, Seed: 10},
+		{Name: "swiglu_legacy", Attrs: sw(1, 1, 0, inf, true), E: 4, H: 16, I: 24, Legacy: true, Seed: 11},
+		{Name: "sparse_mixer", Attrs: Attrs{K: 2, Activation: SwiGLU, Fusion: 1, Alpha: 1, Limit: inf, SparseMixer: true}, E: 8, H: 16, I: 24, Seed: 12},
+		{Name: "qmoe_int8_swiglu", Attrs: q(8, 0, sw(1, 1, 0, inf, true)), E: 8, H: 32, I: 32, Seed: 13},
+		{Name: "qmoe_int4_swiglu_nonorm", Attrs: q(4, 0, sw(1, 1, 0, inf, false)), E: 8, H: 32, I: 32, Seed: 14},
+		{Name: "qmoe_int4_block16_oai_bias", Attrs: q(4, 16, sw(1, 1.702, 1, 7, true)), E: 8, H: 32, I: 32, Bias: true, WeightScale: 6, Seed: 15},
+		{Name: "qmoe_int8_block32_swiglu", Attrs: q(8, 32, sw(1, 1, 0, inf, true)), E: 4, H: 64, I: 32, Seed: 19},
+		{Name: "qmoe_int8_relu", Attrs: q(8, 0, Attrs{K: 2, Activation: Relu}), E: 4, H: 32, I: 32, Seed: 16},
+	}
+}

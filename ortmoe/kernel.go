@@ -8,7 +8,11 @@ import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
-func init() {
+func init() { Register() }
+
+// Register (re)registers the MoE and QMoE kernels with graph/eval; importing
+// the package already does.
+func Register() {
 	eval.Register(Domain, OpMoE, evalKernel)
 	eval.Register(Domain, OpQMoE, evalKernel)
 }
@@ -21,17 +25,18 @@ type Source interface {
 	Ints(pos int) ([]int64, error)
 }
 
-// tensorSource reads the inputs of an interpreter kernel call.
-type tensorSource []*eval.Tensor
+// TensorSource reads the inputs of an interpreter kernel call by position
+// (nil entries are absent inputs).
+type TensorSource []*eval.Tensor
 
-func (s tensorSource) get(pos int) *eval.Tensor {
+func (s TensorSource) get(pos int) *eval.Tensor {
 	if pos < len(s) {
 		return s[pos]
 	}
 	return nil
 }
 
-func (s tensorSource) Dims(pos int) []int64 {
+func (s TensorSource) Dims(pos int) []int64 {
 	t := s.get(pos)
 	if t == nil {
 		return nil
@@ -43,7 +48,7 @@ func (s tensorSource) Dims(pos int) []int64 {
 	return d
 }
 
-func (s tensorSource) Floats(pos int) ([]float32, error) {
+func (s TensorSource) Floats(pos int) ([]float32, error) {
 	t := s.get(pos)
 	if t == nil {
 		return nil, nil
@@ -54,7 +59,7 @@ func (s tensorSource) Floats(pos int) ([]float32, error) {
 	return t.F32, nil
 }
 
-func (s tensorSource) Ints(pos int) ([]int64, error) {
+func (s TensorSource) Ints(pos int) ([]int64, error) {
 	t := s.get(pos)
 	if t == nil {
 		return nil, nil
@@ -70,7 +75,7 @@ func evalKernel(_ *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.
 	if err != nil {
 		return nil, err
 	}
-	src := tensorSource(in)
+	src := TensorSource(in)
 	w, err := a.ReadExperts(src)
 	if err != nil {
 		return nil, fmt.Errorf("%s node %q: %w", n.GetOpType(), graph.NodeLabel(n), err)

@@ -103,12 +103,12 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 	claimed := map[*pb.NodeProto]bool{}
 	total, done := 0, 0
 	for _, n := range topo {
-		if n.GetOpType() == "TopK" || n.GetOpType() == "MoE" {
+		if n.GetOpType() == "TopK" || isORTMoE(n) {
 			total++
 		}
 	}
 	for _, n := range topo {
-		if n.GetOpType() == "TopK" || n.GetOpType() == "MoE" {
+		if n.GetOpType() == "TopK" || isORTMoE(n) {
 			if err := cx.Err(); err != nil {
 				return nil, err
 			}
@@ -116,7 +116,7 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 				progress(done, total)
 			}
 		}
-		if n.GetOpType() == "MoE" && n.GetDomain() == "com.microsoft" {
+		if isORTMoE(n) {
 			b, err := c.detectORT(n)
 			if err != nil {
 				det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})

@@ -1,18 +1,30 @@
 package passes
 
 import (
+	"encoding/binary"
+	"fmt"
+	"io"
 	"math"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
+	"github.com/mokopt/mokopt/ortmoe"
+	"google.golang.org/protobuf/proto"
 )
 
-// detectORT converts an ONNX Runtime com.microsoft::MoE node (layout and
-// semantics in models/ORT_MOE.md): softmax over the router logits, top-k,
-// optional renormalisation; fc1 gate (or interleaved/concatenated gate+up),
-// fc3 up, fc2 down, each [E, out, in] (the legacy [E, in, out] layout is
-// recognised by ORT's own rule).
+// isORTMoE reports whether n is an ONNX Runtime com.microsoft::MoE or QMoE node.
+func isORTMoE(n *pb.NodeProto) bool {
+	return n.GetDomain() == ortmoe.Domain && (n.GetOpType() == ortmoe.OpMoE || n.GetOpType() == ortmoe.OpQMoE)
+}
+
+// detectORT converts an ONNX Runtime com.microsoft::MoE or QMoE node (layout
+// and semantics in models/ORT_MOE.md, implemented by package ortmoe, whose
+// kernels the numerical check runs): softmax over the router logits, top-k,
+// optional renormalisation (always for QMoE); fc1 gate (or interleaved or
+// concatenated gate+linear), fc3 up, fc2 down, each [E, out, in] (the legacy
+// [E, in, out] float layout is recognised by ONNX Runtime's own rule);
+// expert biases; QMoE's int8/int4 weights are dequantized to float.
 func (c *ctx) detectORT(n *pb.NodeProto) (b *Block, err error) {
 	if err := attempt(func() { b = c.ort(n) }); err != nil {
 		return nil, err
@@ -21,29 +33,27 @@ func (c *ctx) detectORT(n *pb.NodeProto) (b *Block, err error) {
 }
 
 func (c *ctx) ort(n *pb.NodeProto) *Block {
+	label := fmt.Sprintf("com.microsoft::%s node %q", n.GetOpType(), graph.NodeLabel(n))
 	in := func(i int) string {
 		if i < len(n.Input) {
 			return n.Input[i]
 		}
 		return ""
 	}
-	if graph.AttrInt(n, "use_sparse_mixer", 0) != 0 {
-		fail("com.microsoft::MoE with use_sparse_mixer is not supported")
+	a, err := ortmoe.ParseAttrs(n)
+	if err != nil {
+		fail("%v", err)
 	}
-	fc1, fc2 := c.constTensor(in(2)), c.constTensor(in(4))
-	if fc1 == nil || fc2 == nil || len(fc1.GetDims()) != 3 || len(fc2.GetDims()) != 3 {
-		fail("com.microsoft::MoE expert weights are not constant [E, N, K] tensors")
+	if a.SparseMixer {
+		fail("%s: use_sparse_mixer (Phi-3.5 sparse-mixer routing) has no ai.mok::MoE form", label)
 	}
-	var fc3 *pb.TensorProto
-	if in(6) != "" {
-		if fc3 = c.constTensor(in(6)); fc3 == nil {
-			fail("fc3_experts_weights is not constant")
-		}
+	if a.Quantized && in(ortmoe.QRouterWeights) != "" {
+		fail("%s: a separate router_weights input (selection and mixing weights differ) is not supported", label)
 	}
 	// Router: the logits come from a linear layer on the block input.
 	lin := c.producerOp(in(1))
 	if lin == nil {
-		fail("router_probs is not computed by a linear layer")
+		fail("%s: router_probs is not computed by a linear layer", label)
 	}
 	ri := &routerInfo{}
 	switch lin.GetOpType() {
@@ -54,7 +64,12 @@ func (c *ctx) ort(n *pb.NodeProto) *Block {
 		}
 		ri.linear, ri.x, ri.w, ri.wInOut = lin, lin.Input[0], w, graph.AttrInt(lin, "transB", 0) == 0
 		if len(lin.Input) > 2 && lin.Input[2] != "" {
-			ri.bias = c.constTensor(lin.Input[2])
+			if ri.bias = c.constTensor(lin.Input[2]); ri.bias == nil || len(ri.bias.GetDims()) != 1 {
+				fail("router Gemm %q has a bias that is not a constant vector", graph.NodeLabel(lin))
+			}
+			if graph.AttrFloat(lin, "beta", 1) != 1 {
+				fail("router Gemm %q scales its bias (beta %g)", graph.NodeLabel(lin), graph.AttrFloat(lin, "beta", 1))
+			}
 		}
 	case "MatMul":
 		w := c.matmulWeight(lin.Input[1])
@@ -63,81 +78,58 @@ func (c *ctx) ort(n *pb.NodeProto) *Block {
 		}
 		ri.linear, ri.x, ri.w, ri.wInOut = lin, lin.Input[0], w.t, !w.swapped
 	default:
-		fail("router_probs comes from %s, not a linear layer", lin.GetOpType())
+		fail("%s: router_probs comes from %s, not a linear layer", label, lin.GetOpType())
 	}
 	if c.through(ri.x) != c.through(in(0)) {
-		fail("the router reads a different tensor than the experts")
+		fail("%s: the router reads a different tensor than the experts", label)
 	}
-	d1, d2 := fc1.GetDims(), fc2.GetDims()
-	E, H := int(d2[0]), int(d2[1])
-	I := int(d2[2])
-	act := graph.AttrString(n, "activation_type", "relu")
-	fusion := graph.AttrInt(n, "swiglu_fusion", 0)
-	f := int64(1)
-	if act == "swiglu" && fusion != 0 {
-		f = 2
+	rd := ri.w.GetDims()
+	if len(rd) != 2 {
+		fail("router weight %q has dims %v, want a matrix", ri.w.GetName(), rd)
 	}
-	legacy := false
-	if H != I && int(d2[1]) != H { // [E, I, H] down: legacy [E, in, out]
-		legacy = true
-		H, I = int(d2[2]), int(d2[1])
+	H := int(rd[1])
+	if ri.wInOut {
+		H = int(rd[0])
 	}
-	if legacy && d1[1] != int64(H) || !legacy && d1[1] != f*int64(I) {
-		fail("fc1_experts_weights dims %v do not fit H=%d I=%d", d1, H, I)
-	}
-	s := moe.Spec{NumExperts: E, TopK: int(graph.AttrInt(n, "k", 1)), Hidden: H, Inter: I,
-		RouterActivation: moe.Softmax, RouterOrder: moe.ActivationThenTopK,
-		NormalizeTopK: graph.AttrInt(n, "normalize_routing_weights", 0) != 0, RoutedScalingFactor: 1,
+	s := moe.Spec{TopK: a.K, RouterActivation: moe.Softmax, RouterOrder: moe.ActivationThenTopK,
+		NormalizeTopK: a.Normalize || a.Quantized, RoutedScalingFactor: 1,
 		NGroup: 1, TopKGroup: 1, EPSize: 1, SwiGLUAlpha: 1, RouterBias: ri.bias != nil}
-	gatePart, upPart := PartWhole, PartWhole
-	upInit := fc3
 	switch {
-	case act == "silu" && fc3 != nil:
+	case a.Activation == ortmoe.Silu && c.present(n, a, 3):
 		s.Activation = moe.SwiGLU
-	case act == "swiglu":
-		alpha := graph.AttrFloat(n, "activation_alpha", 1)
-		beta := graph.AttrFloat(n, "activation_beta", 0)
-		limit := graph.AttrFloat(n, "swiglu_limit", float32(math.Inf(1)))
+	case a.Activation == ortmoe.SwiGLU:
+		limit := a.Limit
 		if limit >= 1e38 {
 			limit = 0
 		}
 		switch {
-		case beta == 1:
-			s.Activation, s.SwiGLUAlpha, s.SwiGLULimit = moe.SwiGLUOAI, alpha, limit
-		case beta == 0 && alpha == 1 && limit == 0:
+		case a.Beta == 1:
+			s.Activation, s.SwiGLUAlpha, s.SwiGLULimit = moe.SwiGLUOAI, a.Alpha, limit
+		case a.Beta == 0 && a.Alpha == 1 && limit == 0:
 			s.Activation = moe.SwiGLU
-		case beta == 0 && alpha == 1:
+		case a.Beta == 0 && a.Alpha == 1:
 			s.Activation, s.SwiGLULimit = moe.SwiGLUClamped, limit
 		default:
-			fail("swiglu with alpha %g, beta %g has no ai.mok::MoE form", alpha, beta)
+			fail("%s: swiglu with activation_alpha %g, activation_beta %g has no ai.mok::MoE form (it has beta 0 with alpha 1, or beta 1)", label, a.Alpha, a.Beta)
 		}
-		switch fusion {
-		case 1:
-			gatePart, upPart, upInit = PartEven, PartOdd, fc1
-			s.GateUpInterleaved = true
-		case 2:
-			gatePart, upPart, upInit = PartFirstHalf, PartSecondHalf, fc1
-		default:
-			if fc3 == nil {
-				fail("swiglu without fusion needs fc3_experts_weights")
-			}
+		if a.Fusion == ortmoe.FusionNone && !c.present(n, a, 3) {
+			fail("%s: swiglu with swiglu_fusion 0 needs fc3_experts_weights", label)
 		}
+		s.GateUpInterleaved = a.Fusion == ortmoe.FusionInterleaved
+	case a.Activation == ortmoe.Gelu:
+		fail("%s: activation_type gelu is ONNX Runtime's tanh approximation; ai.mok::MoE's gelu is the exact erf GELU", label)
 	default:
-		fail("com.microsoft::MoE activation %q (with fc3 %v) is not supported", act, fc3 != nil)
+		fail("%s: activation_type %q (with fc3 %v) has no ai.mok::MoE form (it has silu with fc3, and swiglu)", label, a.Activation, c.present(n, a, 3))
 	}
-	if in(3) != "" || in(5) != "" || in(7) != "" {
-		fail("com.microsoft::MoE expert biases are not supported yet")
+	var plan *WeightPlan
+	if a.Quantized {
+		plan = c.ortQuantPlan(n, a, &s, H)
+	} else {
+		plan = c.ortFloatPlan(n, a, &s, H)
 	}
-	plan := &WeightPlan{Router: Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}, Experts: make([]ExpertProj, E)}
+	plan.Router = Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}
 	if ri.bias != nil {
 		plan.RouterB = &Proj{Init: ri.bias, Expert: -1}
-	}
-	for e := 0; e < E; e++ {
-		plan.Experts[e] = ExpertProj{
-			Gate: &Proj{Init: fc1, Expert: e, InOut: legacy, Part: gatePart},
-			Up:   &Proj{Init: upInit, Expert: e, InOut: legacy, Part: upPart},
-			Down: &Proj{Init: fc2, Expert: e, InOut: legacy},
-		}
 	}
 	region := []*pb.NodeProto{n}
 	if len(c.g.Consumers(lin.Output[0])) == 1 {
@@ -146,7 +138,245 @@ func (c *ctx) ort(n *pb.NodeProto) *Block {
 	b := &Block{Name: blockName(n.Output[0], ri.w.GetName(), region), Kind: KindORT, Spec: s, Input: in(0), Router: in(0), Output: n.Output[0],
 		Nodes: len(region), Region: region, W: plan}
 	if err := s.Validate(); err != nil {
-		fail("%v", err)
+		fail("%s: %v", label, err)
 	}
 	return b
+}
+
+// present reports whether the node has fc<i> weights (i = 1, 2, 3).
+func (c *ctx) present(n *pb.NodeProto, a *ortmoe.Attrs, fc int) bool {
+	pos := map[int]int{1: ortmoe.MoEFC1, 2: ortmoe.MoEFC2, 3: ortmoe.MoEFC3}[fc]
+	if a.Quantized {
+		pos = map[int]int{1: ortmoe.QFC1, 2: ortmoe.QFC2, 3: ortmoe.QFC3}[fc]
+	}
+	return pos < len(n.Input) && n.Input[pos] != ""
+}
+
+// ortParts says which fc1 rows are the gate and which the up projection.
+func ortParts(a *ortmoe.Attrs) (gate, up int, upInFC1 bool) {
+	if a.Activation == ortmoe.SwiGLU {
+		switch a.Fusion {
+		case ortmoe.FusionInterleaved:
+			return PartEven, PartOdd, true
+		case ortmoe.FusionConcatenated:
+			return PartFirstHalf, PartSecondHalf, true
+		}
+	}
+	return PartWhole, PartWhole, false
+}
+
+// ortFloatPlan reads the expert weights of a float MoE node lazily from its
+// initializers.
+func (c *ctx) ortFloatPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int) *WeightPlan {
+	in := func(i int) string {
+		if i < len(n.Input) {
+			return n.Input[i]
+		}
+		return ""
+	}
+	cst := func(pos int, what string) *pb.TensorProto {
+		if in(pos) == "" {
+			return nil
+		}
+		t := c.constTensor(in(pos))
+		if t == nil {
+			fail("%s %q of node %q is not a constant", what, in(pos), graph.NodeLabel(n))
+		}
+		return t
+	}
+	fc1, fc2, fc3 := cst(ortmoe.MoEFC1, "fc1_experts_weights"), cst(ortmoe.MoEFC2, "fc2_experts_weights"), cst(ortmoe.MoEFC3, "fc3_experts_weights")
+	if fc1 == nil || fc2 == nil || len(fc1.GetDims()) != 3 || len(fc2.GetDims()) != 3 {
+		fail("node %q: fc1/fc2 expert weights are not constant [E, N, K] tensors", graph.NodeLabel(n))
+	}
+	d1, d2 := fc1.GetDims(), fc2.GetDims()
+	E := int(d2[0])
+	if int(d2[1]*d2[2])%H != 0 {
+		fail("node %q: fc2_experts_weights dims %v do not fit hidden size %d", graph.NodeLabel(n), d2, H)
+	}
+	I := int(d2[1]*d2[2]) / H
+	f := int64(1)
+	gatePart, upPart, upInFC1 := ortParts(a)
+	if upInFC1 {
+		f = 2
+	}
+	legacy := (H != I && int(d2[1]) == I) || (H == I && f == 2 && d1[1] == int64(H))
+	want1 := []int64{int64(E), f * int64(I), int64(H)}
+	if legacy {
+		want1[1], want1[2] = want1[2], want1[1]
+	}
+	if d1[0] != want1[0] || d1[1] != want1[1] || d1[2] != want1[2] {
+		fail("node %q: fc1_experts_weights dims %v, want %v (H=%d I=%d, legacy layout %v)", graph.NodeLabel(n), d1, want1, H, I, legacy)
+	}
+	s.NumExperts, s.Hidden, s.Inter = E, H, I
+	b1, b2, b3 := cst(ortmoe.MoEFC1Bias, "fc1_experts_bias"), cst(ortmoe.MoEFC2Bias, "fc2_experts_bias"), cst(ortmoe.MoEFC3Bias, "fc3_experts_bias")
+	plan := &WeightPlan{Experts: make([]ExpertProj, E)}
+	upInit, upBias := fc3, b3
+	if upInFC1 {
+		upInit, upBias = fc1, b1
+	}
+	s.ExpertBias = b1 != nil || b2 != nil || b3 != nil
+	for e := 0; e < E; e++ {
+		plan.Experts[e] = ExpertProj{
+			Gate: &Proj{Init: fc1, Expert: e, InOut: legacy, Part: gatePart},
+			Up:   &Proj{Init: upInit, Expert: e, InOut: legacy, Part: upPart},
+			Down: &Proj{Init: fc2, Expert: e, InOut: legacy},
+		}
+	}
+	addBiases(plan, s, b1, upBias, b2, gatePart, upPart)
+	return plan
+}
+
+// addBiases sets every expert's gate, up and down biases from the fc1
+// bias (gate rows gatePart), the up bias (rows upPart of up) and the fc2
+// bias, when any is present; an absent one becomes zeros, so that the fused
+// node has all three (its function body reads all three).
+func addBiases(plan *WeightPlan, s *moe.Spec, gate, up, down *pb.TensorProto, gatePart, upPart int) {
+	s.ExpertBias = gate != nil || up != nil || down != nil
+	if !s.ExpertBias {
+		return
+	}
+	E := len(plan.Experts)
+	zero := map[int]*pb.TensorProto{}
+	proj := func(t *pb.TensorProto, e, part, n int) *Proj {
+		if t == nil {
+			if zero[n] == nil {
+				zero[n] = moe.Float32Tensor(fmt.Sprintf("zero_bias_%d", n), []int64{int64(E), int64(n)}, make([]float32, E*n))
+			}
+			t, part = zero[n], PartWhole
+		}
+		return &Proj{Init: t, Expert: e, Part: part}
+	}
+	for e := range plan.Experts {
+		ep := &plan.Experts[e]
+		ep.GateB, ep.UpB, ep.DownB = proj(gate, e, gatePart, s.Inter), proj(up, e, upPart, s.Inter), proj(down, e, PartWhole, s.Hidden)
+	}
+}
+
+// initSource reads a QMoE node's inputs from the model's initializers.
+// Its tensors are resolved at detection (where a non-constant input fails
+// the detection), so reading them later, on another goroutine, cannot.
+type initSource struct {
+	m *graph.Model
+	t map[int]*pb.TensorProto
+	H int
+}
+
+// newInitSource resolves every input of n from position 2 on.
+func (c *ctx) newInitSource(n *pb.NodeProto, H int) initSource {
+	s := initSource{m: c.m, t: map[int]*pb.TensorProto{}, H: H}
+	for pos := 2; pos < len(n.Input); pos++ {
+		if n.Input[pos] == "" {
+			continue
+		}
+		t := c.constTensor(n.Input[pos])
+		if t == nil {
+			fail("input %d (%q) of node %q is not a constant", pos, n.Input[pos], graph.NodeLabel(n))
+		}
+		s.t[pos] = t
+	}
+	return s
+}
+
+func (s initSource) tensor(pos int) *pb.TensorProto { return s.t[pos] }
+
+func (s initSource) Dims(pos int) []int64 {
+	if pos == ortmoe.QInput {
+		return []int64{1, int64(s.H)}
+	}
+	if t := s.tensor(pos); t != nil {
+		return t.GetDims()
+	}
+	return nil
+}
+
+func (s initSource) Floats(pos int) ([]float32, error) {
+	t := s.tensor(pos)
+	if t == nil {
+		return nil, nil
+	}
+	b, err := s.m.TensorBytes(t)
+	if err != nil {
+		return nil, err
+	}
+	return graph.DecodeFloat32(graph.DataType(t), b)
+}
+
+func (s initSource) Ints(pos int) ([]int64, error) {
+	t := s.tensor(pos)
+	if t == nil {
+		return nil, nil
+	}
+	if graph.DataType(t) != pb.TensorProto_UINT8 {
+		return nil, fmt.Errorf("initializer %q is %s, want uint8", t.GetName(), graph.DataType(t))
+	}
+	b, err := s.m.TensorBytes(t)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, len(b))
+	for i, v := range b {
+		out[i] = int64(v)
+	}
+	return out, nil
+}
+
+// ortQuantPlan plans a QMoE node's weights as float tensors dequantized
+// on demand (when the plan is materialized) from the uint8 weights and
+// their scales.
+func (c *ctx) ortQuantPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int) *WeightPlan {
+	src := c.newInitSource(n, H)
+	d2 := src.Dims(ortmoe.QFC2)
+	if len(d2) != 3 || d2[1] != int64(H) {
+		fail("QMoE node %q: fc2_experts_weights dims %v, want [E, %d, I/pack]", graph.NodeLabel(n), d2, H)
+	}
+	E, I := int(d2[0]), int(d2[2])*8/a.Bits
+	s.NumExperts, s.Hidden, s.Inter = E, H, I
+	gatePart, upPart, upInFC1 := ortParts(a)
+	f := 1
+	if upInFC1 {
+		f = 2
+	}
+	deq := func(wPos, sPos, zPos, N, K int, what string) *pb.TensorProto {
+		if src.tensor(wPos) == nil {
+			return nil
+		}
+		t := &pb.TensorProto{Name: proto.String(n.Input[wPos] + "/dequantized"), Dims: []int64{int64(E), int64(N), int64(K)},
+			DataType: proto.Int32(int32(pb.TensorProto_FLOAT))}
+		c.m.SetDeferred(t, graph.DeferredData{Size: int64(4 * E * N * K), Write: func(w io.Writer) error {
+			v, err := a.Dequantize(src, wPos, sPos, zPos, E, N, K)
+			if err != nil {
+				return fmt.Errorf("QMoE node %q %s: %w", graph.NodeLabel(n), what, err)
+			}
+			buf := make([]byte, 4*len(v))
+			for i, x := range v {
+				binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+			}
+			_, err = w.Write(buf)
+			return err
+		}})
+		return t
+	}
+	fc1 := deq(ortmoe.QFC1, ortmoe.QFC1Scales, ortmoe.QFC1Zero, f*I, H, "fc1")
+	fc2 := deq(ortmoe.QFC2, ortmoe.QFC2Scales, ortmoe.QFC2Zero, H, I, "fc2")
+	fc3 := deq(ortmoe.QFC3, ortmoe.QFC3Scales, ortmoe.QFC3Zero, I, H, "fc3")
+	if fc1 == nil || fc2 == nil {
+		fail("QMoE node %q lacks fc1 or fc2 weights", graph.NodeLabel(n))
+	}
+	if src.tensor(ortmoe.QFC1Scales) == nil || src.tensor(ortmoe.QFC2Scales) == nil || (fc3 != nil && src.tensor(ortmoe.QFC3Scales) == nil) {
+		fail("QMoE node %q: expert weights without scales", graph.NodeLabel(n))
+	}
+	upInit, upBias := fc3, src.tensor(ortmoe.QFC3Bias)
+	if upInFC1 {
+		upInit, upBias = fc1, src.tensor(ortmoe.QFC1Bias)
+	}
+	plan := &WeightPlan{Experts: make([]ExpertProj, E)}
+	for e := 0; e < E; e++ {
+		plan.Experts[e] = ExpertProj{
+			Gate: &Proj{Init: fc1, Expert: e, Part: gatePart},
+			Up:   &Proj{Init: upInit, Expert: e, Part: upPart},
+			Down: &Proj{Init: fc2, Expert: e},
+		}
+	}
+	addBiases(plan, s, src.tensor(ortmoe.QFC1Bias), upBias, src.tensor(ortmoe.QFC2Bias), gatePart, upPart)
+	return plan
 }
