@@ -4,6 +4,7 @@ package ortrun
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/ortmoe"
 	"github.com/mokopt/mokopt/passes"
 )
@@ -138,4 +141,67 @@ func restack(v []float32, E, r, c int) []float32 {
 		}
 	}
 	return out
+}
+
+// TestORTMoEInPlace pins the ONNX Runtime 1.30 CPU behaviour that
+// lowering.LowerORT guards against: com.microsoft::MoE with
+// normalize_routing_weights 0, fed an intermediate value that nothing else
+// reads afterwards (so the op may run in place on it) while a side branch
+// reads the value it was copied from, loses rows of its output; fed that
+// value itself, it is right.
+func TestORTMoEInPlace(t *testing.T) {
+	needORT(t)
+	c := ortmoe.Cases()[1] // swiglu_interleaved_nonorm
+	if c.Attrs.Normalize {
+		t.Fatal("case 1 must not normalise")
+	}
+	const T = 5
+	x := ortInput(&c, T)
+	feeds := map[string]*eval.Tensor{ortmoe.InputName: eval.NewFloat32([]int{T, c.H}, x)}
+	for _, private := range []bool{false, true} {
+		b, err := c.Model()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := b.Model.Proto.Graph
+		g.Initializer = append(g.Initializer, moe.Float32Tensor("two", nil, []float32{2}), moe.Float32Tensor("ninf", nil, []float32{float32(math.Inf(-1))}),
+			moe.Float32Tensor("w_side", []int64{int64(c.H), int64(c.H)}, make([]float32, c.H*c.H)))
+		for _, n := range g.Node {
+			for i, in := range n.Input {
+				if in == ortmoe.InputName {
+					n.Input[i] = "x2"
+				}
+			}
+		}
+		pre := []*pb.NodeProto{graph.NewNode("Mul", "", "double", []string{ortmoe.InputName, "two"}, []string{"x2"})}
+		if private { // the op's input is a copy only the op reads
+			pre = append(pre, graph.NewNode("Max", "", "copy", []string{"x2", "ninf"}, []string{"x2c"}))
+			g.Node[len(g.Node)-1].Input[0] = "x2c"
+		}
+		g.Node = append(pre, g.Node...)
+		// A side branch (zero weights) reads x2 too and is added to the output.
+		g.Node[len(g.Node)-1].Output[0] = "moe_raw"
+		g.Node = append(g.Node, graph.NewNode("MatMul", "", "side", []string{"x2", "w_side"}, []string{"side"}),
+			graph.NewNode("Add", "", "sum", []string{"moe_raw", "side"}, []string{ortmoe.OutputName}))
+		p := filepath.Join(t.TempDir(), "m.onnx")
+		if err := b.Model.Save(p, graph.SaveOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Run(p, feeds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref, err := eval.Run(context.Background(), b.Model, feeds, eval.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := eval.Compare(got[ortmoe.OutputName], ref[ortmoe.OutputName], rtol, atol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("RESULT input only the op reads=%v: %+v", private, d)
+		if d.OK() == private {
+			t.Errorf("private input %v: ONNX Runtime agrees %v; the in-place loss this guards against has changed (re-check lowering.LowerORT's Where guard)", private, d.OK())
+		}
+	}
 }
