@@ -3,12 +3,14 @@
 package ortrun
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/lowering"
 )
 
@@ -72,5 +74,61 @@ func TestLowerORTGolden(t *testing.T) {
 			}
 			t.Logf("RESULT %s lower-ort-vs-golden maxabs=%.3g %v", name, compareAll(t, "lowered", fx.outs, got, fx.ds.Outputs), ops)
 		})
+	}
+}
+
+// TestLowerORTQuantized: with --quant int8 / int4 each fixture's rewrite
+// lowers to com.microsoft::QMoE, ONNX Runtime runs it, and it agrees with
+// the interpreter running the same model (package ortmoe's QMoE kernel)
+// within rtol 1e-4 / atol 1e-5; the error against the golden outputs
+// (quantization error) is reported. Fixtures with unnormalised top-k
+// weights are refused (1.30's CPU QMoE always renormalises).
+func TestLowerORTQuantized(t *testing.T) {
+	needORT(t)
+	for _, q := range []string{"int8", "int4"} {
+		for _, f := range fixtures(t) {
+			name := strings.TrimSuffix(filepath.Base(f), ".onnx")
+			if _, isRefused := ortRefusedFixtures[name]; isRefused || refused[name] {
+				continue
+			}
+			t.Run(q+"/"+name, func(t *testing.T) {
+				fx := loadFixture(t, f)
+				if _, ok := rewriteAndSave(t, fx); !ok {
+					return
+				}
+				_, err := lowering.LowerORT(fx.m, lowering.ORTOptions{Quant: q})
+				if strings.HasPrefix(name, "qwen2_moe_") {
+					if err == nil || !strings.Contains(err.Error(), "always renormalises") {
+						t.Fatalf("want a refusal of unnormalised routing, got %v", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				p := filepath.Join(t.TempDir(), name+"."+q+".onnx")
+				if err := fx.m.Save(p, graph.SaveOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				got, err := Run(p, fx.feeds)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ref, err := eval.Run(context.Background(), fx.m, fx.feeds, eval.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := make([]*eval.Tensor, len(fx.outs))
+				for i, o := range fx.outs {
+					want[i] = ref[o]
+				}
+				worst := compareAll(t, "ORT vs interpreter", fx.outs, got, want)
+				var gold eval.Diff
+				for i, o := range fx.outs {
+					gold, _ = eval.Compare(got[o], fx.ds.Outputs[i], rtol, atol)
+				}
+				t.Logf("RESULT %s %s ort-vs-kernel maxabs=%.3g; vs golden (quantization) maxabs=%.3g", q, name, worst, gold.MaxAbs)
+			})
+		}
 	}
 }
