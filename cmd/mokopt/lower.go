@@ -12,11 +12,11 @@ import (
 func init() { subcommands = append(subcommands, newLowerCmd) }
 
 func newLowerCmd() *cobra.Command {
-	var out, target, planPath, extMode string
-	var ep, tokens int
-	var strict, asJSON bool
+	var out, target, planPath, extMode, quant string
+	var ep, tokens, blockSize int
+	var strict, asJSON, partial bool
 	c := &cobra.Command{
-		Use:   "lower IN -o OUT --target gb300-nvl72|gb200-nvl72 --ep N",
+		Use:   "lower IN -o OUT --target gb300-nvl72|gb200-nvl72|ort [--ep N]",
 		Short: "Lower fused ai.mok::MoE nodes to the MoK megakernel (MXFP8 routed, BF16 shared)",
 		Long: `lower replaces each fused ai.mok::MoE node that the Mixture-of-Kittens kernel
 can take by the router in standard ONNX ops (topk_experts int64 [T,k],
@@ -30,6 +30,16 @@ With --strict any error-severity violation refuses the model (exit 1, nothing
 written). Without it, a block the kernel cannot take (e.g. H % 256 != 0, GELU,
 expert biases) stays unlowered with a warning, and a gated or wider shared
 expert is kept outside the kernel as standard ONNX ops.
+
+--target ort instead writes ONNX Runtime's com.microsoft::MoE for each fused
+node (com.microsoft::QMoE with --quant int8|int4, --block-size N for block-wise
+scales): the router as a standard Gemm, gate and up interleaved into fc1
+(swiglu_fusion 1), the SwiGLU variant pinned by activation_alpha/beta and
+swiglu_limit, a shared expert as standard ops beside the op. A node whose
+semantics the op lacks (sigmoid or group-limited routing, a score-correction
+bias, weights_on_input, exact GELU; unnormalised weights with --quant) is
+refused naming the node and the semantics (exit 1), unless --partial keeps it
+as ai.mok::MoE.
 
 --plan writes the launch plan (shapes, placement, workspace, weight bytes,
 knobs, predicted times against an unfused DeepEP baseline, and the vendor's
@@ -46,7 +56,13 @@ benchmark shapes) as JSON.`,
 				return usageErr(errors.New("two outputs would share standard output (-o -, --plan -, --json)"))
 			}
 			if target == "" {
-				return usageErr(errors.New("lower needs --target (gb300-nvl72 or gb200-nvl72)"))
+				return usageErr(errors.New("lower needs --target (gb300-nvl72, gb200-nvl72 or ort)"))
+			}
+			if target == lowering.TargetORT {
+				return runLowerORT(c, args[0], out, extMode, lowering.ORTOptions{Quant: quant, BlockSize: blockSize, Partial: partial}, asJSON)
+			}
+			if quant != "" || blockSize != 0 || partial {
+				return usageErr(errors.New("--quant, --block-size and --partial are for --target ort"))
 			}
 			tgt, err := mokopt.ParseTarget(target)
 			if err != nil {
@@ -101,7 +117,10 @@ benchmark shapes) as JSON.`,
 		},
 	}
 	c.Flags().StringVarP(&out, "output", "o", "", "output model path")
-	c.Flags().StringVar(&target, "target", "", "target rack: gb300-nvl72 or gb200-nvl72")
+	c.Flags().StringVar(&target, "target", "", "target: gb300-nvl72 or gb200-nvl72 (MoK kernel), or ort (ONNX Runtime's com.microsoft::MoE)")
+	c.Flags().StringVar(&quant, "quant", "", "ort: int8 or int4 expert weights (com.microsoft::QMoE)")
+	c.Flags().IntVar(&blockSize, "block-size", 0, "ort --quant: block-wise scales over N inputs (power of two >= 16; 0: one scale per row)")
+	c.Flags().BoolVar(&partial, "partial", false, "ort: keep the nodes ONNX Runtime cannot express as ai.mok::MoE instead of refusing")
 	c.Flags().IntVar(&ep, "ep", 0, "expert-parallel group size (1, 4, 8, 16, 32 or 64)")
 	c.Flags().IntVar(&tokens, "tokens-per-rank", 0, "static tokens per rank T (checked: >= 512, multiple of 256); 0: unknown")
 	c.Flags().StringVar(&planPath, "plan", "", "write the launch plan JSON to this file")

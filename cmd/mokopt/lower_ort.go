@@ -1,0 +1,49 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/lowering"
+	"github.com/spf13/cobra"
+)
+
+// runLowerORT is `mokopt lower --target ort`.
+func runLowerORT(c *cobra.Command, in, out, extMode string, opt lowering.ORTOptions, asJSON bool) error {
+	mode, err := graph.ParseExternalMode(extMode)
+	if err != nil {
+		return usageErr(err)
+	}
+	switch opt.Quant {
+	case "", "int8", "int4":
+	default:
+		return usageErr(fmt.Errorf("--quant %q (want int8 or int4)", opt.Quant))
+	}
+	if opt.BlockSize != 0 && (opt.Quant == "" || opt.BlockSize < 16 || opt.BlockSize&(opt.BlockSize-1) != 0) {
+		return usageErr(fmt.Errorf("--block-size %d needs --quant and a power of two >= 16", opt.BlockSize))
+	}
+	m, err := loadModel(in)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	rep, lerr := lowering.LowerORT(m, opt)
+	if lerr != nil {
+		if asJSON && rep != nil {
+			_ = writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": in, "output": nil, "report": rep})
+		}
+		if errors.Is(lerr, graph.ErrBadInput) {
+			return &exitError{code: 2, msg: lerr.Error(), err: lerr}
+		}
+		return &exitError{code: 1, msg: fmt.Sprintf("%s: %v; no output written", in, lerr), err: lerr}
+	}
+	if err := m.Save(out, graph.SaveOptions{External: mode}); err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": in, "output": out, "report": rep})
+	}
+	fmt.Fprintf(c.OutOrStdout(), "%s -> %s: %s", in, out, rep.Summary())
+	return nil
+}
