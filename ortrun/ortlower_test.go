@@ -12,6 +12,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/lowering"
+	"github.com/mokopt/mokopt/passes"
 )
 
 // ortRefusedFixtures are the fixtures whose fused nodes ONNX Runtime's MoE
@@ -130,5 +131,60 @@ func TestLowerORTQuantized(t *testing.T) {
 				t.Logf("RESULT %s %s ort-vs-kernel maxabs=%.3g; vs golden (quantization) maxabs=%.3g", q, name, worst, gold.MaxAbs)
 			})
 		}
+	}
+}
+
+// TestLowerORTGoldenMore runs the same check on the exports in
+// testdata/exported: families the rewrite fuses are lowered and match their
+// golden outputs, or are refused naming the semantics the op lacks.
+func TestLowerORTGoldenMore(t *testing.T) {
+	needORT(t)
+	files, _ := filepath.Glob("../testdata/exported/*.onnx")
+	if len(files) == 0 {
+		t.Skip("no exports in ../testdata/exported")
+	}
+	rewriteRefuses := map[string]bool{"phimoe_block_dynamo_batched_mm": true, "phimoe_block_torchscript": true, "ernie4_5_moe_block_torchscript": true}
+	ortRefuses := map[string][]string{
+		"glm4_moe_block_dynamo_batched_mm":     {"sigmoid routing", "score-correction bias"},
+		"glm4_moe_block_torchscript":           {"sigmoid routing", "score-correction bias"},
+		"ernie4_5_moe_block_dynamo_batched_mm": {"score-correction bias"},
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".onnx")
+		t.Run(name, func(t *testing.T) {
+			fx := loadFixture(t, f)
+			if _, err := passes.Rewrite(fx.m, passes.Options{Check: true}); err != nil {
+				if !rewriteRefuses[name] {
+					t.Fatalf("Rewrite: %v", err)
+				}
+				t.Logf("rewrite refuses (as pinned in passes/exported_test.go): %v", err)
+				return
+			}
+			_, err := lowering.LowerORT(fx.m, lowering.ORTOptions{})
+			if want, refused := ortRefuses[name]; refused {
+				if err == nil || !errors.Is(err, lowering.ErrORTUnsupported) {
+					t.Fatalf("want a refusal, got %v", err)
+				}
+				for _, w := range want {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("refusal does not name %q: %v", w, err)
+					}
+				}
+				t.Logf("RESULT %s lower-ort refused: %v", name, err)
+				return
+			}
+			if err != nil {
+				t.Fatalf("LowerORT: %v", err)
+			}
+			p := filepath.Join(t.TempDir(), name+".ort.onnx")
+			if err := fx.m.Save(p, graph.SaveOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := Run(p, fx.feeds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("RESULT %s lower-ort-vs-golden maxabs=%.3g", name, compareAll(t, "lowered", fx.outs, got, fx.ds.Outputs))
+		})
 	}
 }
