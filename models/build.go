@@ -3,12 +3,14 @@ package models
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
+	"github.com/mokopt/mokopt/ortmoe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -382,8 +384,9 @@ func (b *builder) dense(l int, p, h string) string {
 	return b.shared(l, p, view, y)
 }
 
-// ort writes one com.microsoft::MoE node fed by the router logits; see
-// ORT_MOE.md for the input order, layouts and attributes.
+// ort writes one com.microsoft::MoE node (QMoE with Config.Quant) fed by
+// the router logits; see ORT_MOE.md for the input order, layouts and
+// attributes.
 func (b *builder) ort(l int, p, h string) string {
 	c := b.cfg
 	E, H, I := int64(c.Experts), int64(c.Hidden), int64(c.Inter)
@@ -400,6 +403,9 @@ func (b *builder) ort(l int, p, h string) string {
 	fc2 := func() string {
 		return b.weight(q+"fc2_experts_weights", []int64{E, H, I}, contiguous(k.down, 0, E*H*I, I, c.Inter))
 	}
+	if c.Quant != "" {
+		return b.qmoe(p, h, logits, k)
+	}
 	if c.ORTSwiGLU {
 		fc1 := b.weight(q+"fc1_experts_weights", []int64{E, 2 * I, H}, gateUp(k.gate, k.up, E, I, H, true))
 		inputs = []string{h, logits, fc1, "", fc2()}
@@ -415,5 +421,45 @@ func (b *builder) ort(l int, p, h string) string {
 	}
 	out := p + "moe_out"
 	b.g.Node = append(b.g.Node, graph.NewNode("MoE", ORTDomain, "node_"+out, inputs, []string{out}, attrs...))
+	return out
+}
+
+// qmoe writes one com.microsoft::QMoE node: fc1 = gate and up interleaved
+// [E, 2I, H], fc2 = down [E, H, I], quantized by ortmoe.Quantize (symmetric,
+// default zero point), with their float scales.
+func (b *builder) qmoe(p, h, logits string, k layerKeys) string {
+	c := b.cfg
+	E, H, I := int64(c.Experts), int64(c.Hidden), int64(c.Inter)
+	bits := c.quantBits()
+	q := "model." + p + "mlp.moe."
+	quant := func(role string, src *source, N, K int64) (string, string) {
+		v := make([]float32, src.numel())
+		src.fill(v, 0)
+		qb, sc, err := ortmoe.Quantize(v, int(E), int(N), int(K), bits, c.QuantBlockSize)
+		if err != nil {
+			panic(err) // sizes were validated by normalized()
+		}
+		t := &pb.TensorProto{Name: proto.String(q + role + "_experts_weights"), Dims: []int64{E, N, K * int64(bits) / 8},
+			DataType: proto.Int32(int32(pb.TensorProto_UINT8))}
+		if c.External {
+			b.m.SetDeferred(t, graph.DeferredData{Size: int64(len(qb)), Write: func(w io.Writer) error { _, err := w.Write(qb); return err }})
+		} else {
+			t.RawData = qb
+		}
+		b.g.Initializer = append(b.g.Initializer, t)
+		sd := []int64{E, N}
+		if c.QuantBlockSize > 0 {
+			sd = append(sd, K/int64(c.QuantBlockSize))
+		}
+		scales := moe.Float32Tensor(q+role+"_scales", sd, sc)
+		b.g.Initializer = append(b.g.Initializer, scales)
+		return t.GetName(), scales.GetName()
+	}
+	fc1, s1 := quant("fc1", gateUp(k.gate, k.up, E, I, H, true), 2*I, H)
+	fc2, s2 := quant("fc2", contiguous(k.down, 0, E*H*I, I, c.Inter), H, I)
+	a := ortmoe.Attrs{Quantized: true, Bits: bits, BlockSize: c.QuantBlockSize, K: c.TopK, Activation: ortmoe.SwiGLU,
+		Fusion: ortmoe.FusionInterleaved, Normalize: true, Alpha: 1, Limit: float32(math.Inf(1))}
+	out := p + "moe_out"
+	b.g.Node = append(b.g.Node, graph.NewNode(ortmoe.OpQMoE, ORTDomain, "node_"+out, []string{h, logits, fc1, s1, "", fc2, s2}, []string{out}, a.NodeAttrs()...))
 	return out
 }

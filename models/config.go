@@ -86,6 +86,20 @@ type Config struct {
 	// swiglu_fusion=1 and an interleaved fused fc1 [E, 2I, H] instead of
 	// activation_type "silu" with separate fc1 (gate) and fc3 (up).
 	ORTSwiGLU bool `json:"ort_swiglu,omitempty"`
+	// Quant (ort only) is "int8" or "int4": each block is one
+	// com.microsoft::QMoE node with symmetric quantized expert weights (fc1 =
+	// gate and up interleaved, swiglu_fusion 1) and float scales, one per
+	// row or, with QuantBlockSize, per block of that many inputs. The model
+	// then computes with the dequantized weights (Weights returns them).
+	Quant string `json:"quant,omitempty"`
+	// QuantBlockSize is QMoE's block_size (a power of two >= 16 dividing
+	// Hidden and Inter); 0 means one scale per output row.
+	QuantBlockSize int `json:"quant_block_size,omitempty"`
+}
+
+// quantBits returns the weight bits of cfg.Quant (0 when not quantized).
+func (cfg Config) quantBits() int {
+	return map[string]int{"int8": 8, "int4": 4}[cfg.Quant]
 }
 
 // normalized returns cfg with defaults filled in, or an error naming every
@@ -133,6 +147,21 @@ func (cfg Config) normalized() (Config, error) {
 		}
 	} else if cfg.ORTSwiGLU {
 		errs = append(errs, "ort-swiglu needs shape ort")
+	}
+	if cfg.Quant != "" {
+		switch {
+		case cfg.quantBits() == 0:
+			errs = append(errs, fmt.Sprintf("quant %q (want int8 or int4)", cfg.Quant))
+		case cfg.Shape != ShapeORT:
+			errs = append(errs, "quant needs shape ort (com.microsoft::QMoE)")
+		case !cfg.Normalize:
+			errs = append(errs, "quant needs normalize (ONNX Runtime 1.30's CPU QMoE always renormalises the top-k weights)")
+		case cfg.quantBits() == 4 && (cfg.Hidden%2 != 0 || cfg.Inter%2 != 0):
+			errs = append(errs, "quant int4 needs even hidden and inter sizes")
+		}
+	}
+	if b := cfg.QuantBlockSize; b != 0 && (cfg.Quant == "" || b < 16 || b&(b-1) != 0 || cfg.Hidden%b != 0 || cfg.Inter%b != 0) {
+		errs = append(errs, fmt.Sprintf("quant block size %d (needs quant, a power of two >= 16 dividing hidden %d and inter %d)", b, cfg.Hidden, cfg.Inter))
 	}
 	if len(errs) > 0 {
 		return cfg, errors.New("invalid model config: " + strings.Join(errs, "; "))

@@ -534,6 +534,12 @@ func TestConfigValidate(t *testing.T) {
 		{"ort_sigmoid", func(c *Config) { c.Shape, c.Router = ShapeORT, moe.Sigmoid }, "softmax"},
 		{"ort_shared", func(c *Config) { c.Shape, c.SharedInter = ShapeORT, 8 }, "shared"},
 		{"swiglu_not_ort", func(c *Config) { c.ORTSwiGLU = true }, "ort-swiglu"},
+		{"valid_qmoe", func(c *Config) { c.Shape, c.Normalize, c.Quant, c.QuantBlockSize = ShapeORT, true, "int4", 32 }, ""},
+		{"quant_kind", func(c *Config) { c.Shape, c.Normalize, c.Quant = ShapeORT, true, "fp8" }, "int8 or int4"},
+		{"quant_not_ort", func(c *Config) { c.Normalize, c.Quant = true, "int8" }, "shape ort"},
+		{"quant_unnormalised", func(c *Config) { c.Shape, c.Quant = ShapeORT, "int8" }, "normalize"},
+		{"quant_block", func(c *Config) { c.Shape, c.Normalize, c.Quant, c.QuantBlockSize = ShapeORT, true, "int8", 24 }, "block size"},
+		{"block_without_quant", func(c *Config) { c.Shape, c.QuantBlockSize = ShapeORT, 32 }, "block size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/mokopt/mokopt/moe"
+	"github.com/mokopt/mokopt/ortmoe"
 )
 
 // Roles of a block's logical weight tensors. Each (seed, layer, role) names
@@ -243,6 +244,19 @@ func Weights(cfg Config, layer int) (*moe.Weights, error) {
 		Gate:    gen(k.gate, E*I*H, H),
 		Up:      gen(k.up, E*I*H, H),
 		Down:    gen(k.down, E*H*I, I),
+	}
+	if bits := cfg.quantBits(); bits > 0 {
+		// What the QMoE model computes with: each row (or block) quantized
+		// on its own, so quantizing gate, up and down separately gives the
+		// same values as quantizing the interleaved fc1.
+		deq := func(v []float32, N, K int) []float32 {
+			q, s, err := ortmoe.Quantize(v, int(E), N, K, bits, cfg.QuantBlockSize)
+			if err != nil {
+				panic(err) // sizes were validated by normalized()
+			}
+			return ortmoe.Dequantized(q, s, int(E), N, K, bits, cfg.QuantBlockSize)
+		}
+		w.Gate, w.Up, w.Down = deq(w.Gate, int(I), int(H)), deq(w.Up, int(I), int(H)), deq(w.Down, int(H), int(I))
 	}
 	if Is > 0 {
 		w.SharedGate = gen(k.sGate, Is*H, H)

@@ -46,7 +46,8 @@ SwiGLU experts in the shape one exporter writes:
   dense     every expert on every token: stacked [E,H,I] MatMuls weighted by a
             [T,E] routing matrix (ScatterElements)
   ort       one ONNX Runtime com.microsoft::MoE node per block (softmax routing,
-            no shared expert)
+            no shared expert); with --quant int8|int4 one com.microsoft::QMoE
+            node (quantized interleaved fc1 and fc2 with float scales)
 
 The same flags always give the same bytes; the same flags with another shape
 give a model computing the same function. Weights are streamed into FILE.data
@@ -120,6 +121,8 @@ unless --inline.`,
 	f.IntVar(&cfg.Tokens, "tokens", 0, "static token count T of the input (0: symbolic \"tokens\")")
 	f.Int64Var(&cfg.Seed, "seed", 0, "weight seed")
 	f.BoolVar(&cfg.ORTSwiGLU, "ort-swiglu", false, "ort: activation_type swiglu with an interleaved fused fc1 (swiglu_fusion=1) instead of silu with fc1/fc3")
+	f.StringVar(&cfg.Quant, "quant", "", "ort: int8 or int4 expert weights in a com.microsoft::QMoE node")
+	f.IntVar(&cfg.QuantBlockSize, "quant-block-size", 0, "ort --quant: block-wise scales over N inputs (power of two >= 16; 0: one scale per row)")
 	f.BoolVar(&inline, "inline", false, "store the weights inside FILE (2 GiB protobuf limit) instead of FILE.data (always with -o -)")
 	f.StringVarP(&out, "output", "o", "", "output model path")
 	f.BoolVar(&asJSON, "json", false, "machine-readable output")
