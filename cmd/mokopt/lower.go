@@ -6,6 +6,7 @@ import (
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/lowering"
 	"github.com/spf13/cobra"
 )
 

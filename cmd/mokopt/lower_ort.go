@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/lowering"
 	"github.com/spf13/cobra"
@@ -11,7 +12,7 @@ import (
 
 // runLowerORT is `mokopt lower --target ort`.
 func runLowerORT(c *cobra.Command, in, out, extMode string, opt lowering.ORTOptions, asJSON bool) error {
-	mode, err := graph.ParseExternalMode(extMode)
+	mode, err := mokopt.ParseExternalMode(extMode)
 	if err != nil {
 		return usageErr(err)
 	}
@@ -23,12 +24,15 @@ func runLowerORT(c *cobra.Command, in, out, extMode string, opt lowering.ORTOpti
 	if opt.BlockSize != 0 && (opt.Quant == "" || opt.BlockSize < 16 || opt.BlockSize&(opt.BlockSize-1) != 0) {
 		return usageErr(fmt.Errorf("--block-size %d needs --quant and a power of two >= 16", opt.BlockSize))
 	}
+	if out == mokopt.Stdio && asJSON {
+		return usageErr(errors.New("two outputs would share standard output (-o -, --json)"))
+	}
 	m, err := loadModel(in)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	rep, lerr := lowering.LowerORT(m, opt)
+	rep, lerr := lowering.LowerORT(m.Graph(), opt)
 	if lerr != nil {
 		if asJSON && rep != nil {
 			_ = writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": in, "output": nil, "report": rep})
@@ -38,12 +42,16 @@ func runLowerORT(c *cobra.Command, in, out, extMode string, opt lowering.ORTOpti
 		}
 		return &exitError{code: 1, msg: fmt.Sprintf("%s: %v; no output written", in, lerr), err: lerr}
 	}
-	if err := m.Save(out, graph.SaveOptions{External: mode}); err != nil {
+	if err := saveModel(c, m, out, mode, newProgress(c)); err != nil {
 		return err
 	}
 	if asJSON {
 		return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": in, "output": out, "report": rep})
 	}
-	fmt.Fprintf(c.OutOrStdout(), "%s -> %s: %s", in, out, rep.Summary())
+	w := c.OutOrStdout()
+	if out == mokopt.Stdio {
+		w = c.ErrOrStderr() // standard output holds the model
+	}
+	fmt.Fprintf(w, "%s -> %s: %s", in, out, rep.Summary())
 	return nil
 }
