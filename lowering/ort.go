@@ -88,7 +88,9 @@ func (r *ORTReport) Summary() string {
 // express; empty means the block lowers exactly.
 func ORTUnsupported(s *moe.Spec, quant string) []string {
 	var why []string
-	if s.RouterActivation != moe.Softmax {
+	if s.RouterActivation == moe.SparseMixer {
+		why = append(why, "sparsemixer routing (use_sparse_mixer is ignored by ONNX Runtime 1.30's CPU MoE, which routes by softmax top-k)")
+	} else if s.RouterActivation != moe.Softmax {
 		why = append(why, fmt.Sprintf("%s routing (the op routes with a softmax over the router logits)", s.RouterActivation))
 	}
 	if s.NGroup > 1 {

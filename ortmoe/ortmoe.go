@@ -231,11 +231,15 @@ func (a *Attrs) Route(logits []float32) ([]int, []float32) {
 	return ids, w
 }
 
-// sparseMixer is Phi-3.5-MoE's inference routing (k = 2): the best expert,
-// weighted by the softmax over the experts whose logit is within a relative
-// 2·0.01 of it; then the best of the others, weighted likewise among them.
+// SparseMixerThreshold is the mask threshold of use_sparse_mixer: 2 ×
+// Phi-3.5-MoE's jitter epsilon 0.01.
+const SparseMixerThreshold = 0.02
+
+// sparseMixer is Phi-3.5-MoE's inference routing (k = 2): the best expert
+// (logit m), weighted by the softmax over the experts e with
+// (m − z_e) / max(|z_e|, m) ≤ SparseMixerThreshold; then the best of the
+// others, weighted likewise among them.
 func sparseMixer(logits []float32) ([]int, []float32) {
-	const eps = 0.01
 	pick := func(skip int) (int, float32) {
 		best := -1
 		for e, v := range logits {
@@ -249,8 +253,8 @@ func sparseMixer(logits []float32) ([]int, []float32) {
 			if e == skip {
 				continue
 			}
-			f := max(math.Abs(float64(v)), math.Abs(top))
-			if (top-float64(v))/f > 2*eps {
+			f := max(math.Abs(float64(v)), top)
+			if (top-float64(v))/f > SparseMixerThreshold {
 				continue
 			}
 			den += math.Exp(float64(v) - top)

@@ -44,8 +44,8 @@ func (c *ctx) ort(n *pb.NodeProto) *Block {
 	if err != nil {
 		fail("%v", err)
 	}
-	if a.SparseMixer {
-		fail("%s: use_sparse_mixer (Phi-3.5 sparse-mixer routing) has no ai.mok::MoE form", label)
+	if a.SparseMixer && a.Normalize {
+		fail("%s: use_sparse_mixer with normalize_routing_weights is ambiguous (the sparse mixer's weights are not renormalised)", label)
 	}
 	if a.Quantized && in(ortmoe.QRouterWeights) != "" {
 		fail("%s: a separate router_weights input (selection and mixing weights differ) is not supported", label)
@@ -94,6 +94,9 @@ func (c *ctx) ort(n *pb.NodeProto) *Block {
 	s := moe.Spec{TopK: a.K, RouterActivation: moe.Softmax, RouterOrder: moe.ActivationThenTopK,
 		NormalizeTopK: a.Normalize || a.Quantized, RoutedScalingFactor: 1,
 		NGroup: 1, TopKGroup: 1, EPSize: 1, SwiGLUAlpha: 1, RouterBias: ri.bias != nil}
+	if a.SparseMixer { // Phi-3.5's sparse mixer is ai.mok::MoE's sparsemixer router
+		s.RouterActivation, s.RouterOrder, s.SparseMixerThreshold = moe.SparseMixer, moe.TopKThenActivation, ortmoe.SparseMixerThreshold
+	}
 	switch {
 	case a.Activation == ortmoe.Silu && c.present(n, a, 3):
 		s.Activation = moe.SwiGLU

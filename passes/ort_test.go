@@ -18,7 +18,6 @@ var ortRefusals = map[string]string{
 	"relu_k1":        "relu",
 	"gelu_bias":      "tanh approximation",
 	"identity":       "identity",
-	"sparse_mixer":   "sparse",
 	"swiglu_alpha2":  "activation_alpha 2",
 	"qmoe_int8_relu": "relu",
 }
