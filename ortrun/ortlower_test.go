@@ -143,13 +143,17 @@ func TestLowerORTGoldenMore(t *testing.T) {
 	if len(files) == 0 {
 		t.Skip("no exports in ../testdata/exported")
 	}
-	rewriteRefuses := map[string]bool{"ernie4_5_moe_block_torchscript": true}
+	rewriteRefuses := map[string]bool{"ernie4_5_moe_block_torchscript": true, "longcat_flash_block_torchscript": true}
 	ortRefuses := map[string][]string{
 		"phimoe_block_dynamo_batched_mm":       {"sparsemixer routing"},
 		"phimoe_block_torchscript":             {"sparsemixer routing"},
 		"glm4_moe_block_dynamo_batched_mm":     {"sigmoid routing", "score-correction bias"},
 		"glm4_moe_block_torchscript":           {"sigmoid routing", "score-correction bias"},
 		"ernie4_5_moe_block_dynamo_batched_mm": {"score-correction bias"},
+		"deepseek_v2_block_dynamo_batched_mm":  {"group-limited top-k"},
+		"deepseek_v2_block_torchscript":        {"group-limited top-k"},
+		"dots1_block_dynamo_batched_mm":        {"sigmoid routing", "score-correction bias"},
+		"dots1_block_torchscript":              {"sigmoid routing", "score-correction bias"},
 	}
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".onnx")

@@ -223,7 +223,7 @@ type routerInfo struct {
 	act, order string
 	nGroup     int
 	topkGroup  int
-	groupMax   bool // groups scored by their best expert, not the two best
+	groupMax   bool   // groups scored by their best expert, not the two best
 	scores     string // value of activated scores (act_then_topk)
 }
 
