@@ -98,3 +98,36 @@ func SavePlan(path string, rep *LowerReport) error {
 	}
 	return graph.WriteFileAtomic(path, b)
 }
+
+// TargetORT names ONNX Runtime as a lowering target: LowerORT, not Lower,
+// binds fused nodes to it.
+const TargetORT Target = "ort"
+
+// ORTOptions control LowerORT (quantization, partial lowering).
+type ORTOptions = lowering.ORTOptions
+
+// ORTReport is what LowerORT did per fused node.
+type ORTReport = lowering.ORTReport
+
+// ErrORTUnsupported is wrapped by LowerORT's error when a fused node has
+// semantics ONNX Runtime's MoE op cannot express (the error names the node
+// and the semantics); m is then unchanged unless ORTOptions.Partial is set.
+var ErrORTUnsupported = lowering.ErrORTUnsupported
+
+// LowerORT replaces each fused ai.mok::MoE node of m by ONNX Runtime's
+// com.microsoft::MoE (or QMoE with int8/int4 weights), the router as a
+// standard Gemm and a shared expert as standard ops beside it, so the model
+// runs on ONNX Runtime's own kernel.
+func LowerORT(ctx context.Context, m *Model, opt ORTOptions) (*ORTReport, error) {
+	if err := errCtx(ctx); err != nil {
+		return nil, err
+	}
+	rep, err := lowering.LowerORT(m.g, opt)
+	if err != nil {
+		return rep, err
+	}
+	if err := ctx.Err(); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}

@@ -467,3 +467,44 @@ func TestCancelVerify(t *testing.T) {
 		t.Fatalf("events %+v, want one verify 1/2", events)
 	}
 }
+
+// TestLowerORT: the example's fused node becomes com.microsoft::MoE; a
+// sigmoid-routed block (a generated one) is refused with ErrORTUnsupported
+// naming the semantics, and the model is left as it was.
+func TestLowerORT(t *testing.T) {
+	m := fusedExample(t)
+	rep, err := mokopt.LowerORT(context.Background(), m, mokopt.ORTOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ortNodes, fused := 0, 0
+	for _, n := range m.Graph().Proto.Graph.Node {
+		switch {
+		case n.GetDomain() == "com.microsoft" && n.GetOpType() == "MoE":
+			ortNodes++
+		case n.GetDomain() == "ai.mok":
+			fused++
+		}
+	}
+	if ortNodes != 1 || fused != 0 || rep == nil {
+		t.Fatalf("%d com.microsoft::MoE and %d ai.mok nodes after LowerORT, want 1 and 0", ortNodes, fused)
+	}
+
+	dir := t.TempDir()
+	src := filepath.Join(dir, "sig.onnx")
+	if err := models.Write(models.Config{Shape: models.ShapeBatched, Layers: 1, Experts: 4, TopK: 2, Hidden: 64, Inter: 64, Router: "sigmoid", Normalize: true}, src); err != nil {
+		t.Fatal(err)
+	}
+	s := load(t, src)
+	if _, err := mokopt.Rewrite(context.Background(), s, mokopt.RewriteOptions{Check: true}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(s.Graph().Proto.Graph.Node)
+	_, err = mokopt.LowerORT(context.Background(), s, mokopt.ORTOptions{})
+	if !errors.Is(err, mokopt.ErrORTUnsupported) || !strings.Contains(err.Error(), "sigmoid") {
+		t.Fatalf("LowerORT of a sigmoid-routed block: %v, want ErrORTUnsupported naming sigmoid routing", err)
+	}
+	if len(s.Graph().Proto.Graph.Node) != before {
+		t.Fatal("a refused LowerORT edited the model")
+	}
+}

@@ -32,7 +32,7 @@ func runLowerORT(c *cobra.Command, in, out, extMode string, opt lowering.ORTOpti
 		return err
 	}
 	defer m.Close()
-	rep, lerr := lowering.LowerORT(m.Graph(), opt)
+	rep, lerr := mokopt.LowerORT(c.Context(), m, opt)
 	if lerr != nil {
 		if asJSON && rep != nil {
 			_ = writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": in, "output": nil, "report": rep})
