@@ -157,6 +157,12 @@ func (m *Model) tensorSection(t *pb.TensorProto) (*io.SectionReader, error) {
 	return io.NewSectionReader(f, ref.Offset, length), nil
 }
 
+// MaxTensorBytes bounds the bytes TensorBytes loads into memory for one
+// tensor (64 GiB); larger tensors can still be streamed with TensorReader.
+// A side file that really is that large (or a sparse one) is thus refused
+// with an error instead of exhausting memory.
+var MaxTensorBytes int64 = 64 << 30
+
 // ExternalBytesRead reports how many bytes of external data have been read
 // through this model so far.
 func (m *Model) ExternalBytesRead() int64 {
@@ -211,6 +217,12 @@ func (m *Model) TensorBytes(t *pb.TensorProto) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
+		if n > MaxTensorBytes {
+			if c, ok := r.(io.Closer); ok {
+				c.Close()
+			}
+			return nil, badInput(m.Name(), obj, "tensor of %d bytes is larger than the %d bytes one tensor may take in memory", n, MaxTensorBytes)
+		}
 		b := make([]byte, n)
 		if _, err := io.ReadFull(r, b); err != nil {
 			return nil, &InputError{File: m.Name(), Object: obj, Msg: "reading external data", Err: err}
@@ -238,6 +250,10 @@ func (m *Model) TensorBytes(t *pb.TensorProto) ([]byte, error) {
 // little-endian raw bytes.
 func typedFieldBytes(t *pb.TensorProto, want int64) ([]byte, error) {
 	dt := DataType(t)
+	// Compare before allocating: dims may claim far more than the fields hold.
+	if have, ok := typedFieldLen(t); ok && have != want {
+		return nil, fmt.Errorf("typed data holds %d bytes but dims %v of %s need %d", have, t.GetDims(), dt, want)
+	}
 	out := make([]byte, 0, want)
 	var n int
 	switch dt {

@@ -84,8 +84,35 @@ func (c *ctxWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// maxProtoSize is protobuf's 2 GiB limit on one serialized message.
-const maxProtoSize = 1<<31 - 1
+// MaxProtoSize is protobuf's 2 GiB limit on one serialized message; Save
+// and Encode refuse, before encoding, a model whose inline form would exceed
+// it. It is a variable only so that tests can lower it.
+var MaxProtoSize int64 = 1<<31 - 1
+
+// writeHook, when set (by tests), wraps every file Save and WriteFileAtomic
+// write, to inject write failures.
+var writeHook func(w io.Writer) io.Writer
+
+// hooked returns the writer for f: f itself, or f through writeHook.
+func hooked(f *os.File) io.Writer {
+	if writeHook != nil {
+		return writeHook(f)
+	}
+	return f
+}
+
+// writeChunked writes b in 4 MiB pieces so that a cancellation is noticed
+// while a large model file is written.
+func writeChunked(w io.Writer, b []byte) error {
+	for len(b) > 0 {
+		n := min(len(b), 4<<20)
+		if _, err := w.Write(b[:n]); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
 
 // ErrTooLarge is returned when a model without external data would exceed
 // protobuf's 2 GiB limit.
@@ -96,7 +123,9 @@ const sideAlign = 64
 // Save writes the model to path atomically: the model and its side file are
 // written to temporary files in the target folder, synced, and renamed into
 // place only when everything succeeded. A failure leaves any previous file at
-// path untouched.
+// path untouched. A side file already at the target (as when a model is
+// rewritten in place) is kept as a backup until the model file has been
+// renamed into place, and restored if that fails.
 func (m *Model) Save(path string, opt SaveOptions) error {
 	if opt.Threshold <= 0 {
 		opt.Threshold = 1024
@@ -129,7 +158,7 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 			return err
 		}
 		defer side.abort()
-		bw := bufio.NewWriterSize(side.f, 1<<20)
+		bw := bufio.NewWriterSize(hooked(side.f), 1<<20)
 		cw := &ctxWriter{ctx: ctx, w: bw, progress: opt.Progress}
 		for _, t := range moved {
 			n, err := m.tensorSize(t)
@@ -197,7 +226,7 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if sz := proto.Size(m.Proto); sz > maxProtoSize {
+	if sz := proto.Size(m.Proto); int64(sz) > MaxProtoSize {
 		return fmt.Errorf("%s: %w (%d bytes)", path, ErrTooLarge, sz)
 	}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m.Proto)
@@ -209,18 +238,54 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 		return err
 	}
 	defer mf.abort()
-	if _, err := mf.f.Write(b); err != nil {
+	if err := writeChunked(&ctxWriter{ctx: ctx, w: hooked(mf.f)}, b); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := mf.finish(); err != nil {
+		return err
+	}
+	if side != nil {
+		if err := side.finish(); err != nil {
+			return err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if side != nil {
-		if err := side.commit(); err != nil {
-			return err
+	if side == nil {
+		return mf.commit()
+	}
+	// Keep the side file already at the target (an in-place rewrite's
+	// input weights) until the model file is in place.
+	bak := ""
+	if _, err := os.Lstat(side.path); err == nil {
+		bak = filepath.Join(dir, "."+filepath.Base(side.path)+".bak-"+strconv.Itoa(os.Getpid()))
+		if err := os.Rename(side.path, bak); err != nil {
+			return fmt.Errorf("keeping a backup of %s: %w", side.path, err)
 		}
 	}
-	return mf.commit()
+	restoreSide := func() {
+		if bak != "" {
+			os.Rename(bak, side.path)
+		}
+	}
+	if err := side.rename(); err != nil {
+		restoreSide()
+		return err
+	}
+	if err := mf.rename(); err != nil {
+		os.Remove(side.path)
+		restoreSide()
+		return err
+	}
+	if bak != "" {
+		os.Remove(bak)
+	}
+	syncDir(dir)
+	return nil
 }
 
 // ErrNeedsSideFile is wrapped by the error Encode returns for a model whose
@@ -281,7 +346,7 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if sz := proto.Size(m.Proto); sz > maxProtoSize {
+	if sz := proto.Size(m.Proto); int64(sz) > MaxProtoSize {
 		return fmt.Errorf("%w (%d bytes)", ErrTooLarge, sz)
 	}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m.Proto)
@@ -399,9 +464,10 @@ func allInitializers(mp *pb.ModelProto) []*pb.TensorProto {
 
 // atomicFile is a temporary file that becomes path on commit.
 type atomicFile struct {
-	f    *os.File
-	path string
-	done bool
+	f      *os.File
+	path   string
+	closed bool
+	done   bool
 }
 
 func createAtomic(path string) (*atomicFile, error) {
@@ -412,16 +478,37 @@ func createAtomic(path string) (*atomicFile, error) {
 	return &atomicFile{f: f, path: path}, nil
 }
 
+// commit syncs, closes and renames the temporary file to its path, then
+// syncs the folder.
 func (a *atomicFile) commit() error {
+	if err := a.finish(); err != nil {
+		return err
+	}
+	if err := a.rename(); err != nil {
+		return err
+	}
+	syncDir(filepath.Dir(a.path))
+	return nil
+}
+
+// finish syncs the data to disk and closes the temporary file.
+func (a *atomicFile) finish() error {
+	if a.closed {
+		return nil
+	}
+	a.closed = true
 	if err := a.f.Sync(); err != nil {
+		a.f.Close()
 		return fmt.Errorf("writing %s: %w", a.path, err)
 	}
 	if err := a.f.Close(); err != nil {
 		return fmt.Errorf("writing %s: %w", a.path, err)
 	}
-	if err := os.Chmod(a.f.Name(), 0o644); err != nil {
-		return err
-	}
+	return os.Chmod(a.f.Name(), 0o644)
+}
+
+// rename moves the finished temporary file to its path.
+func (a *atomicFile) rename() error {
 	if err := os.Rename(a.f.Name(), a.path); err != nil {
 		return fmt.Errorf("writing %s: %w", a.path, err)
 	}
@@ -431,20 +518,33 @@ func (a *atomicFile) commit() error {
 
 func (a *atomicFile) abort() {
 	if !a.done {
-		a.f.Close()
+		if !a.closed {
+			a.f.Close()
+		}
 		os.Remove(a.f.Name())
 		a.done = true
 	}
 }
 
-// WriteFileAtomic writes data to path via a synced temporary file and a rename.
+// syncDir flushes a folder's entries (the renames) to disk, where the
+// platform allows it.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// WriteFileAtomic writes data to path via a temporary file in the same
+// folder, synced, then renamed into place; on failure the previous file at
+// path is untouched and no temporary file is left.
 func WriteFileAtomic(path string, data []byte) error {
 	a, err := createAtomic(path)
 	if err != nil {
 		return err
 	}
 	defer a.abort()
-	if _, err := a.f.Write(data); err != nil {
+	if err := writeChunked(hooked(a.f), data); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return a.commit()

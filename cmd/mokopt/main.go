@@ -3,26 +3,46 @@
 // Mixture-of-Kittens megakernel, and verifies and diffs the results.
 //
 // Exit codes: 0 ok, 1 a check failed (verify mismatch, refused fusion, a
-// kernel constraint), 2 bad usage or unreadable input.
+// kernel constraint), 2 bad usage or unreadable input, 130 interrupted
+// (SIGINT or SIGTERM: temporary files are removed, no output is written).
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
+// exitInterrupted is the exit code after SIGINT or SIGTERM (128 + SIGINT).
+const exitInterrupted = 130
+
 func main() {
-	os.Exit(execute(os.Args[1:]))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second Ctrl-C kills at once
+	}()
+	os.Exit(executeContext(ctx, os.Args[1:]))
 }
 
 // execute runs the CLI with args and returns the process exit code.
-func execute(args []string) int {
+func execute(args []string) int { return executeContext(context.Background(), args) }
+
+// executeContext runs the CLI with args under ctx, whose cancellation stops
+// the command, and returns the process exit code.
+func executeContext(ctx context.Context, args []string) int {
 	root := newRootCmd()
 	root.SetArgs(args)
-	err := root.Execute()
+	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
+	}
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		fmt.Fprintln(os.Stderr, "mokopt: interrupted; no output written")
+		return exitInterrupted
 	}
 	var ex *exitError
 	if errors.As(err, &ex) {

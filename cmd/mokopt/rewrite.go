@@ -58,7 +58,7 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 			defer m.Close()
 			progress := newProgress(c)
 			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, Progress: progress})
-			if rep != nil && report != "" {
+			if rep != nil && report != "" && c.Context().Err() == nil {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
 					return err
 				}

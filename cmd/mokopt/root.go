@@ -84,10 +84,15 @@ func exitCode(err error) int {
 	return 1
 }
 
-// loadModel loads a model ("-": standard input), turning any failure into a
-// bad-input error.
+// loadModel loads ("-": standard input) and checks a model
+// (graph.Model.Check), turning any failure into a bad-input error.
 func loadModel(path string) (*mokopt.Model, error) {
 	m, err := mokopt.Load(path)
+	if err == nil {
+		if err = m.Graph().Check(); err != nil {
+			m.Close()
+		}
+	}
 	if err != nil {
 		return nil, &exitError{code: 2, msg: err.Error(), err: err}
 	}
