@@ -49,6 +49,9 @@ type VerifyOptions struct {
 	DataDir string
 	// Progress, when set, receives "verify" events (model runs done).
 	Progress Progress
+	// MemLimit caps the reference interpreter's live tensor bytes (see
+	// eval.Options.MemLimit); 0 means no limit.
+	MemLimit int64
 }
 
 // DefaultVerifyOptions returns the CLI's defaults: tokens 1, 7 and 64,
@@ -62,6 +65,7 @@ func (o VerifyOptions) lower() (verify.Options, error) {
 		return verify.Options{}, fmt.Errorf("verify engine %q needs a Runner (only %q is built in)", o.Engine, EngineRef)
 	}
 	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine}
+	vo.Eval.MemLimit = o.MemLimit
 	if o.Progress != nil {
 		vo.Progress = func(done, total int) { o.Progress.report(StageVerify, done, total) }
 	}

@@ -32,25 +32,30 @@ func main() {
 func execute(args []string) int { return executeContext(context.Background(), args) }
 
 // executeContext runs the CLI with args under ctx, whose cancellation stops
-// the command, and returns the process exit code.
+// the command, prints the error, if any, and returns the process exit code.
 func executeContext(ctx context.Context, args []string) int {
+	code, msg, _ := runCLI(ctx, args)
+	if msg != "" {
+		fmt.Fprintln(os.Stderr, "mokopt:", msg)
+	}
+	return code
+}
+
+// runCLI runs the CLI with args under ctx and returns the exit code, the
+// message to print ("" for none) and the error itself.
+func runCLI(ctx context.Context, args []string) (int, string, error) {
 	root := newRootCmd()
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
-		return 0
+		return 0, "", nil
 	}
 	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		fmt.Fprintln(os.Stderr, "mokopt: interrupted; no output written")
-		return exitInterrupted
+		return exitInterrupted, "interrupted; no output written", err
 	}
 	var ex *exitError
 	if errors.As(err, &ex) {
-		if ex.msg != "" {
-			fmt.Fprintln(os.Stderr, "mokopt:", ex.msg)
-		}
-		return ex.code
+		return ex.code, ex.msg, err
 	}
-	fmt.Fprintln(os.Stderr, "mokopt:", err)
-	return exitCode(err)
+	return exitCode(err), err.Error(), err
 }

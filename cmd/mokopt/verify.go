@@ -34,6 +34,7 @@ func newVerifyCmd() *cobra.Command {
 	var seed int64
 	var rtol, atol float64
 	var asJSON bool
+	var memLimit byteSize
 	c := &cobra.Command{
 		Use:   "verify A B",
 		Short: "Run two models on the same inputs with the reference interpreter and compare",
@@ -64,7 +65,7 @@ func newVerifyCmd() *cobra.Command {
 				return err
 			}
 			defer b.Close()
-			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, Runner: runner, Engine: engine, Progress: newProgress(c)})
+			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, MemLimit: int64(memLimit), Runner: runner, Engine: engine, Progress: newProgress(c)})
 			return reportVerify(c.OutOrStdout(), rep, err, asJSON)
 		},
 	}
@@ -75,13 +76,17 @@ func newVerifyCmd() *cobra.Command {
 	c.Flags().Float64Var(&rtol, "rtol", verify.DefaultRTol, "relative tolerance")
 	c.Flags().Float64Var(&atol, "atol", verify.DefaultATol, "absolute tolerance")
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	c.Flags().Var(&memLimit, "mem-limit", memLimitHelp)
 	return c
 }
+
+const memLimitHelp = "cap on the interpreter's live tensor bytes, e.g. 4GiB (0: none); exceeding it fails the run with exit 1"
 
 func newRunCmd() *cobra.Command {
 	var data string
 	var rtol, atol float64
 	var asJSON bool
+	var memLimit byteSize
 	c := &cobra.Command{
 		Use:   "run MODEL --data DIR",
 		Short: "Run a model on a test_data_set and compare with its output_N.pb files",
@@ -95,7 +100,7 @@ func newRunCmd() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			rep, err := mokopt.Run(c.Context(), m, data, mokopt.VerifyOptions{RTol: rtol, ATol: atol, Progress: newProgress(c)})
+			rep, err := mokopt.Run(c.Context(), m, data, mokopt.VerifyOptions{RTol: rtol, ATol: atol, MemLimit: int64(memLimit), Progress: newProgress(c)})
 			return reportVerify(c.OutOrStdout(), rep, err, asJSON)
 		},
 	}
@@ -103,6 +108,7 @@ func newRunCmd() *cobra.Command {
 	c.Flags().Float64Var(&rtol, "rtol", verify.DefaultRTol, "relative tolerance")
 	c.Flags().Float64Var(&atol, "atol", verify.DefaultATol, "absolute tolerance")
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	c.Flags().Var(&memLimit, "mem-limit", memLimitHelp)
 	return c
 }
 
