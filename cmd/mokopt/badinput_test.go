@@ -230,6 +230,7 @@ func TestBadInputs(t *testing.T) {
 			}
 			before := listDir(t, dir)
 			code, msg, err := runCLI(context.Background(), []string{"rewrite", in, "-o", out})
+			t.Logf("exit %d: mokopt: %s", code, strings.ReplaceAll(msg, dir, "DIR"))
 			if code != c.code {
 				t.Fatalf("exit %d, want %d (%s)", code, c.code, msg)
 			}

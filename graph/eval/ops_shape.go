@@ -128,7 +128,8 @@ func reshapeTo(in []int, spec []int64, allowZero bool) ([]int, error) {
 			out[infer] = total / known
 		}
 	}
-	if numel(out) != total {
+	// Checked: huge dims can wrap the product around to the input's count.
+	if n, err := checkedNumel(out); err != nil || n != total {
 		return nil, errf("cannot reshape %v (%d elements) to %v", in, total, spec)
 	}
 	return out, nil
