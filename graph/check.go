@@ -27,6 +27,12 @@ func (m *Model) Check() error {
 	for _, e := range m.Graph().Validate() {
 		errs = append(errs, e)
 	}
+	opset := m.Opset("")
+	for _, n := range m.Proto.Graph.Node {
+		if err := checkArity(n, opset); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	seen := map[string]bool{}
 	for _, t := range m.Proto.Graph.Initializer {
 		if seen[t.GetName()] {
@@ -47,6 +53,53 @@ func (m *Model) Check() error {
 		errs = append(errs[:maxCheckErrors], fmt.Errorf("and %d more problems", n))
 	}
 	return &InputError{File: m.Name(), Msg: "invalid model", Err: errors.Join(errs...)}
+}
+
+// minInputs is the number of inputs an op of the default domain requires
+// (ONNX schemas), for the ops passes and the interpreter take apart; ops
+// whose arity changed take the opset version.
+func minInputs(op string, opset int64) int {
+	switch op {
+	case "Add", "Sub", "Mul", "Div", "Pow", "MatMul", "Gemm", "Gather", "GatherND", "GatherElements",
+		"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Expand", "Tile", "Mod", "And", "Or":
+		return 2
+	case "ScatterND", "ScatterElements", "Where", "Range", "OneHot":
+		return 3
+	case "TopK":
+		if opset >= 10 {
+			return 2
+		}
+	case "Reshape":
+		if opset >= 5 {
+			return 2
+		}
+	case "Slice":
+		if opset >= 10 {
+			return 3
+		}
+	}
+	return 1
+}
+
+// checkArity refuses a default-domain node with fewer inputs or outputs
+// than its op requires (a TopK without k, a MatMul with one operand), which
+// no exporter writes and which passes must not index past.
+func checkArity(n *pb.NodeProto, opset int64) error {
+	if d := n.GetDomain(); d != "" && d != "ai.onnx" {
+		return nil
+	}
+	op := n.GetOpType()
+	if need := minInputs(op, opset); len(n.Input) < need {
+		return fmt.Errorf("node %q (%s) has %d inputs; %s (opset %d) needs at least %d", NodeLabel(n), op, len(n.Input), op, opset, need)
+	}
+	needOut := 1
+	if op == "TopK" {
+		needOut = 2
+	}
+	if len(n.Output) < needOut {
+		return fmt.Errorf("node %q (%s) has %d outputs; %s needs %d", NodeLabel(n), op, len(n.Output), op, needOut)
+	}
+	return nil
 }
 
 // checkTensor checks one initializer's declared size against its data.

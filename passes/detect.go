@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"sort"
 	"strings"
 
@@ -56,6 +57,10 @@ type Detection struct {
 	Blocks   []*Block   `json:"blocks"`
 	NearMiss []NearMiss `json:"near_misses"`
 }
+
+// errMatcherFault starts the reason of a candidate whose analysis hit a
+// runtime error: a bug in the matcher that a malformed model exposed.
+const errMatcherFault = "matcher fault on a malformed model (please report)"
 
 // reject aborts a candidate with a reason.
 type reject struct{ msg string }
@@ -196,11 +201,19 @@ func (c *ctx) detectAt(tk *pb.NodeProto) (b *Block, err error) {
 	return b, nil
 }
 
-// attempt runs f and turns a fail() inside it into the returned error;
-// any other panic propagates.
+// attempt runs f and turns a fail() inside it into the returned error. A
+// runtime error (an index past a malformed node's inputs, a nil tensor)
+// becomes a refusal of this candidate that says it is a matcher fault
+// (errMatcherFault), so a hostile model yields a message instead of a
+// panic trace; the fuzz target treats it as a failure. Any other panic
+// propagates.
 func attempt(f func()) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
+			if re, ok := r.(runtime.Error); ok {
+				err = reject{fmt.Sprintf("%s: %v", errMatcherFault, re)}
+				return
+			}
 			rj, ok := r.(reject)
 			if !ok {
 				panic(r)

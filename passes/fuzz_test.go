@@ -2,8 +2,10 @@ package passes
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
@@ -101,14 +103,18 @@ func mutate(mp *pb.ModelProto, prog []byte) {
 	}
 }
 
-// FuzzDetect runs the MoE matcher over mutated models: the bytes may be any
-// model (the seeds are the bundled example, the exported fixtures when
-// present, and small synthetic models of every exporter shape) and the
-// program edits its structure. Models that pass graph.Model.Check (what the
-// CLI requires) go through Detect and Rewrite (no numerical check). Either
-// may refuse; neither may panic, and every error must be a bad-input error or
-// a refusal.
+// FuzzDetect runs the MoE matcher over mutated models. The corpus models
+// are the bundled example, the exported block fixtures when present, and
+// small synthetic models of every exporter shape (softmax and sigmoid
+// routing, with and without a shared expert); they are loaded once, and
+// each fuzz input picks one (pick) and edits its structure (prog, see
+// mutate), so the fuzzer mutates a few bytes instead of whole models. A
+// non-empty raw replaces the picked model with arbitrary bytes (its seeds are
+// the synthetic models' encodings). Models that pass graph.Model.Check
+// (what the CLI requires) go through Detect and Rewrite (no numerical
+// check). Either may refuse; neither may panic, a fused model must validate.
 func FuzzDetect(f *testing.F) {
+	var corpus [][]byte
 	for _, shape := range models.Shapes {
 		for _, shared := range []int{0, 8} {
 			if shape == models.ShapeORT && shared > 0 {
@@ -126,18 +132,27 @@ func FuzzDetect(f *testing.F) {
 			if err != nil {
 				f.Fatal(err)
 			}
-			f.Add(b, []byte{})
-			f.Add(b, []byte{2, 3, 0, 0, 5, 9, 3, 1, 2})
+			corpus = append(corpus, b)
+			f.Add(uint8(0), []byte{}, b)
 		}
 	}
 	seeds, _ := filepath.Glob("../testdata/example/*.onnx")
 	fx, _ := filepath.Glob(filepath.Join(fixtureDir, "*_block_*.onnx"))
 	for _, p := range append(seeds, fx...) {
 		if b, err := os.ReadFile(p); err == nil {
-			f.Add(b, []byte{})
+			corpus = append(corpus, b)
 		}
 	}
-	f.Fuzz(func(t *testing.T, b, prog []byte) {
+	for i := range corpus {
+		f.Add(uint8(i), []byte{}, []byte{})
+		f.Add(uint8(i), []byte{2, 3, 0, 0, 5, 9, 3, 1, 2}, []byte{})
+		f.Add(uint8(i), []byte{5, 1, 0, 6, 2, 0}, []byte{})
+	}
+	f.Fuzz(func(t *testing.T, pick uint8, prog, raw []byte) {
+		b := raw
+		if len(b) == 0 {
+			b = corpus[int(pick)%len(corpus)]
+		}
 		m, err := graph.Parse(b, "fuzz.onnx")
 		if err != nil {
 			return
@@ -153,6 +168,11 @@ func FuzzDetect(f *testing.F) {
 			}
 			return
 		}
+		for _, nm := range det.NearMiss {
+			if strings.Contains(nm.Reason, errMatcherFault) {
+				t.Fatalf("near miss %s: %s", nm.Node, nm.Reason)
+			}
+		}
 		for _, blk := range det.Blocks {
 			if blk.Spec.NumExperts <= 0 || blk.Spec.TopK <= 0 || blk.Spec.TopK > blk.Spec.NumExperts {
 				t.Fatalf("block %s accepted with E=%d k=%d", blk.Name, blk.Spec.NumExperts, blk.Spec.TopK)
@@ -161,8 +181,8 @@ func FuzzDetect(f *testing.F) {
 		rep, err := Rewrite(m, Options{Partial: true})
 		if err != nil {
 			// A refusal is fine (it must say why); a panic fails the run.
-			if err.Error() == "" {
-				t.Fatal("Rewrite returned an empty error")
+			if err.Error() == "" || strings.Contains(err.Error(), errMatcherFault) {
+				t.Fatalf("Rewrite: %q", err)
 			}
 			return
 		}
@@ -170,4 +190,36 @@ func FuzzDetect(f *testing.F) {
 			t.Fatalf("Rewrite (%d fused) left an invalid graph: %v", len(rep.Fused), errs)
 		}
 	})
+}
+
+// TestMalformedTopK: a TopK without its k input (first found by FuzzDetect's
+// seeds, which panicked indexing tk.Input[1]) is refused by Check with a
+// message naming the node, and Detect, reached without Check, reports a
+// matcher fault for the candidate instead of panicking.
+func TestMalformedTopK(t *testing.T) {
+	m, err := models.Build(models.Config{Shape: models.ShapeBatched, Layers: 1, Experts: 4, TopK: 2, Hidden: 8, Inter: 8, Normalize: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tk *pb.NodeProto
+	for _, n := range m.Proto.Graph.Node {
+		if n.GetOpType() == "TopK" {
+			tk = n
+		}
+	}
+	if tk == nil {
+		t.Fatal("no TopK in the synthetic model")
+	}
+	tk.Input = tk.Input[:1]
+	err = m.Check()
+	if !errors.Is(err, graph.ErrBadInput) || !strings.Contains(err.Error(), fmt.Sprintf("node %q (TopK) has 1 inputs; TopK (opset", graph.NodeLabel(tk))) {
+		t.Fatalf("Check: %v", err)
+	}
+	det, err := Detect(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(det.Blocks) != 0 || len(det.NearMiss) != 1 || !strings.Contains(det.NearMiss[0].Reason, errMatcherFault) {
+		t.Fatalf("Detect on a TopK without k: %d blocks, near misses %+v", len(det.Blocks), det.NearMiss)
+	}
 }

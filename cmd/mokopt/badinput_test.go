@@ -133,6 +133,12 @@ func TestBadInputs(t *testing.T) {
 				mp.Graph.Node[1].Input[0] = "nowhere"
 				return marshal(t, mp)
 			}},
+		{name: "node with too few inputs", code: 2, bad: true, want: []string{`node "add" (Add) has 1 inputs; Add (opset 18) needs at least 2`},
+			model: func(t *testing.T, dir string) []byte {
+				mp := smallModel()
+				mp.Graph.Node[0].Input = mp.Graph.Node[0].Input[:1]
+				return marshal(t, mp)
+			}},
 		{name: "raw_data length mismatch", code: 2, bad: true, want: []string{`initializer "w"`, "raw_data holds 15 bytes", "need 16"},
 			model: func(t *testing.T, dir string) []byte {
 				mp := smallModel()
