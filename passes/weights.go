@@ -89,6 +89,9 @@ func (q *Proj) matrix(m *graph.Model, cache map[*pb.TensorProto][]float32) (data
 	default:
 		return nil, 0, 0, fmt.Errorf("initializer %q has dims %v, not a matrix per expert", q.Init.GetName(), d)
 	}
+	if q.Expert >= 0 && int64(q.Expert) >= d[0] || off+r*cc > len(all) {
+		return nil, 0, 0, fmt.Errorf("initializer %q has dims %v: no matrix for expert %d", q.Init.GetName(), d, q.Expert)
+	}
 	src := all[off : off+r*cc]
 	if q.InOut { // stored [in, out]: transpose to [out, in]
 		t := make([]float32, r*cc)
@@ -114,6 +117,9 @@ func (q *Proj) vector(m *graph.Model, cache map[*pb.TensorProto][]float32) ([]fl
 		return nil, err
 	}
 	d := q.Init.GetDims()
+	if len(d) == 0 {
+		return nil, fmt.Errorf("bias %q is a scalar, not a vector", q.Init.GetName())
+	}
 	n := int(d[len(d)-1])
 	off := 0
 	if q.Expert >= 0 {
@@ -121,6 +127,9 @@ func (q *Proj) vector(m *graph.Model, cache map[*pb.TensorProto][]float32) ([]fl
 			return nil, fmt.Errorf("bias %q has dims %v, want [experts, n]", q.Init.GetName(), d)
 		}
 		off = q.Expert * n
+	}
+	if q.Expert >= 0 && int64(q.Expert) >= d[0] || off+n > len(all) {
+		return nil, fmt.Errorf("bias %q has dims %v: no vector for expert %d", q.Init.GetName(), d, q.Expert)
 	}
 	src := all[off : off+n]
 	var out []float32
