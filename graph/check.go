@@ -65,20 +65,28 @@ func minInputs(op string, opset int64) int {
 		return 2
 	case "ScatterND", "ScatterElements", "Where", "Range", "OneHot":
 		return 3
+	case "Relu", "Sigmoid", "Softmax", "LogSoftmax", "Transpose", "Identity", "Neg", "Exp", "Log", "Sqrt",
+		"Tanh", "Erf", "Abs", "Reciprocal", "Cast", "Squeeze", "Unsqueeze", "Split", "Concat", "Flatten",
+		"ReduceSum", "ReduceMean", "ReduceMax", "Shape", "Size", "NonZero", "Clip", "Min", "Max", "Sum",
+		"ArgMax", "ArgMin", "ConstantOfShape", "Not", "Softplus", "Gelu", "Einsum", "CumSum":
+		return 1
 	case "TopK":
 		if opset >= 10 {
 			return 2
 		}
+		return 1
 	case "Reshape":
 		if opset >= 5 {
 			return 2
 		}
+		return 1
 	case "Slice":
 		if opset >= 10 {
 			return 3
 		}
+		return 1
 	}
-	return 1
+	return 0
 }
 
 // checkArity refuses a default-domain node with fewer inputs or outputs
