@@ -2,6 +2,9 @@ package moe
 
 import (
 	"fmt"
+	"slices"
+
+	"github.com/mokopt/mokopt/ep"
 
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -12,7 +15,7 @@ func init() { eval.Register(Domain, OpType, evalKernel) }
 // evalKernel runs ai.mok::MoE in the reference interpreter with the
 // reference semantics of Forward (not the function body), so that the two
 // can check each other (eval.Options.PreferFunctions runs the body).
-func evalKernel(_ *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.Tensor, error) {
+func evalKernel(c *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.Tensor, error) {
 	get := func(pos int) *eval.Tensor {
 		if pos < len(in) {
 			return in[pos]
@@ -64,9 +67,71 @@ func evalKernel(_ *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.
 	}
 	s.SharedGated = w.SharedGateW != nil
 	T := len(x.F32) / s.Hidden
+	if s.Shard() {
+		if err := gatherShards(c, s, &w); err != nil {
+			return nil, err
+		}
+	}
 	y, err := Forward(s, &w, x.F32, T)
 	if err != nil {
 		return nil, err
 	}
 	return []*eval.Tensor{eval.NewFloat32(append([]int(nil), x.Shape...), y)}, nil
+}
+
+// shardPart is what one EP rank contributes to gatherShards.
+type shardPart struct {
+	offset int
+	w      *Weights
+}
+
+// gatherShards simulates the collectives folded into an EP shard node
+// (dispatch to the ranks owning the experts, combine back): inside
+// ep.RunRanks every rank contributes its local experts, and each rank then
+// computes its own tokens with the assembled global weights, which is what
+// dispatch, local compute and combine amount to. The router and shared
+// expert must be the same on every rank. On return s and w describe the
+// whole block.
+func gatherShards(c *eval.OpContext, s *Spec, w *Weights) error {
+	var ctx = c.Context
+	mine := *w // a copy: this rank replaces *w below while others still read it
+	_, all, err := ep.Exchange(ctx, "ai.mok::MoE shard", shardPart{s.ExpertOffset, &mine})
+	if err != nil {
+		return err
+	}
+	if len(all) != s.EPSize {
+		return fmt.Errorf("ai.mok::MoE shard with ep_size %d run in a group of %d ranks", s.EPSize, len(all))
+	}
+	L, E := s.LocalExperts, s.NumExperts
+	parts := make([]*Weights, s.EPSize)
+	for r, v := range all {
+		p := v.(shardPart)
+		if p.offset%L != 0 || p.offset/L >= len(parts) || parts[p.offset/L] != nil {
+			return fmt.Errorf("rank %d holds experts from %d: the ranks' expert ranges do not tile 0..%d in steps of %d", r, p.offset, E-1, L)
+		}
+		if !slices.Equal(p.w.RouterW, w.RouterW) || !slices.Equal(p.w.SharedDown, w.SharedDown) {
+			return fmt.Errorf("rank %d has another router or shared expert than this rank (they must be replicated)", r)
+		}
+		parts[p.offset/L] = p.w
+	}
+	cat := func(get func(*Weights) []float32) []float32 {
+		if get(w) == nil {
+			return nil
+		}
+		var out []float32
+		for _, p := range parts {
+			out = append(out, get(p)...)
+		}
+		return out
+	}
+	g := *w
+	g.Gate = cat(func(x *Weights) []float32 { return x.Gate })
+	g.Up = cat(func(x *Weights) []float32 { return x.Up })
+	g.Down = cat(func(x *Weights) []float32 { return x.Down })
+	g.GateB = cat(func(x *Weights) []float32 { return x.GateB })
+	g.UpB = cat(func(x *Weights) []float32 { return x.UpB })
+	g.DownB = cat(func(x *Weights) []float32 { return x.DownB })
+	*w = g
+	s.LocalExperts, s.ExpertOffset = 0, 0
+	return nil
 }

@@ -255,6 +255,9 @@ func ForwardExperts(s *Spec, w *Weights, x []float32, T int, keep func(expert in
 	if err := CheckWeights(s, w); err != nil {
 		return nil, err
 	}
+	if s.Shard() {
+		return nil, fmt.Errorf("MoE node is EP rank shard (experts %d..%d of %d): it needs the other ranks' experts (run the rank models together, or merge them)", s.ExpertOffset, s.ExpertOffset+s.LocalExperts-1, s.NumExperts)
+	}
 	ids, rw := Route(s, w, x, T)
 	out := make([]float32, T*H)
 	tmp := make([]float32, H)
@@ -307,7 +310,7 @@ func ForwardExperts(s *Spec, w *Weights, x []float32, T int, keep func(expert in
 // CheckWeights verifies that every weight has the length the spec implies,
 // so that Forward never indexes out of range.
 func CheckWeights(s *Spec, w *Weights) error {
-	E, H, I, Is := s.NumExperts, s.Hidden, s.Inter, s.SharedInter
+	E, H, I, Is := s.StoredExperts(), s.Hidden, s.Inter, s.SharedInter
 	type req struct {
 		name     string
 		v        []float32
@@ -315,9 +318,9 @@ func CheckWeights(s *Spec, w *Weights) error {
 		required bool
 	}
 	reqs := []req{
-		{"router_weight", w.RouterW, E * H, true},
-		{"router_bias", w.RouterB, E, false},
-		{"router_correction_bias", w.CorrectionBias, E, false},
+		{"router_weight", w.RouterW, s.NumExperts * H, true},
+		{"router_bias", w.RouterB, s.NumExperts, false},
+		{"router_correction_bias", w.CorrectionBias, s.NumExperts, false},
 		{"gate", w.Gate, E * I * H, s.Activation != GELU},
 		{"up", w.Up, E * I * H, true},
 		{"down", w.Down, E * H * I, true},

@@ -118,6 +118,12 @@ type Spec struct {
 	// GroupScore is how group-limited routing (NGroup > 1) scores a group:
 	// GroupScoreTop2Sum (also when empty) or GroupScoreMax.
 	GroupScore string `json:"group_score,omitempty"`
+	// LocalExperts is the number of routed experts whose weights the node
+	// holds when it is one rank's shard of an expert-parallel group
+	// (NumExperts/EPSize, experts ExpertOffset onwards); 0 when it holds all
+	// NumExperts. It is read from the weights' leading dimension, not
+	// written as an attribute.
+	LocalExperts int `json:"local_experts,omitempty"`
 }
 
 // GroupScoreTop returns how many of a group's best scores add up to the
@@ -127,6 +133,17 @@ func (s *Spec) GroupScoreTop() int {
 		return 1
 	}
 	return 2
+}
+
+// Shard reports whether the node holds only one EP rank's experts.
+func (s *Spec) Shard() bool { return s.LocalExperts > 0 && s.LocalExperts != s.NumExperts }
+
+// StoredExperts is the number of experts whose weights the node holds.
+func (s *Spec) StoredExperts() int {
+	if s.Shard() {
+		return s.LocalExperts
+	}
+	return s.NumExperts
 }
 
 // Validate checks the spec's internal consistency.
@@ -160,6 +177,13 @@ func (s *Spec) Validate() error {
 	}
 	if s.EPSize < 1 || s.NumExperts%s.EPSize != 0 {
 		errs = append(errs, fmt.Sprintf("ep_size %d does not divide %d experts", s.EPSize, s.NumExperts))
+	} else if s.Shard() {
+		L := s.NumExperts / s.EPSize
+		if s.LocalExperts != L || s.ExpertOffset < 0 || s.ExpertOffset%L != 0 || s.ExpertOffset+L > s.NumExperts {
+			errs = append(errs, fmt.Sprintf("an EP shard holds %d experts from %d, want %d (num_experts %d / ep_size %d) from a multiple of %d", s.LocalExperts, s.ExpertOffset, L, s.NumExperts, s.EPSize, L))
+		}
+	} else if s.ExpertOffset != 0 {
+		errs = append(errs, fmt.Sprintf("expert_offset %d on a node holding all %d experts (must be 0)", s.ExpertOffset, s.NumExperts))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid MoE spec: %s", strings.Join(errs, "; "))
@@ -202,6 +226,9 @@ func (s *Spec) Variant() string {
 		} else {
 			parts = append(parts, "shared")
 		}
+	}
+	if s.Shard() {
+		parts = append(parts, "epshard")
 	}
 	return strings.Join(parts, "_")
 }
@@ -298,6 +325,9 @@ func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
 	s.ExpertBias = has(InGateBias) || has(InUpBias) || has(InDownBias)
 	if d := dims(InDown); len(d) == 3 {
 		s.Hidden, s.Inter = int(d[1]), int(d[2])
+		if int(d[0]) != s.NumExperts {
+			s.LocalExperts = int(d[0])
+		}
 	}
 	if has(InSharedDown) {
 		if d := dims(InSharedDown); len(d) == 2 {

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
@@ -30,6 +31,10 @@ type Block struct {
 	Input  string   `json:"input"`  // block input value (hidden states)
 	Output string   `json:"output"` // block output value
 	Nodes  int      `json:"nodes"`  // nodes in the region the fused node replaces
+	// Placement is where an EP block multiplies the routing weights
+	// (before_combine or after_combine), or "sharding" for a global block
+	// whose EP size comes from sharding annotations; empty otherwise.
+	Placement string `json:"placement,omitempty"`
 
 	// Router is the value fed to the router linear (may be a reshaped Input).
 	Router string          `json:"-"`
@@ -82,6 +87,9 @@ type DetectOptions struct {
 	// Progress, when set, is called with the candidates examined so far and
 	// the number of nodes that may start one.
 	Progress func(done, total int)
+	// EPTable names the EP collectives to recognise; nil means
+	// ep.DefaultTable().
+	EPTable *ep.Table
 }
 
 // Detect finds every MoE block in m's main graph. It never edits the model.
@@ -94,7 +102,11 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 		cx = context.Background()
 	}
 	progress := opt.Progress
-	c := &ctx{m: m, g: m.Graph(), restore: opt.RestoreTracedExperts}
+	tbl := opt.EPTable
+	if tbl == nil {
+		tbl = ep.DefaultTable()
+	}
+	c := &ctx{m: m, g: m.Graph(), restore: opt.RestoreTracedExperts, epTable: tbl}
 	topo, err := c.g.TopoSort()
 	if err != nil {
 		return nil, &graph.InputError{File: m.Name(), Msg: err.Error(), Err: err}
@@ -107,6 +119,7 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 	det := &Detection{}
 	claimed := map[*pb.NodeProto]bool{}
 	total, done := 0, 0
+	cols := c.epOps()
 	for _, n := range topo {
 		if n.GetOpType() == "TopK" || isORTMoE(n) {
 			total++
@@ -141,7 +154,22 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 		if c.isAuxTopK(n) {
 			continue
 		}
+		if len(cols) > 0 && len(c.reachCollectives(cols, n.Output...)) > 0 {
+			b, err := c.detectEPAt(n, cols)
+			if err != nil {
+				det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
+				continue
+			}
+			for _, r := range b.Region {
+				claimed[r] = true
+			}
+			det.Blocks = append(det.Blocks, b)
+			continue
+		}
 		b, err := c.detectAt(n)
+		if err == nil {
+			err = c.applySharding(b)
+		}
 		if err != nil {
 			if !c.routerFed(n) && !c.feedsExpertCompute(n) {
 				continue // a TopK used for something else entirely: not a candidate

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
@@ -36,6 +37,9 @@ type Options struct {
 	// (candidates), "weights" (blocks whose weights were read), "check"
 	// (blocks checked: 0 of n, then n of n) and "fuse" (blocks fused).
 	Progress func(stage string, done, total int)
+	// EPTable names the EP collectives to recognise; nil means
+	// ep.DefaultTable().
+	EPTable *ep.Table
 }
 
 func (o *Options) progress(stage string, done, total int) {
@@ -85,7 +89,7 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	det, err := DetectWith(m, DetectOptions{RestoreTracedExperts: opt.RestoreTracedExperts, Context: ctx,
+	det, err := DetectWith(m, DetectOptions{RestoreTracedExperts: opt.RestoreTracedExperts, Context: ctx, EPTable: opt.EPTable,
 		Progress: func(done, total int) { opt.progress("detect", done, total) }})
 	if err != nil {
 		return nil, err
@@ -113,7 +117,12 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		}
 		todo = append(todo, ready{b, w})
 	}
-	if opt.Check && len(todo) > 0 {
+	check := opt.Check
+	if w := shardCheckNote(det.Blocks); w != "" && check {
+		rep.Warnings = append(rep.Warnings, w)
+		check = false
+	}
+	if check && len(todo) > 0 {
 		bs := make([]*Block, len(todo))
 		ws := make([]*moe.Weights, len(todo))
 		for i, r := range todo {
@@ -195,12 +204,13 @@ func emit(m *graph.Model, g *graph.Graph, b *Block, w *moe.Weights, opset int64,
 		g.AddInitializer(moe.Float32Tensor(n, dims, v))
 		return n
 	}
-	E, H, I, Is := int64(s.NumExperts), int64(s.Hidden), int64(s.Inter), int64(s.SharedInter)
+	E, H, I, Is := int64(s.StoredExperts()), int64(s.Hidden), int64(s.Inter), int64(s.SharedInter)
 	in := make([]string, moe.NumInputs)
 	in[moe.InHidden] = b.Input
-	in[moe.InRouterW] = add("router_weight", []int64{E, H}, w.RouterW)
-	in[moe.InRouterB] = add("router_bias", []int64{E}, w.RouterB)
-	in[moe.InCorrectionBias] = add("router_correction_bias", []int64{E}, w.CorrectionBias)
+	Er := int64(s.NumExperts) // the router always scores every expert
+	in[moe.InRouterW] = add("router_weight", []int64{Er, H}, w.RouterW)
+	in[moe.InRouterB] = add("router_bias", []int64{Er}, w.RouterB)
+	in[moe.InCorrectionBias] = add("router_correction_bias", []int64{Er}, w.CorrectionBias)
 	in[moe.InGate] = add("gate", []int64{E, I, H}, w.Gate)
 	in[moe.InUp] = add("up", []int64{E, I, H}, w.Up)
 	in[moe.InDown] = add("down", []int64{E, H, I}, w.Down)
@@ -231,7 +241,7 @@ func emit(m *graph.Model, g *graph.Graph, b *Block, w *moe.Weights, opset int64,
 	node.Overload = proto.String(s.Variant())
 	g.Reindex()
 	g.AddNode(node)
-	if !funcs[s.Variant()] {
+	if !funcs[s.Variant()] && !s.Shard() { // a shard needs its group: no standalone body
 		f, err := moe.Function(s, opset)
 		if err != nil {
 			return nil, err

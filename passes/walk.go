@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"math"
 
+	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
@@ -31,6 +32,8 @@ type ctx struct {
 	// sparse maps the synthetic selection nodes standing for sparsemixer
 	// routers (sparseMixerAt) to what was read from them.
 	sparse map[*pb.NodeProto]*sparseInfo
+	// epTable names the EP collectives (see ep.go).
+	epTable *ep.Table
 }
 
 // through walks back from v over noise ops and returns the first value not

@@ -203,7 +203,7 @@ func (p *WeightPlan) Materialize(m *graph.Model, s *moe.Spec) (*moe.Weights, err
 	if w.CorrectionBias, err = vec(p.Corr); err != nil {
 		return nil, err
 	}
-	E, H, I := s.NumExperts, s.Hidden, s.Inter
+	E, H, I := s.StoredExperts(), s.Hidden, s.Inter
 	if len(p.Experts) != E {
 		return nil, fmt.Errorf("weight plan has %d experts, spec %d", len(p.Experts), E)
 	}

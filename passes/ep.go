@@ -1,0 +1,458 @@
+package passes
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/mokopt/mokopt/ep"
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+)
+
+// Shape kinds of expert-parallel blocks (one rank's shard).
+const (
+	// KindEPAllToAll is a block whose tokens reach the expert ranks through
+	// all_to_all collectives (com.microsoft::AllToAll).
+	KindEPAllToAll = "ep-alltoall"
+	// KindEPDispatch is a block with DeepEP-style dispatch/combine nodes.
+	KindEPDispatch = "ep-dispatch"
+)
+
+// Metadata keys of a per-rank EP model (metadata_props): the file's rank
+// in its EP group and the group size.
+const (
+	MetaEPRank = "ai.mok.ep_rank"
+	MetaEPSize = "ai.mok.ep_size"
+)
+
+// Router-weight placements of an EP block (Block.Placement).
+const (
+	PlacementBeforeCombine = "before_combine"
+	PlacementAfterCombine  = "after_combine"
+)
+
+// epOps returns the collective nodes of the graph in topological order.
+func (c *ctx) epOps() map[*pb.NodeProto]ep.Op {
+	out := map[*pb.NodeProto]ep.Op{}
+	for _, n := range c.topo {
+		if o, ok := c.epTable.Lookup(n.GetDomain(), n.GetOpType()); ok {
+			out[n] = o
+		}
+	}
+	return out
+}
+
+// reachCollectives returns the collective nodes reachable from vals
+// without crossing another collective, in topological order.
+func (c *ctx) reachCollectives(cols map[*pb.NodeProto]ep.Op, vals ...string) []*pb.NodeProto {
+	seen := map[*pb.NodeProto]bool{}
+	var hit []*pb.NodeProto
+	stack := append([]string(nil), vals...)
+	for len(stack) > 0 {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, n := range c.g.Consumers(v) {
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			if _, ok := cols[n]; ok {
+				hit = append(hit, n)
+				continue
+			}
+			stack = append(stack, n.Output...)
+		}
+	}
+	sort.Slice(hit, func(i, j int) bool { return c.order[hit[i]] < c.order[hit[j]] })
+	return hit
+}
+
+// detectEPAt recognises one rank's EP block around the router TopK tk:
+// dispatch collectives reached from the router without crossing another
+// collective, one combine collective reached from them, the local experts
+// between the two, and the router-weight multiply before or after combine.
+func (c *ctx) detectEPAt(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (b *Block, err error) {
+	if err := attempt(func() { b = c.epBlock(tk, cols) }); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
+	s := moe.Spec{RoutedScalingFactor: 1, SwiGLUAlpha: 1}
+	k, ok := c.scalarInt(tk.Input[1])
+	if !ok {
+		fail("TopK k is not a constant")
+	}
+	s.TopK = int(k)
+	ri := c.router(tk)
+	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
+	s.RouterBias, s.CorrectionBias = ri.bias != nil, ri.corr != nil
+	dims := ri.w.GetDims()
+	if len(dims) != 2 {
+		fail("router weight %q is not a matrix", ri.w.GetName())
+	}
+	E, H := int(dims[0]), int(dims[1])
+	if ri.wInOut {
+		E, H = H, E
+	}
+	s.NumExperts, s.Hidden = E, H
+	// Dispatch and combine.
+	// The dispatch: the collectives reached from the top-k indices, plus
+	// those reached from the top-k weights that are not downstream of the
+	// former (weights applied after combine flow on to later layers).
+	first := c.reachCollectives(cols, tk.Output[1])
+	if len(first) == 0 {
+		fail("no collective after the router")
+	}
+	var firstOuts []string
+	for _, n := range first {
+		firstOuts = append(firstOuts, n.Output...)
+	}
+	later := c.forward(firstOuts...)
+	disp := first
+	for _, n := range c.reachCollectives(cols, tk.Output[0]) {
+		if !later[n] && !containsNode(disp, n) {
+			disp = append(disp, n)
+		}
+	}
+	sort.Slice(disp, func(i, j int) bool { return c.order[disp[i]] < c.order[disp[j]] })
+	var dOuts []string
+	group := -1
+	kindOf := func(n *pb.NodeProto) string { return cols[n].Kind }
+	checkGroup := func(n *pb.NodeProto) {
+		o := cols[n]
+		gs, ok := attrIntOK(n, o.GroupAttr)
+		if !ok || gs < 1 {
+			fail("%s::%s %q has no %s attribute (the EP group size)", o.Domain, o.Name, graph.NodeLabel(n), o.GroupAttr)
+		}
+		if group >= 0 && int(gs) != group {
+			fail("collectives of one block disagree on the group size (%d and %d at %q)", group, gs, graph.NodeLabel(n))
+		}
+		group = int(gs)
+	}
+	kind := ""
+	for _, n := range disp {
+		switch kindOf(n) {
+		case ep.AllToAll:
+			if kind == KindEPDispatch {
+				fail("mixed dispatch and all_to_all collectives after the router")
+			}
+			kind = KindEPAllToAll
+		case ep.Dispatch:
+			if kind != "" {
+				fail("more than one dispatch after the router (%q)", graph.NodeLabel(n))
+			}
+			kind = KindEPDispatch
+			if e, ok := attrIntOK(n, cols[n].ExpertsAttr); ok && int(e) != E {
+				fail("dispatch %q routes %d experts but the router has %d", graph.NodeLabel(n), e, E)
+			}
+		default:
+			fail("%s collective %q after the router: only all_to_all and dispatch/combine EP blocks are recognised (replicated-token EP with all_reduce/all_gather is not)", kindOf(n), graph.NodeLabel(n))
+		}
+		checkGroup(n)
+		dOuts = append(dOuts, n.Output...)
+	}
+	comb := c.reachCollectives(cols, dOuts...)
+	if len(comb) != 1 {
+		fail("%d collectives after the dispatch, want exactly one combine", len(comb))
+	}
+	cn := comb[0]
+	switch {
+	case kind == KindEPAllToAll && kindOf(cn) == ep.AllToAll, kind == KindEPDispatch && kindOf(cn) == ep.Combine:
+	default:
+		fail("the collective after the dispatch (%q, %s) is not its combine", graph.NodeLabel(cn), kindOf(cn))
+	}
+	checkGroup(cn)
+	G := group
+	if E%G != 0 {
+		fail("the EP group of %d ranks does not divide the router's %d experts", G, E)
+	}
+	L := E / G
+	// Local region: after the dispatch, before the combine.
+	local := map[*pb.NodeProto]bool{}
+	fwd := c.forward(dOuts...)
+	for n := range c.backward(cn.Input[0], nil) {
+		if fwd[n] {
+			local[n] = true
+		}
+	}
+	var ems []*emm
+	byNode := map[*pb.NodeProto]*emm{}
+	for _, n := range c.topo {
+		if local[n] {
+			if e := c.expertMatMul(n); e != nil && len(e.w.t.GetDims()) == 3 {
+				ems = append(ems, e)
+				byNode[n] = e
+			}
+		}
+	}
+	if len(ems) < 2 {
+		fail("%d expert matmuls between dispatch and combine, want 2 or 3 (gate/up or fused gate_up, down)", len(ems))
+	}
+	var l1 []*emm
+	var l2 *emm
+	for _, e := range ems {
+		deps := c.backward(e.act, nil)
+		second := false
+		for n := range deps {
+			if byNode[n] != nil {
+				second = true
+			}
+		}
+		if !second {
+			l1 = append(l1, e)
+		} else if l2 != nil {
+			fail("two down projections between dispatch and combine (%q, %q)", graph.NodeLabel(l2.n), graph.NodeLabel(e.n))
+		} else {
+			l2 = e
+		}
+	}
+	if l2 == nil || len(l1) == 0 || len(l1) > 2 {
+		fail("expert compute with %d input projections and no single down projection", len(l1))
+	}
+	for _, e := range ems {
+		if d := e.w.t.GetDims(); int(d[0]) != L {
+			fail("local expert weight %q has %d experts, the group of %d ranks over %d experts needs %d per rank", e.w.t.GetName(), d[0], G, E, L)
+		}
+	}
+	c.limit = local
+	roles := c.roles(l1, l2, &s, true)
+	c.limit = nil
+	// Block output: after the combine, through noise, the sum over source
+	// ranks and slots, the router-weight multiply, and a shared expert.
+	x0 := c.through(ri.x)
+	xDeps := c.forward(x0)
+	wDeps := c.forward(tk.Output[0])
+	y := cn.Output[0]
+	fwdComb := c.forward(y)
+	after, sharedVal := false, ""
+	for {
+		cons := c.g.Consumers(y)
+		if len(cons) != 1 || c.g.IsOutput(y) {
+			break
+		}
+		n := cons[0]
+		op := n.GetOpType()
+		if noiseOps[op] && op != "Cast" || op == "ReduceSum" {
+			y = n.Output[0]
+			continue
+		}
+		if op == "Mul" && !after {
+			other := n.Input[0]
+			if other == y {
+				other = n.Input[1]
+			}
+			if p := c.g.Producer(other); other == tk.Output[0] || p != nil && wDeps[p] && !fwdComb[p] {
+				after = true
+				y = n.Output[0]
+				continue
+			}
+		}
+		if op == "Add" && sharedVal == "" {
+			other := n.Input[0]
+			if other == y {
+				other = n.Input[1]
+			}
+			if p := c.g.Producer(other); p != nil && xDeps[p] && !wDeps[p] && c.hasWeightMatMul(other, x0) {
+				sharedVal = other
+				y = n.Output[0]
+				continue
+			}
+		}
+		break
+	}
+	before := false
+	for _, d := range disp {
+		for i, in := range d.Input {
+			if p := c.g.Producer(in); in != tk.Output[0] && (p == nil || !wDeps[p]) {
+				continue
+			}
+			// a dispatched tensor carrying the routing weights: used locally?
+			out := d.Output[0]
+			if kind == KindEPDispatch {
+				if i != 2 || len(d.Output) < 3 {
+					continue
+				}
+				out = d.Output[2]
+			}
+			for n := range c.forward(out) {
+				if local[n] {
+					before = true
+				}
+			}
+		}
+	}
+	placement := PlacementAfterCombine
+	switch {
+	case before && after:
+		fail("the routing weights are applied both before and after combine")
+	case !before && !after:
+		fail("the routing weights are applied neither before nor after combine")
+	case before:
+		placement = PlacementBeforeCombine
+	}
+	region := c.regionBetween(x0, y, xDeps)
+	inRegion := map[*pb.NodeProto]bool{}
+	for _, n := range region {
+		inRegion[n] = true
+		if _, ok := cols[n]; ok && n != cn && !containsNode(disp, n) {
+			fail("another collective %q inside the block", graph.NodeLabel(n))
+		}
+	}
+	c.limit = inRegion
+	c.routerPost(tk, ri, &s, inRegion)
+	c.limit = nil
+	plan := &WeightPlan{Router: Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}, Experts: make([]ExpertProj, L)}
+	if ri.bias != nil {
+		plan.RouterB = &Proj{Init: ri.bias, Expert: -1}
+	}
+	if ri.corr != nil {
+		plan.Corr = &Proj{Init: ri.corr, Expert: -1}
+	}
+	mk := func(r *roleRef, e int) *Proj {
+		if r == nil {
+			return nil
+		}
+		return &Proj{Init: r.w.t, Expert: e, InOut: r.inOut, Part: r.part}
+	}
+	for e := 0; e < L; e++ {
+		plan.Experts[e] = ExpertProj{Gate: mk(roles.gate, e), Up: mk(roles.up, e), Down: mk(roles.down, e),
+			GateB: mk(roles.gateB, e), UpB: mk(roles.upB, e), DownB: mk(roles.downB, e)}
+	}
+	up := plan.Experts[0].Up
+	d := up.Init.GetDims()
+	s.Inter = int(d[1])
+	if up.InOut {
+		s.Inter = int(d[2])
+	}
+	if up.Part != PartWhole {
+		s.Inter /= 2
+	}
+	s.ExpertBias = roles.gateB != nil || roles.upB != nil || roles.downB != nil
+	if sharedVal != "" {
+		c.sharedExpert(sharedVal, x0, &s, plan)
+	}
+	rank := c.epRank(G)
+	s.EPSize, s.ExpertOffset, s.LocalExperts = G, rank*L, L
+	if G == 1 {
+		s.LocalExperts = 0
+	}
+	if err := s.Validate(); err != nil {
+		fail("%v", err)
+	}
+	b := &Block{Kind: kind, Spec: s, Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk,
+		Region: region, Nodes: len(region), W: plan, Placement: placement}
+	b.Name = blockName(y, ri.w.GetName(), region)
+	return b
+}
+
+func containsNode(ns []*pb.NodeProto, n *pb.NodeProto) bool {
+	for _, x := range ns {
+		if x == n {
+			return true
+		}
+	}
+	return false
+}
+
+// epRank reads this file's rank in its EP group of size G from
+// metadata_props (MetaEPRank, and MetaEPSize when present).
+func (c *ctx) epRank(G int) int {
+	v, ok := c.m.Metadata(MetaEPRank)
+	if !ok {
+		fail("an EP block (group of %d ranks) in %s, but the file does not say its rank: set metadata_props %s (mokopt rewrite --ep-rank R, or --merge-ranks with the files in rank order)", G, c.m.Name(), MetaEPRank)
+	}
+	r, err := strconv.Atoi(v)
+	if err != nil || r < 0 || r >= G {
+		fail("%s: metadata %s=%q is not a rank in 0..%d", c.m.Name(), MetaEPRank, v, G-1)
+	}
+	if sz, ok := c.m.Metadata(MetaEPSize); ok && sz != strconv.Itoa(G) {
+		fail("%s: metadata %s=%s but the collectives' group size is %d", c.m.Name(), MetaEPSize, sz, G)
+	}
+	return r
+}
+
+// shardingEP reads an EP size from ONNX IR 10+ sharding annotations of a
+// (global) block: device_configurations of region nodes that split axis 0
+// of a stacked routed-expert weight into num_shards shards. It returns 1
+// when there is none, and fails on annotations that disagree or do not
+// divide the experts.
+func (c *ctx) shardingEP(b *Block) int {
+	experts := map[string]bool{}
+	for _, e := range b.W.Experts {
+		for _, q := range []*Proj{e.Gate, e.Up, e.Down} {
+			if q != nil && q.Expert >= 0 && len(q.Init.GetDims()) == 3 {
+				experts[q.Init.GetName()] = true
+			}
+		}
+	}
+	found := 0
+	for _, n := range b.Region {
+		for _, dc := range n.GetDeviceConfigurations() {
+			for _, sp := range dc.GetShardingSpec() {
+				if !experts[sp.GetTensorName()] {
+					continue
+				}
+				for _, sd := range sp.GetShardedDim() {
+					if sd.GetAxis() != 0 {
+						fail("sharding of expert weight %q on node %q splits axis %d, not the expert axis 0 (tensor parallel experts are not EP)", sp.GetTensorName(), graph.NodeLabel(n), sd.GetAxis())
+					}
+					shards := int64(1)
+					for _, ss := range sd.GetSimpleSharding() {
+						shards *= ss.GetNumShards()
+					}
+					if shards < 1 || b.Spec.NumExperts%int(shards) != 0 {
+						fail("sharding of expert weight %q on node %q: %d shards do not divide %d experts", sp.GetTensorName(), graph.NodeLabel(n), shards, b.Spec.NumExperts)
+					}
+					if found != 0 && found != int(shards) {
+						fail("expert weights sharded %d and %d ways in one block", found, shards)
+					}
+					found = int(shards)
+				}
+			}
+		}
+	}
+	return max(found, 1)
+}
+
+// attrIntOK returns an integer attribute and whether the node has it.
+func attrIntOK(n *pb.NodeProto, name string) (int64, bool) {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == name && a.GetType() == pb.AttributeProto_INT {
+			return a.GetI(), true
+		}
+	}
+	return 0, false
+}
+
+// applySharding sets a global block's ep_size from its sharding annotations.
+func (c *ctx) applySharding(b *Block) error {
+	return attempt(func() {
+		if g := c.shardingEP(b); g > 1 {
+			b.Spec.EPSize = g
+			b.Placement = "sharding"
+			if err := b.Spec.Validate(); err != nil {
+				fail("%v", err)
+			}
+		}
+	})
+}
+
+// shardCheckNote explains why a model with EP shard blocks is not checked
+// numerically on its own: its collectives need the other ranks. It returns
+// "" when no block is a shard.
+func shardCheckNote(blocks []*Block) string {
+	n := 0
+	for _, b := range blocks {
+		if b.Spec.Shard() {
+			n++
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d EP shard block(s): the numerical check of one rank needs the whole group; mokopt rewrite --merge-ranks checks the group in lockstep", n)
+}
