@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/mokopt/mokopt/ep"
@@ -117,4 +118,177 @@ func countOps(m *graph.Model) map[string]int {
 		n[k]++
 	}
 	return n
+}
+
+// verifyAgainst runs a and b on the same random tokens and returns the
+// largest absolute difference of their outputs.
+func verifyAgainst(t *testing.T, a, b *graph.Model, tokens int) float64 {
+	t.Helper()
+	feeds, err := RandomFeeds(a, 11, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ya, err := eval.Run(context.Background(), a, feeds, eval.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	yb, err := eval.Run(context.Background(), b, feeds, eval.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return maxAbsDiff(ya[models.OutputName].F32, yb[models.OutputName].F32)
+}
+
+func buildRanks(t *testing.T, c models.EPConfig) []*graph.Model {
+	t.Helper()
+	ms := make([]*graph.Model, c.EP)
+	for r := range ms {
+		var err error
+		if ms[r], err = models.BuildRank(c, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ms
+}
+
+func TestEPMergeMatchesReference(t *testing.T) {
+	for _, c := range epCases() {
+		t.Run(fmt.Sprintf("%s/%s/ep%d", c.Form, c.Placement, c.EP), func(t *testing.T) {
+			ranks := buildRanks(t, c)
+			merged, mrep, _, err := RewriteRanks(ranks, Options{Check: true}, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !mrep.Checked || mrep.MaxAbsErr > 1e-5 {
+				t.Fatalf("group check: %+v", mrep)
+			}
+			n := countOps(merged)
+			if n["ai.mok::MoE"] != c.Layers || n["TopK"] != 0 || len(n) != 2 {
+				t.Fatalf("merged model ops %v, want %d ai.mok::MoE and the residual Adds", n, c.Layers)
+			}
+			_, ss, err := fusedNodes(merged)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range ss {
+				if s.Shard() || s.EPSize != c.EP || s.ExpertOffset != 0 || s.NumExperts != c.Experts {
+					t.Fatalf("merged spec %+v", s)
+				}
+			}
+			ref, err := models.Build(c.Reference())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := verifyAgainst(t, merged, ref, 9); d > 1e-5 {
+				t.Fatalf("merged model differs from the single-rank reference by %g", d)
+			}
+			// The function body computes the same as the reference kernel.
+			feeds, _ := RandomFeeds(merged, 3, 6)
+			y1, err := eval.Run(context.Background(), merged, feeds, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			y2, err := eval.Run(context.Background(), merged, feeds, eval.Options{PreferFunctions: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := maxAbsDiff(y1[models.OutputName].F32, y2[models.OutputName].F32); d > 1e-5 {
+				t.Fatalf("function body differs from the kernel by %g", d)
+			}
+			// Split and merge back.
+			parts, err := SplitRanks(merged, c.EP)
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, _, err := MergeRanks(parts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := verifyAgainst(t, back, merged, 5); d != 0 {
+				t.Fatalf("split+merge changed the model by %g", d)
+			}
+			if d, err := CheckGroup(context.Background(), nil, parts, merged, 2, 4); err != nil || d > 1e-5 {
+				t.Fatalf("split shards in lockstep vs merged: %g, %v", d, err)
+			}
+		})
+	}
+}
+
+func TestEPMergeRefusals(t *testing.T) {
+	c := models.EPConfig{Config: models.Config{Layers: 1, Experts: 8, TopK: 2, Hidden: 8, Inter: 8, Normalize: true, Seed: 3}, Form: models.FormDeepEP, EP: 4, Placement: models.BeforeCombine}
+	fused := func() []*graph.Model {
+		ms := buildRanks(t, c)
+		for _, m := range ms {
+			if _, err := Rewrite(m, Options{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ms
+	}
+	for _, tc := range []struct {
+		name, want string
+		edit       func([]*graph.Model) []*graph.Model
+	}{
+		{"missing rank", "not a shard of an EP group of 3", func(ms []*graph.Model) []*graph.Model { return ms[:3] }},
+		{"duplicate rank", "both hold experts", func(ms []*graph.Model) []*graph.Model { ms[2] = ms[1]; return ms }},
+		{"router differs", "differs between", func(ms []*graph.Model) []*graph.Model {
+			other := c
+			other.Seed = 4
+			m, _ := models.BuildRank(other, 1)
+			if _, err := Rewrite(m, Options{}); err != nil {
+				t.Fatal(err)
+			}
+			ms[1] = m
+			return ms
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := MergeRanks(tc.edit(fused()))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestEPDetectNeedsRank(t *testing.T) {
+	c := models.EPConfig{Config: models.Config{Layers: 1, Experts: 8, TopK: 2, Hidden: 8, Inter: 8, Seed: 3}, Form: models.FormORTAllToAll, EP: 4}
+	m, err := models.BuildRank(c, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropMetadata(m, MetaEPRank)
+	det, err := Detect(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(det.Blocks) != 0 || len(det.NearMiss) != 1 || !strings.Contains(det.NearMiss[0].Reason, MetaEPRank) {
+		t.Fatalf("detection without a rank: %+v", det)
+	}
+}
+
+func TestEPShardingAnnotations(t *testing.T) {
+	for _, g := range []int{4, 8, 64} {
+		c := models.EPConfig{Config: models.Config{Layers: 2, Experts: 64, TopK: 4, Hidden: 8, Inter: 8, Normalize: true, Seed: 9}, Form: models.FormSharding, EP: g}
+		m, err := models.BuildSharded(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Rewrite(m, Options{Check: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Fused) != 2 {
+			t.Fatalf("ep %d: %d fused", g, len(rep.Fused))
+		}
+		for _, f := range rep.Fused {
+			if s := f.Block.Spec; s.EPSize != g || s.ExpertOffset != 0 || s.Shard() {
+				t.Fatalf("ep %d: spec %+v", g, s)
+			}
+		}
+		ref, _ := models.Build(c.Reference())
+		if d := verifyAgainst(t, m, ref, 5); d > 1e-5 {
+			t.Fatalf("ep %d: fused annotated model vs reference: %g", g, d)
+		}
+	}
 }

@@ -1,0 +1,498 @@
+package passes
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+
+	"github.com/mokopt/mokopt/ep"
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+// expertInputs are the fused node's inputs stacked over experts, the ones
+// merge concatenates and split slices along axis 0.
+var expertInputs = []int{moe.InGate, moe.InUp, moe.InDown, moe.InGateBias, moe.InUpBias, moe.InDownBias}
+
+func isExpertInput(pos int) bool { return slices.Contains(expertInputs, pos) }
+
+// fusedNodes lists a model's ai.mok::MoE nodes in graph order with their specs.
+func fusedNodes(m *graph.Model) ([]*pb.NodeProto, []*moe.Spec, error) {
+	g := m.Graph()
+	var ns []*pb.NodeProto
+	var ss []*moe.Spec
+	for _, n := range m.Proto.Graph.Node {
+		if n.GetDomain() != moe.Domain || n.GetOpType() != moe.OpType {
+			continue
+		}
+		s, err := moe.SpecFromNode(n, func(pos int) []int64 {
+			if pos >= len(n.Input) || n.Input[pos] == "" {
+				return nil
+			}
+			if t := g.Initializer(n.Input[pos]); t != nil {
+				return t.GetDims()
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: node %q: %w", m.Name(), graph.NodeLabel(n), err)
+		}
+		ns = append(ns, n)
+		ss = append(ss, s)
+	}
+	return ns, ss, nil
+}
+
+// tensorFloats reads an initializer of m as float32.
+func tensorFloats(m *graph.Model, name string) (*pb.TensorProto, []float32, error) {
+	t := m.Graph().Initializer(name)
+	if t == nil {
+		return nil, nil, fmt.Errorf("%s: %q is not an initializer", m.Name(), name)
+	}
+	b, err := m.TensorBytes(t)
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := graph.DecodeFloat32(graph.DataType(t), b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: initializer %q: %w", m.Name(), name, err)
+	}
+	return t, f, nil
+}
+
+// cloneInline deep-copies m with every initializer's bytes inline, so the
+// copy does not depend on m's side files.
+func cloneInline(m *graph.Model) (*graph.Model, error) {
+	mp := proto.Clone(m.Proto).(*pb.ModelProto)
+	src := m.Proto.Graph.Initializer
+	for i, t := range mp.Graph.Initializer {
+		if !graph.IsExternal(t) {
+			continue
+		}
+		b, err := m.TensorBytes(src[i])
+		if err != nil {
+			return nil, err
+		}
+		t.RawData = append([]byte(nil), b...)
+		t.ExternalData = nil
+		t.DataLocation = nil
+	}
+	return &graph.Model{Proto: mp, Path: "", Dir: m.Dir}, nil
+}
+
+// setIntAttr sets (or adds) an integer attribute.
+func setIntAttr(n *pb.NodeProto, name string, v int64) {
+	for _, a := range n.Attribute {
+		if a.GetName() == name {
+			a.I = proto.Int64(v)
+			return
+		}
+	}
+	n.Attribute = append(n.Attribute, graph.IntAttr(name, v))
+}
+
+// MergeReport describes a merge of EP rank models.
+type MergeReport struct {
+	Ranks int `json:"ranks"`
+	// Nodes lists, per fused node of the merged model, its name, E, E/EP, k.
+	Nodes []MergedNode `json:"nodes"`
+	// MaxAbsErr is the largest |merged − ranks in lockstep| of the group
+	// check (CheckGroup), and Checked whether that check ran.
+	MaxAbsErr float64 `json:"max_abs_err"`
+	Checked   bool    `json:"checked"`
+}
+
+// MergedNode is one fused node of a merged model.
+type MergedNode struct {
+	Node         string `json:"node"`
+	NumExperts   int    `json:"num_experts"`
+	LocalExperts int    `json:"local_experts"`
+	TopK         int    `json:"top_k"`
+	EPSize       int    `json:"ep_size"`
+}
+
+// MergeRanks joins the fused rank models of one EP group (any order; each
+// node's expert_offset places its experts) into one global model: every
+// ai.mok::MoE shard becomes one node holding all E experts, its ep_size
+// kept and expert_offset 0, with its function body. Everything else must
+// be the same on every rank (the graph, the router and shared-expert
+// weights, other initializers); the first difference is an error naming
+// the file, node or tensor.
+func MergeRanks(ranks []*graph.Model) (*graph.Model, *MergeReport, error) {
+	G := len(ranks)
+	if G == 0 {
+		return nil, nil, fmt.Errorf("no rank models to merge")
+	}
+	nodes := make([][]*pb.NodeProto, G)
+	specs := make([][]*moe.Spec, G)
+	for r, m := range ranks {
+		var err error
+		if nodes[r], specs[r], err = fusedNodes(m); err != nil {
+			return nil, nil, err
+		}
+		if len(nodes[r]) != len(nodes[0]) {
+			return nil, nil, fmt.Errorf("%s has %d fused MoE nodes, %s has %d", m.Name(), len(nodes[r]), ranks[0].Name(), len(nodes[0]))
+		}
+	}
+	if len(nodes[0]) == 0 {
+		return nil, nil, fmt.Errorf("%s has no fused ai.mok::MoE node (rewrite the ranks first)", ranks[0].Name())
+	}
+	// The graphs must agree outside the expert weights.
+	expertW := map[string]bool{}
+	for _, n := range nodes[0] {
+		for _, pos := range expertInputs {
+			if pos < len(n.Input) && n.Input[pos] != "" {
+				expertW[n.Input[pos]] = true
+			}
+		}
+	}
+	base := ranks[0].Proto.Graph
+	for r := 1; r < G; r++ {
+		o := ranks[r].Proto.Graph
+		if len(o.Node) != len(base.Node) {
+			return nil, nil, fmt.Errorf("%s has %d nodes, %s %d: the rank graphs differ", ranks[r].Name(), len(o.Node), ranks[0].Name(), len(base.Node))
+		}
+		for i, n := range base.Node {
+			if !proto.Equal(n, o.Node[i]) {
+				if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType && sameExceptOffset(n, o.Node[i]) {
+					continue
+				}
+				return nil, nil, fmt.Errorf("node %d (%q) differs between %s and %s", i, graph.NodeLabel(n), ranks[0].Name(), ranks[r].Name())
+			}
+		}
+		for _, t := range base.Initializer {
+			if expertW[t.GetName()] {
+				continue
+			}
+			a, err := ranks[0].TensorBytes(t)
+			if err != nil {
+				return nil, nil, err
+			}
+			ot := ranks[r].Graph().Initializer(t.GetName())
+			if ot == nil {
+				return nil, nil, fmt.Errorf("%s lacks initializer %q of %s", ranks[r].Name(), t.GetName(), ranks[0].Name())
+			}
+			b, err := ranks[r].TensorBytes(ot)
+			if err != nil {
+				return nil, nil, err
+			}
+			if !slices.Equal(ot.GetDims(), t.GetDims()) || !bytes.Equal(a, b) {
+				return nil, nil, fmt.Errorf("initializer %q differs between %s and %s (the router, shared expert and every non-expert tensor must be replicated)", t.GetName(), ranks[0].Name(), ranks[r].Name())
+			}
+		}
+	}
+	out, err := cloneInline(ranks[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	g := out.Graph()
+	rep := &MergeReport{Ranks: G}
+	funcs := map[string]bool{}
+	for _, f := range out.Proto.Functions {
+		if f.GetDomain() == moe.Domain && f.GetName() == moe.OpType {
+			funcs[f.GetOverload()] = true
+		}
+	}
+	for i, n0 := range nodes[0] {
+		s0 := specs[0][i]
+		if !s0.Shard() || s0.EPSize != G {
+			return nil, nil, fmt.Errorf("%s: node %q is not a shard of an EP group of %d (ep_size %d, holds %d of %d experts)", ranks[0].Name(), graph.NodeLabel(n0), G, s0.EPSize, s0.StoredExperts(), s0.NumExperts)
+		}
+		L := s0.LocalExperts
+		owner := make([]int, G) // owner[slot] = rank+1
+		for r := 0; r < G; r++ {
+			s := specs[r][i]
+			a, b := *s, *s0
+			a.ExpertOffset, b.ExpertOffset = 0, 0
+			if a != b {
+				return nil, nil, fmt.Errorf("node %q: %s and %s have different semantics", graph.NodeLabel(n0), ranks[r].Name(), ranks[0].Name())
+			}
+			slot := s.ExpertOffset / L
+			if owner[slot] != 0 {
+				return nil, nil, fmt.Errorf("node %q: %s and %s both hold experts %d..%d", graph.NodeLabel(n0), ranks[owner[slot]-1].Name(), ranks[r].Name(), s.ExpertOffset, s.ExpertOffset+L-1)
+			}
+			owner[slot] = r + 1
+		}
+		outNode := g.Producer(n0.Output[0])
+		for _, pos := range expertInputs {
+			if pos >= len(n0.Input) || n0.Input[pos] == "" {
+				continue
+			}
+			var all []float32
+			var dims []int64
+			for slot := 0; slot < G; slot++ {
+				r := owner[slot] - 1
+				t, f, err := tensorFloats(ranks[r], nodes[r][i].Input[pos])
+				if err != nil {
+					return nil, nil, err
+				}
+				dims = slices.Clone(t.GetDims())
+				all = append(all, f...)
+			}
+			dims[0] = int64(s0.NumExperts)
+			old := g.Initializer(n0.Input[pos])
+			*old = *moe.Float32Tensor(old.GetName(), dims, all)
+		}
+		gs := *s0
+		gs.LocalExperts, gs.ExpertOffset = 0, 0
+		setIntAttr(outNode, "expert_offset", 0)
+		outNode.Overload = proto.String(gs.Variant())
+		if !funcs[gs.Variant()] {
+			f, err := moe.Function(&gs, out.Opset(""))
+			if err != nil {
+				return nil, nil, err
+			}
+			out.Proto.Functions = append(out.Proto.Functions, f)
+			funcs[gs.Variant()] = true
+		}
+		updateProvenance(out, graph.NodeLabel(outNode), gs)
+		rep.Nodes = append(rep.Nodes, MergedNode{Node: graph.NodeLabel(outNode), NumExperts: gs.NumExperts, LocalExperts: L, TopK: gs.TopK, EPSize: G})
+	}
+	dropMetadata(out, MetaEPRank)
+	out.SetMetadata(MetaEPSize, strconv.Itoa(G))
+	g.Reindex()
+	return out, rep, nil
+}
+
+// sameExceptOffset reports whether two fused nodes differ only in
+// expert_offset and overload.
+func sameExceptOffset(a, b *pb.NodeProto) bool {
+	a2, b2 := proto.Clone(a).(*pb.NodeProto), proto.Clone(b).(*pb.NodeProto)
+	for _, n := range []*pb.NodeProto{a2, b2} {
+		setIntAttr(n, "expert_offset", 0)
+	}
+	return proto.Equal(a2, b2)
+}
+
+func updateProvenance(m *graph.Model, node string, s moe.Spec) {
+	key := ProvenanceKey + node
+	v, ok := m.Metadata(key)
+	if !ok {
+		return
+	}
+	var p Provenance
+	if json.Unmarshal([]byte(v), &p) != nil {
+		return
+	}
+	p.Spec = s
+	js, _ := json.Marshal(p)
+	m.SetMetadata(key, string(js))
+}
+
+func dropMetadata(m *graph.Model, key string) {
+	kept := m.Proto.MetadataProps[:0]
+	for _, p := range m.Proto.MetadataProps {
+		if p.GetKey() != key {
+			kept = append(kept, p)
+		}
+	}
+	m.Proto.MetadataProps = kept
+}
+
+// SplitRanks is the reverse of MergeRanks: it cuts a fused global model
+// into G rank models, rank r holding experts [r·E/G, (r+1)·E/G) of every
+// ai.mok::MoE node (ep_size G, expert_offset r·E/G, no function body: a
+// shard runs only with its group), with MetaEPRank/MetaEPSize set. A node
+// whose ep_size is neither 1 nor G is refused.
+func SplitRanks(m *graph.Model, G int) ([]*graph.Model, error) {
+	ns, ss, err := fusedNodes(m)
+	if err != nil {
+		return nil, err
+	}
+	if len(ns) == 0 {
+		return nil, fmt.Errorf("%s has no fused ai.mok::MoE node to split", m.Name())
+	}
+	for i, s := range ss {
+		if s.Shard() {
+			return nil, fmt.Errorf("%s: node %q is already an EP shard", m.Name(), graph.NodeLabel(ns[i]))
+		}
+		if s.EPSize != 1 && s.EPSize != G {
+			return nil, fmt.Errorf("%s: node %q has ep_size %d, cannot split it %d ways", m.Name(), graph.NodeLabel(ns[i]), s.EPSize, G)
+		}
+		if G < 1 || s.NumExperts%G != 0 {
+			return nil, fmt.Errorf("%s: node %q has %d experts, not divisible into %d ranks", m.Name(), graph.NodeLabel(ns[i]), s.NumExperts, G)
+		}
+	}
+	out := make([]*graph.Model, G)
+	for r := 0; r < G; r++ {
+		rm, err := cloneInline(m)
+		if err != nil {
+			return nil, err
+		}
+		g := rm.Graph()
+		used := map[string]bool{}
+		for i, n0 := range ns {
+			s := *ss[i]
+			L := s.NumExperts / G
+			n := g.Producer(n0.Output[0])
+			for _, pos := range expertInputs {
+				if pos >= len(n.Input) || n.Input[pos] == "" {
+					continue
+				}
+				t, f, err := tensorFloats(m, n0.Input[pos])
+				if err != nil {
+					return nil, err
+				}
+				per := len(f) / s.NumExperts
+				dims := slices.Clone(t.GetDims())
+				dims[0] = int64(L)
+				old := g.Initializer(n.Input[pos])
+				*old = *moe.Float32Tensor(old.GetName(), dims, f[r*L*per:(r+1)*L*per])
+			}
+			s.EPSize, s.ExpertOffset, s.LocalExperts = G, r*L, L
+			setIntAttr(n, "ep_size", int64(G))
+			setIntAttr(n, "expert_offset", int64(r*L))
+			n.Overload = proto.String(s.Variant())
+			updateProvenance(rm, graph.NodeLabel(n), s)
+		}
+		for _, n := range rm.Proto.Graph.Node {
+			if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType {
+				used[n.GetOverload()] = true
+			}
+		}
+		fs := rm.Proto.Functions[:0]
+		for _, f := range rm.Proto.Functions {
+			if f.GetDomain() != moe.Domain || f.GetName() != moe.OpType || used[f.GetOverload()] {
+				fs = append(fs, f)
+			}
+		}
+		rm.Proto.Functions = fs
+		rm.SetMetadata(MetaEPRank, strconv.Itoa(r))
+		rm.SetMetadata(MetaEPSize, strconv.Itoa(G))
+		g.Reindex()
+		out[r] = rm
+	}
+	return out, nil
+}
+
+// CheckGroup runs the rank models of an EP group in lockstep (collectives
+// simulated with table tbl; nil: the default table) and the global model
+// on the same tokens, on random inputs with tokensPerRank tokens per rank
+// (every graph input is split along axis 0, rank r taking the r-th
+// block), and returns the largest absolute difference over all outputs.
+func CheckGroup(ctx context.Context, tbl *ep.Table, ranks []*graph.Model, global *graph.Model, tokensPerRank int, seed uint64) (float64, error) {
+	G := len(ranks)
+	feeds, err := RandomFeeds(global, seed, G*tokensPerRank)
+	if err != nil {
+		return 0, err
+	}
+	want, err := eval.Run(ctx, global, feeds, eval.Options{})
+	if err != nil {
+		return 0, fmt.Errorf("global model: %w", err)
+	}
+	rf := make([]map[string]*eval.Tensor, G)
+	for r := range rf {
+		rf[r] = map[string]*eval.Tensor{}
+	}
+	for name, t := range feeds {
+		if len(t.Shape) == 0 || t.Shape[0]%G != 0 {
+			return 0, fmt.Errorf("input %q of shape %v cannot be split over %d ranks", name, t.Shape, G)
+		}
+		per := t.Len() / G
+		for r := 0; r < G; r++ {
+			shape := append([]int{t.Shape[0] / G}, t.Shape[1:]...)
+			switch {
+			case t.F32 != nil:
+				x := eval.NewFloat32(shape, slices.Clone(t.F32[r*per:(r+1)*per]))
+				x.DType = t.DType
+				rf[r][name] = x
+			case t.I64 != nil:
+				x := eval.NewInt64(shape, slices.Clone(t.I64[r*per:(r+1)*per]))
+				x.DType = t.DType
+				rf[r][name] = x
+			default:
+				return 0, fmt.Errorf("input %q: only float and integer inputs are split", name)
+			}
+		}
+	}
+	got, err := ep.RunRanks(ctx, tbl, ranks, rf, eval.Options{})
+	if err != nil {
+		return 0, err
+	}
+	worst, bad := 0.0, ""
+	for _, o := range global.Proto.Graph.Output {
+		name := o.GetName()
+		w := want[name]
+		var cat []float32
+		for r := range got {
+			t := got[r][name]
+			if t == nil || t.F32 == nil {
+				return 0, fmt.Errorf("rank %d did not compute output %q as float", r, name)
+			}
+			cat = append(cat, t.F32...)
+		}
+		if w == nil || len(w.F32) != len(cat) {
+			return 0, fmt.Errorf("output %q: the global model gives %d values, the ranks %d", name, len(w.F32), len(cat))
+		}
+		for i := range cat {
+			d := math.Abs(float64(cat[i]) - float64(w.F32[i]))
+			if math.IsNaN(d) {
+				d = math.Inf(1)
+			}
+			worst = max(worst, d)
+			if d > CheckTolerance.ATol+CheckTolerance.RTol*math.Abs(float64(w.F32[i])) && bad == "" {
+				bad = fmt.Sprintf("output %q element %d: ranks %g, global %g", name, i, cat[i], w.F32[i])
+			}
+		}
+	}
+	if bad != "" {
+		return worst, fmt.Errorf("the EP group and the global model differ (largest |error| %.3g): %s", worst, bad)
+	}
+	return worst, nil
+}
+
+// RewriteRanks fuses the rank models of one EP group and merges them:
+// each rank without MetaEPRank metadata is taken to be its position in
+// ranks; each is rewritten (its EP blocks become shards); MergeRanks joins
+// them; and, with opt.Check, CheckGroup compares the original ranks run in
+// lockstep with the merged model on random inputs (two seeds,
+// tokensPerRank tokens per rank). The rank models are edited in place.
+func RewriteRanks(ranks []*graph.Model, opt Options, tokensPerRank int) (*graph.Model, *MergeReport, []*Report, error) {
+	var orig []*graph.Model
+	reps := make([]*Report, len(ranks))
+	for r, m := range ranks {
+		if _, ok := m.Metadata(MetaEPRank); !ok {
+			m.SetMetadata(MetaEPRank, strconv.Itoa(r))
+		}
+		if opt.Check {
+			o, err := cloneInline(m)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			orig = append(orig, o)
+		}
+		ro := opt
+		ro.Check = false // one rank alone cannot run its collectives
+		rep, err := Rewrite(m, ro)
+		reps[r] = rep
+		if err != nil {
+			return nil, nil, reps, fmt.Errorf("%s: %w", m.Name(), err)
+		}
+	}
+	merged, mrep, err := MergeRanks(ranks)
+	if err != nil {
+		return nil, nil, reps, err
+	}
+	if opt.Check {
+		ctx := opt.Context
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		for seed := uint64(1); seed <= 2; seed++ {
+			d, err := CheckGroup(ctx, opt.EPTable, orig, merged, tokensPerRank, seed)
+			mrep.MaxAbsErr = max(mrep.MaxAbsErr, d)
+			if err != nil {
+				return nil, mrep, reps, err
+			}
+		}
+		mrep.Checked = true
+	}
+	return merged, mrep, reps, nil
+}
