@@ -59,6 +59,15 @@ type BlockSummary struct {
 	Output string   `json:"output"`
 	Nodes  int      `json:"nodes"`
 	Spec   moe.Spec `json:"spec"`
+	// Placement is where an EP block multiplies the routing weights
+	// (before_combine, after_combine, or sharding for annotations).
+	Placement string `json:"placement,omitempty"`
+}
+
+// InspectOptions control InspectWith.
+type InspectOptions struct {
+	// EPTable names the EP collectives to recognise (nil: the defaults).
+	EPTable *EPTable
 }
 
 // MoESummary is the MoE part of an Inspection.
@@ -71,6 +80,11 @@ type MoESummary struct {
 // reading external data, inputs and outputs) and detects its MoE blocks and
 // near-misses. It never edits m.
 func Inspect(ctx context.Context, m *Model) (*Inspection, error) {
+	return InspectWith(ctx, m, InspectOptions{})
+}
+
+// InspectWith is Inspect with options.
+func InspectWith(ctx context.Context, m *Model, opt InspectOptions) (*Inspection, error) {
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
@@ -78,7 +92,7 @@ func Inspect(ctx context.Context, m *Model) (*Inspection, error) {
 	if err != nil {
 		return nil, err
 	}
-	det, err := passes.DetectWith(m.g, passes.DetectOptions{Context: ctx})
+	det, err := passes.DetectWith(m.g, passes.DetectOptions{Context: ctx, EPTable: opt.EPTable})
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +101,7 @@ func Inspect(ctx context.Context, m *Model) (*Inspection, error) {
 		in.MoE.NearMisses = []Candidate{}
 	}
 	for _, b := range det.Blocks {
-		in.MoE.Blocks = append(in.MoE.Blocks, BlockSummary{Name: b.Name, Kind: b.Kind, Input: b.Input, Output: b.Output, Nodes: b.Nodes, Spec: b.Spec})
+		in.MoE.Blocks = append(in.MoE.Blocks, BlockSummary{Name: b.Name, Kind: b.Kind, Input: b.Input, Output: b.Output, Nodes: b.Nodes, Spec: b.Spec, Placement: b.Placement})
 	}
 	return in, nil
 }

@@ -27,6 +27,8 @@ type RewriteOptions struct {
 	RestoreTracedExperts bool
 	// Progress, when set, receives detect, weights, check and fuse events.
 	Progress Progress
+	// EPTable names the EP collectives to recognise (nil: the defaults).
+	EPTable *EPTable
 }
 
 // Rewrite finds every MoE block of m and replaces each with one fused
@@ -40,7 +42,7 @@ func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport,
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
-	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts}
+	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable}
 	if opt.Progress != nil {
 		po.Progress = func(stage string, done, total int) { opt.Progress.report(stage, done, total) }
 	}

@@ -27,6 +27,7 @@ var loweringRules = []kernel.Constraint{
 	{Code: CodeEPAttr, Severity: kernel.SeverityError, Text: "the fused node's ep_size is 1 or equals the lowering's EP size"},
 	{Code: CodeWeightsNotConstant, Severity: kernel.SeverityError, Text: "routed and shared expert weights are initializers (quantized ahead of time)"},
 	{Code: CodeBadSpec, Severity: kernel.SeverityError, Text: "the fused ai.mok::MoE node is well formed (moe.SpecFromNode)"},
+	{Code: CodeEPShard, Severity: kernel.SeverityError, Text: "the fused node holds all experts (an EP rank's shard is merged first)"},
 }
 
 // NumberedConstraint is one rule a lowering checks, with its number.
@@ -119,7 +120,7 @@ func checkBlock(s *moe.Spec, opt *Options, knobs kernel.Knobs) []Violation {
 	if s.EPSize > 1 && s.EPSize != opt.EP {
 		vs = append(vs, newViolation(CodeEPAttr, "the fused node has ep_size=%d, the lowering asks for EP=%d", s.EPSize, opt.EP))
 	}
-	return vs
+	return append(vs, shardViolation(s)...)
 }
 
 // decide classifies a block's violations: lowered as is, lowered with the

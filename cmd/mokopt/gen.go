@@ -31,6 +31,7 @@ func newGenCmd() *cobra.Command {
 	var cfg models.Config
 	var out string
 	var inline, asJSON bool
+	var epg epGenFlags
 	c := &cobra.Command{
 		Use:   "gen -o FILE",
 		Short: "Write a synthetic MoE model in an exporter's shape",
@@ -61,6 +62,9 @@ unless --inline.`,
 				return usageErr(errors.New("--json and -o - would share standard output"))
 			}
 			cfg.External = !inline && out != mokopt.Stdio // a stream carries one file: weights inline
+			if epg.form != "" {
+				return genEP(c.OutOrStdout(), cfg, &epg, out)
+			}
 			if err := cfg.Validate(); err != nil {
 				return usageErr(err)
 			}
@@ -126,5 +130,6 @@ unless --inline.`,
 	f.BoolVar(&inline, "inline", false, "store the weights inside FILE (2 GiB protobuf limit) instead of FILE.data (always with -o -)")
 	f.StringVarP(&out, "output", "o", "", "output model path")
 	f.BoolVar(&asJSON, "json", false, "machine-readable output")
+	epg.add(f)
 	return c
 }

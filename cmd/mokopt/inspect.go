@@ -53,6 +53,7 @@ func humanBytes(n int64) string {
 
 func newInspectCmd() *cobra.Command {
 	var asJSON bool
+	var epf epFlags
 	c := &cobra.Command{
 		Use:   "inspect MODEL",
 		Short: "Summarise a model: IR, opsets, op census, initializers, inputs and outputs",
@@ -63,7 +64,11 @@ func newInspectCmd() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			in, err := mokopt.Inspect(c.Context(), m)
+			tbl, err := epf.table()
+			if err != nil {
+				return err
+			}
+			in, err := mokopt.InspectWith(c.Context(), m, mokopt.InspectOptions{EPTable: tbl})
 			if err != nil {
 				return err
 			}
@@ -77,6 +82,7 @@ func newInspectCmd() *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	epf.addDetect(c.Flags())
 	return c
 }
 
@@ -105,6 +111,7 @@ func printBlocks(w io.Writer, det *passes.Detection) {
 			router += ", weights on input"
 		}
 		fmt.Fprintf(w, "    router: %s\n", router)
+		printEP(w, b)
 		act := s.Activation
 		if s.Activation != moe.SwiGLU && s.Activation != moe.GELU {
 			act += fmt.Sprintf(" (alpha %g, limit %g)", s.SwiGLUAlpha, s.SwiGLULimit)

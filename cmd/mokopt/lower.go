@@ -69,9 +69,6 @@ benchmark shapes) as JSON.`,
 			if err != nil {
 				return usageErr(err)
 			}
-			if ep <= 0 {
-				return usageErr(errors.New("lower needs --ep N (the expert-parallel size, e.g. 8 or 64)"))
-			}
 			if tokens < 0 {
 				return usageErr(fmt.Errorf("--tokens-per-rank %d is negative", tokens))
 			}
@@ -84,6 +81,14 @@ benchmark shapes) as JSON.`,
 				return err
 			}
 			defer m.Close()
+			if ep <= 0 {
+				if ep, err = mokopt.EPSizeOf(m); err != nil {
+					return usageErr(err)
+				}
+				if ep <= 0 {
+					return usageErr(errors.New("lower needs --ep N (the expert-parallel size, e.g. 8 or 64); the model's fused nodes have no ep_size > 1"))
+				}
+			}
 			progress := newProgress(c)
 			rep, lerr := mokopt.Lower(c.Context(), m, tgt, mokopt.LowerOptions{EP: ep, TokensPerRank: tokens, Strict: strict, Progress: progress})
 			if lerr != nil {
@@ -122,7 +127,7 @@ benchmark shapes) as JSON.`,
 	c.Flags().StringVar(&quant, "quant", "", "ort: int8 or int4 expert weights (com.microsoft::QMoE)")
 	c.Flags().IntVar(&blockSize, "block-size", 0, "ort --quant: block-wise scales over N inputs (power of two >= 16; 0: one scale per row)")
 	c.Flags().BoolVar(&partial, "partial", false, "ort: keep the nodes ONNX Runtime cannot express as ai.mok::MoE instead of refusing")
-	c.Flags().IntVar(&ep, "ep", 0, "expert-parallel group size (1, 4, 8, 16, 32 or 64)")
+	c.Flags().IntVar(&ep, "ep", 0, "expert-parallel group size (1, 4, 8, 16, 32 or 64); default: the fused nodes' ep_size")
 	c.Flags().IntVar(&tokens, "tokens-per-rank", 0, "static tokens per rank T (checked: >= 512, multiple of 256); 0: unknown")
 	c.Flags().StringVar(&planPath, "plan", "", "write the launch plan JSON to this file")
 	c.Flags().BoolVar(&strict, "strict", false, "refuse the model when any block violates the kernel contract")

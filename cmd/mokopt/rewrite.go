@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
@@ -18,6 +19,7 @@ func init() { subcommands = append(subcommands, newRewriteCmd) }
 func newRewriteCmd() *cobra.Command {
 	var out, report, extMode string
 	var partial, asJSON, inPlace, noCheck, restore bool
+	var epf epFlags
 	c := &cobra.Command{
 		Use:   "rewrite IN -o OUT",
 		Short: "Fuse every MoE block into one ai.mok::MoE node",
@@ -29,9 +31,32 @@ By default it is all-or-nothing: if any candidate cannot be fused (for example a
 TorchScript trace that lost experts), nothing is written and the exit code is 1.
 --partial fuses the blocks that pass and reports the rest. Each block is checked
 numerically (reference semantics of the fused node against the original
-subgraph on random inputs) before the model is edited, unless --no-check.`,
-		Args: cobra.ExactArgs(1),
+subgraph on random inputs) before the model is edited, unless --no-check.
+
+Expert-parallel models (README "Expert parallelism"): a rank file's EP blocks
+become ai.mok::MoE shards (ep_size, expert_offset, E/EP local experts);
+--merge-ranks RANK0 .. RANKN fuses the rank files, checks them in lockstep with
+simulated collectives against the merged model, and writes one global model;
+--split-ranks N cuts the fused global model into N rank files.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
+			tbl, err := epf.table()
+			if err != nil {
+				return err
+			}
+			if epf.merge {
+				if out == "" || inPlace {
+					return usageErr(errors.New("rewrite --merge-ranks needs -o OUT"))
+				}
+				mode, err := graph.ParseExternalMode(extMode)
+				if err != nil {
+					return usageErr(err)
+				}
+				return runMergeRanks(c, args, out, report, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, EPTable: tbl}, &epf, mode, asJSON)
+			}
+			if len(args) != 1 {
+				return usageErr(fmt.Errorf("rewrite takes one model (%d given; rank files need --merge-ranks)", len(args)))
+			}
 			if out == "" && !inPlace {
 				return usageErr(errors.New("rewrite needs -o OUT (or --in-place)"))
 			}
@@ -56,8 +81,11 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 				return err
 			}
 			defer m.Close()
+			if epf.rank >= 0 {
+				m.Graph().SetMetadata(mokopt.MetaEPRank, strconv.Itoa(epf.rank))
+			}
 			progress := newProgress(c)
-			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, Progress: progress})
+			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl})
 			if rep != nil && report != "" && c.Context().Err() == nil {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
 					return err
@@ -68,6 +96,9 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 					return &exitError{code: 2, msg: rerr.Error(), err: rerr}
 				}
 				return &exitError{code: 1, msg: fmt.Sprintf("%s: %v; no output written", args[0], rerr), err: rerr}
+			}
+			if epf.split > 0 {
+				return splitAfter(c, m, out, epf.split, mode)
 			}
 			if err := saveModel(c, m, out, mode, progress); err != nil {
 				return err
@@ -91,6 +122,7 @@ subgraph on random inputs) before the model is edited, unless --no-check.`,
 	c.Flags().BoolVar(&restore, "restore-traced-experts", false, "rebuild, with a warning, blocks whose TorchScript trace computes fewer experts than its stacked weights hold")
 	c.Flags().StringVar(&extMode, "external-data", "keep", "where initializer bytes go: keep, repack or inline")
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	epf.addRewrite(c.Flags())
 	return c
 }
 

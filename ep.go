@@ -1,0 +1,64 @@
+package mokopt
+
+import (
+	"context"
+
+	"github.com/mokopt/mokopt/ep"
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/lowering"
+	"github.com/mokopt/mokopt/passes"
+)
+
+// EPTable names the collective, dispatch and combine ops that mark
+// expert-parallel (EP) MoE blocks (see package ep and the README section
+// "Expert parallelism"); nil means ep.DefaultTable().
+type EPTable = ep.Table
+
+// LoadEPTable reads a JSON EP op table; its entries extend (or, with
+// replace_defaults, replace) the defaults.
+func LoadEPTable(path string) (*EPTable, error) { return ep.LoadTable(path) }
+
+// MergeReport is what RewriteRanks merged: the fused nodes with E, E/EP and
+// k, and the largest error of the group check.
+type MergeReport = passes.MergeReport
+
+// MetaEPRank is the metadata_props key holding a rank file's rank.
+const MetaEPRank = passes.MetaEPRank
+
+// RewriteRanks fuses the rank models of one EP group (ranks[r] is rank r
+// unless its metadata says otherwise), merges their shards into one global
+// model, and, with opt.Check, runs the original ranks in lockstep with
+// simulated collectives against the merged model (tokensPerRank tokens per
+// rank, two seeds). The rank models are edited in place.
+func RewriteRanks(ctx context.Context, ranks []*Model, opt RewriteOptions, tokensPerRank int) (*Model, *MergeReport, []*RewriteReport, error) {
+	if err := errCtx(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	gs := make([]*graph.Model, len(ranks))
+	for i, m := range ranks {
+		gs[i] = m.g
+	}
+	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable}
+	merged, mrep, reps, err := passes.RewriteRanks(gs, po, tokensPerRank)
+	if err != nil {
+		return nil, mrep, reps, err
+	}
+	return Wrap(merged), mrep, reps, nil
+}
+
+// SplitRanks cuts a fused global model into n rank models (the reverse of
+// RewriteRanks' merge).
+func SplitRanks(m *Model, n int) ([]*Model, error) {
+	parts, err := passes.SplitRanks(m.g, n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Model, len(parts))
+	for i, p := range parts {
+		out[i] = Wrap(p)
+	}
+	return out, nil
+}
+
+// EPSizeOf returns the common ep_size (> 1) of m's fused nodes, or 0.
+func EPSizeOf(m *Model) (int, error) { return lowering.EPFromModel(m.g) }
