@@ -23,6 +23,14 @@ const (
 	// (GatherND of the local stacked weights, batched MatMuls) and a second
 	// AllToAll sends the results back, summed over source ranks.
 	FormORTAllToAll = "ort-alltoall"
+	// FormORTAllGather is a per-rank model with ONNX Runtime collectives in
+	// Megatron's all-gather token dispatcher pattern: the tokens, top-k ids
+	// (and, placed before combine, weights) of every rank are gathered with
+	// com.microsoft::AllGather; the rank runs its E/G experts densely on all
+	// gathered tokens, masked to the slots routed to them; the partial sums
+	// are added over ranks with com.microsoft::AllReduce and the rank keeps
+	// its own rows (Slice at rank·T).
+	FormORTAllGather = "ort-allgather"
 	// FormDeepEP is a per-rank model with DeepEP-style custom nodes
 	// deep_ep::dispatch and deep_ep::combine (semantics in package ep): the
 	// rank runs its E/G experts densely on the received tokens, weighted by
@@ -62,7 +70,7 @@ type EPConfig struct {
 }
 
 // EPForms lists the valid EPConfig.Form values.
-var EPForms = []string{FormORTAllToAll, FormDeepEP, FormSharding}
+var EPForms = []string{FormORTAllToAll, FormORTAllGather, FormDeepEP, FormSharding}
 
 func (c EPConfig) normalized() (EPConfig, error) {
 	c.Shape = ShapeBatched
@@ -76,7 +84,7 @@ func (c EPConfig) normalized() (EPConfig, error) {
 		errs = append(errs, err.Error())
 	}
 	switch c.Form {
-	case FormORTAllToAll, FormDeepEP, FormSharding:
+	case FormORTAllToAll, FormORTAllGather, FormDeepEP, FormSharding:
 	default:
 		errs = append(errs, fmt.Sprintf("EP form %q (want one of %s)", c.Form, strings.Join(EPForms, ", ")))
 	}
@@ -129,7 +137,7 @@ func BuildRank(c EPConfig, rank int) (*graph.Model, error) {
 	b.m.SetMetadata(MetaEPRank, strconv.Itoa(rank))
 	b.m.SetMetadata(MetaEPSize, strconv.Itoa(c.EP))
 	switch c.Form {
-	case FormORTAllToAll:
+	case FormORTAllToAll, FormORTAllGather:
 		b.m.SetOpset(ORTDomain, 1)
 	case FormDeepEP:
 		b.m.SetOpset(DeepEPDomain, 1)
@@ -138,9 +146,12 @@ func BuildRank(c EPConfig, rank int) (*graph.Model, error) {
 	for l := 0; l < c.Layers; l++ {
 		p := "layers." + strconv.Itoa(l) + "."
 		var y string
-		if c.Form == FormORTAllToAll {
+		switch c.Form {
+		case FormORTAllToAll:
 			y = b.ortAllToAll(c, rank, l, p, h)
-		} else {
+		case FormORTAllGather:
+			y = b.ortAllGather(c, rank, l, p, h)
+		default:
 			y = b.deepEP(c, rank, l, p, h)
 		}
 		out := p + "residual"
@@ -241,9 +252,8 @@ func (b *builder) ortAllToAll(c EPConfig, rank, l int, p, h string) string {
 
 // deepEP writes one layer of the deepep form (see FormDeepEP).
 func (b *builder) deepEP(c EPConfig, rank, l int, p, h string) string {
-	E, H, I, G := int64(c.Experts), int64(c.Hidden), int64(c.Inter), int64(c.EP)
-	first, L := localRange(c, rank)
-	k := keysFor(c.Config, l)
+	E, G := int64(c.Experts), int64(c.EP)
+	_, L := localRange(c, rank)
 	view, w, idx, _ := b.router(l, p, h)
 	rx, rid, rw, hd := p+"recv_x", p+"recv_topk_idx", p+"recv_topk_weights", p+"handle"
 	b.g.Node = append(b.g.Node, graph.NewNode("dispatch", DeepEPDomain, "node_"+p+"dispatch", []string{view, idx, w}, []string{rx, rid, rw, hd},
@@ -254,15 +264,7 @@ func (b *builder) deepEP(c EPConfig, rank, l int, p, h string) string {
 	}
 	eq := b.node("Equal", p+"local_onehot_bool", []string{b.node("Unsqueeze", p+"recv_idx_unsq", []string{rid, b.vec(-1)}), b.vec(arange...)})
 	oh := b.node("Cast", p+"local_onehot", []string{eq}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
-	q := "model." + p + "mlp."
-	wg := b.weight(q+"w_gate", []int64{L, H, I}, transposedStack(k.gate, E, I, H).rowsFrom(first*H, L*H))
-	wup := b.weight(q+"w_up", []int64{L, H, I}, transposedStack(k.up, E, I, H).rowsFrom(first*H, L*H))
-	wdn := b.weight(q+"w_down", []int64{L, I, H}, transposedStack(k.down, E, H, I).rowsFrom(first*I, L*I))
-	xx := b.node("Expand", p+"x_expand", []string{b.node("Unsqueeze", p+"x_unsq", []string{rx, b.vec(0)}), b.vec(L, 1, 1)})
-	g := b.node("MatMul", p+"gate", []string{xx, wg})
-	u := b.node("MatMul", p+"up", []string{xx, wup})
-	a := b.swiglu(p, g, u)
-	d := b.node("MatMul", p+"down", []string{a, wdn})
+	d := b.localDense(c, rank, l, p, rx)
 	combine := func(out, in string) string {
 		b.g.Node = append(b.g.Node, graph.NewNode("combine", DeepEPDomain, "node_"+out, []string{in, hd}, []string{out}, graph.IntAttr("num_ranks", G)))
 		return out
@@ -350,4 +352,63 @@ func EPSpec(c EPConfig) (moe.Spec, error) {
 	s, err := Spec(c.Reference())
 	s.EPSize = c.EP
 	return s, err
+}
+
+// localDense runs the L local experts of layer l densely on x [R, H]: the
+// stacked gate/up [L, H, I] and down [L, I, H] MatMuls; it returns the
+// expert outputs [L, R, H].
+func (b *builder) localDense(c EPConfig, rank, l int, p, x string) string {
+	E, H, I := int64(c.Experts), int64(c.Hidden), int64(c.Inter)
+	first, L := localRange(c, rank)
+	k := keysFor(c.Config, l)
+	q := "model." + p + "mlp."
+	wg := b.weight(q+"w_gate", []int64{L, H, I}, transposedStack(k.gate, E, I, H).rowsFrom(first*H, L*H))
+	wup := b.weight(q+"w_up", []int64{L, H, I}, transposedStack(k.up, E, I, H).rowsFrom(first*H, L*H))
+	wdn := b.weight(q+"w_down", []int64{L, I, H}, transposedStack(k.down, E, H, I).rowsFrom(first*I, L*I))
+	xx := b.node("Expand", p+"x_expand", []string{b.node("Unsqueeze", p+"x_unsq", []string{x, b.vec(0)}), b.vec(L, 1, 1)})
+	g := b.node("MatMul", p+"gate", []string{xx, wg})
+	u := b.node("MatMul", p+"up", []string{xx, wup})
+	a := b.swiglu(p, g, u)
+	return b.node("MatMul", p+"down", []string{a, wdn})
+}
+
+// ortAllGather writes one layer of the ort-allgather form (see FormORTAllGather).
+func (b *builder) ortAllGather(c EPConfig, rank, l int, p, h string) string {
+	G := int64(c.EP)
+	first, L := localRange(c, rank)
+	view, w, idx, _ := b.router(l, p, h)
+	coll := func(op, out, in string) string {
+		b.g.Node = append(b.g.Node, graph.NewNode(op, ORTDomain, "node_"+out, []string{in}, []string{out}, graph.IntAttr("group_size", G)))
+		return out
+	}
+	xa := coll("AllGather", p+"all_x", view)
+	ia := coll("AllGather", p+"all_topk_idx", idx)
+	arange := make([]int64, L)
+	for i := range arange {
+		arange[i] = first + int64(i)
+	}
+	eq := b.node("Equal", p+"local_onehot_bool", []string{b.node("Unsqueeze", p+"all_idx_unsq", []string{ia, b.vec(-1)}), b.vec(arange...)})
+	oh := b.node("Cast", p+"local_onehot", []string{eq}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+	d := b.localDense(c, rank, l, p, xa)
+	// this rank's rows of the reduced result: [rank·T, (rank+1)·T)
+	T := b.node("Shape", p+"tokens", []string{view}, graph.IntAttr("start", 0), graph.IntAttr("end", 1))
+	start := b.node("Mul", p+"own_start", []string{T, b.vec(int64(rank))})
+	end := b.node("Mul", p+"own_end", []string{T, b.vec(int64(rank + 1))})
+	own := func(v string) string {
+		return b.node("Slice", p+"own_rows", []string{v, start, end, b.vec(0)})
+	}
+	if c.Placement == BeforeCombine {
+		wa := coll("AllGather", p+"all_topk_weights", w)
+		route := b.node("ReduceSum", p+"routing", []string{b.node("Mul", p+"onehot_weighted", []string{oh, b.node("Unsqueeze", p+"all_w_col", []string{wa, b.vec(-1)})}), b.vec(1)},
+			graph.IntAttr("keepdims", 0), graph.IntAttr("noop_with_empty_axes", 0))
+		rt := b.node("Unsqueeze", p+"routing_col", []string{b.node("Transpose", p+"routing_t", []string{route}, graph.IntsAttr("perm", 1, 0)), b.vec(-1)})
+		y := b.node("ReduceSum", p+"local_sum", []string{b.node("Mul", p+"weighted", []string{d, rt}), b.vec(0)},
+			graph.IntAttr("keepdims", 0), graph.IntAttr("noop_with_empty_axes", 0))
+		return b.shared(l, p, view, own(coll("AllReduce", p+"reduced", y)))
+	}
+	ys := b.node("MatMul", p+"per_slot", []string{oh, b.node("Transpose", p+"down_by_row", []string{d}, graph.IntsAttr("perm", 1, 0, 2))})
+	cy := own(coll("AllReduce", p+"reduced", ys))
+	m := b.node("Mul", p+"weighted", []string{cy, b.node("Unsqueeze", p+"weight_col", []string{w, b.vec(-1)})})
+	y := b.node("ReduceSum", p+"routed", []string{m, b.vec(1)}, graph.IntAttr("keepdims", 0), graph.IntAttr("noop_with_empty_axes", 0))
+	return b.shared(l, p, view, y)
 }

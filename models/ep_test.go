@@ -50,6 +50,8 @@ func TestEPRanksMatchReference(t *testing.T) {
 		{FormDeepEP, BeforeCombine, 4, 8, 0},
 		{FormDeepEP, AfterCombine, 8, 16, 16},
 		{FormORTAllToAll, BeforeCombine, 8, 8, 0},
+		{FormORTAllGather, BeforeCombine, 4, 8, 16},
+		{FormORTAllGather, AfterCombine, 8, 16, 0},
 	} {
 		t.Run(fmt.Sprintf("%s/%s/ep%d", tc.form, tc.placement, tc.ep), func(t *testing.T) {
 			c := EPConfig{Config: Config{Layers: 2, Experts: tc.experts, TopK: 2, Hidden: 16, Inter: 24, SharedInter: tc.shared, Normalize: true, Seed: 5},

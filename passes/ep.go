@@ -18,6 +18,10 @@ const (
 	KindEPAllToAll = "ep-alltoall"
 	// KindEPDispatch is a block with DeepEP-style dispatch/combine nodes.
 	KindEPDispatch = "ep-dispatch"
+	// KindEPAllGather is a block whose tokens are all-gathered to every
+	// rank and whose partial expert sums are all-reduced (com.microsoft
+	// AllGather / AllReduce, Megatron's all-gather dispatcher).
+	KindEPAllGather = "ep-allgather"
 )
 
 // Metadata keys of a per-rank EP model (metadata_props): the file's rank
@@ -118,6 +122,14 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 			disp = append(disp, n)
 		}
 	}
+	// An all-gather of the block input itself (tokens gathered apart from
+	// the routing) belongs to the dispatch too.
+	x0 := c.through(ri.x)
+	for n, o := range cols {
+		if o.Kind == ep.AllGather && len(n.Input) > 0 && c.through(n.Input[0]) == x0 && !containsNode(disp, n) {
+			disp = append(disp, n)
+		}
+	}
 	sort.Slice(disp, func(i, j int) bool { return c.order[disp[i]] < c.order[disp[j]] })
 	var dOuts []string
 	group := -1
@@ -136,11 +148,15 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	kind := ""
 	for _, n := range disp {
 		switch kindOf(n) {
-		case ep.AllToAll:
-			if kind == KindEPDispatch {
-				fail("mixed dispatch and all_to_all collectives after the router")
+		case ep.AllToAll, ep.AllGather:
+			k := KindEPAllToAll
+			if kindOf(n) == ep.AllGather {
+				k = KindEPAllGather
 			}
-			kind = KindEPAllToAll
+			if kind != "" && kind != k {
+				fail("mixed %s and %s collectives after the router (%q)", kind, k, graph.NodeLabel(n))
+			}
+			kind = k
 		case ep.Dispatch:
 			if kind != "" {
 				fail("more than one dispatch after the router (%q)", graph.NodeLabel(n))
@@ -150,7 +166,7 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 				fail("dispatch %q routes %d experts but the router has %d", graph.NodeLabel(n), e, E)
 			}
 		default:
-			fail("%s collective %q after the router: only all_to_all and dispatch/combine EP blocks are recognised (replicated-token EP with all_reduce/all_gather is not)", kindOf(n), graph.NodeLabel(n))
+			fail("%s collective %q after the router: an EP dispatch is all_to_all, all_gather or dispatch", kindOf(n), graph.NodeLabel(n))
 		}
 		checkGroup(n)
 		dOuts = append(dOuts, n.Output...)
@@ -161,7 +177,8 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	}
 	cn := comb[0]
 	switch {
-	case kind == KindEPAllToAll && kindOf(cn) == ep.AllToAll, kind == KindEPDispatch && kindOf(cn) == ep.Combine:
+	case kind == KindEPAllToAll && kindOf(cn) == ep.AllToAll, kind == KindEPDispatch && kindOf(cn) == ep.Combine,
+		kind == KindEPAllGather && kindOf(cn) == ep.AllReduce:
 	default:
 		fail("the collective after the dispatch (%q, %s) is not its combine", graph.NodeLabel(cn), kindOf(cn))
 	}
@@ -223,7 +240,6 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	c.limit = nil
 	// Block output: after the combine, through noise, the sum over source
 	// ranks and slots, the router-weight multiply, and a shared expert.
-	x0 := c.through(ri.x)
 	xDeps := c.forward(x0)
 	wDeps := c.forward(tk.Output[0])
 	y := cn.Output[0]
@@ -236,7 +252,7 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 		}
 		n := cons[0]
 		op := n.GetOpType()
-		if noiseOps[op] && op != "Cast" || op == "ReduceSum" {
+		if noiseOps[op] && op != "Cast" || op == "ReduceSum" || op == "Slice" && kind == KindEPAllGather {
 			y = n.Output[0]
 			continue
 		}
