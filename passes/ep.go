@@ -472,3 +472,17 @@ func shardCheckNote(blocks []*Block) string {
 	}
 	return fmt.Sprintf("%d EP shard block(s): the numerical check of one rank needs the whole group; mokopt rewrite --merge-ranks checks the group in lockstep", n)
 }
+
+// checkStacked refuses stacked expert weights that do not hold one matrix
+// per routed expert (for example one EP rank's E/EP experts behind
+// collectives the op table does not name).
+func checkStacked(rs roleSet, E int) {
+	for _, r := range []*roleRef{rs.gate, rs.up, rs.down} {
+		if r == nil {
+			continue
+		}
+		if d := r.w.t.GetDims(); len(d) == 3 && int(d[0]) != E {
+			fail("stacked expert weight %q holds %d experts but the router scores %d (one rank of an expert-parallel model whose collectives are not in the EP op table? see --ep-ops)", r.w.t.GetName(), d[0], E)
+		}
+	}
+}

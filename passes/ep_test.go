@@ -12,6 +12,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/models"
+	"google.golang.org/protobuf/proto"
 )
 
 // epFeeds splits x [G·T, H] into G per-rank feeds.
@@ -318,5 +319,51 @@ func TestEP64(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestEPCustomOpTable renames the deepep form's dispatch/combine into a
+// custom domain: without a table entry the blocks are not recognised as
+// EP; with one they fuse and merge as before.
+func TestEPCustomOpTable(t *testing.T) {
+	c := models.EPConfig{Config: models.Config{Layers: 2, Experts: 8, TopK: 2, Hidden: 8, Inter: 16, Normalize: true, Seed: 21}, Form: models.FormDeepEP, EP: 4, Placement: models.AfterCombine}
+	rename := func() []*graph.Model {
+		ms := buildRanks(t, c)
+		for _, m := range ms {
+			for _, n := range m.Proto.Graph.Node {
+				if n.GetDomain() != models.DeepEPDomain {
+					continue
+				}
+				n.Domain = proto.String("acme.ep")
+				n.OpType = proto.String(map[string]string{"dispatch": "send_tokens", "combine": "recv_tokens"}[n.GetOpType()])
+				for _, a := range n.Attribute {
+					a.Name = proto.String(map[string]string{"num_ranks": "world", "num_experts": "experts"}[a.GetName()])
+				}
+			}
+			m.SetOpset("acme.ep", 1)
+		}
+		return ms
+	}
+	det, err := Detect(rename()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(det.NearMiss) != c.Layers || !strings.Contains(det.NearMiss[0].Reason, "--ep-ops") {
+		t.Fatalf("without a table entry: near-misses %+v", det.NearMiss)
+	}
+	if len(det.Blocks) != 0 {
+		t.Fatalf("without a table entry the custom ops were taken for EP: %+v", det.Blocks[0].Spec)
+	}
+	tbl := ep.DefaultTable()
+	tbl.Ops = append(tbl.Ops,
+		ep.Op{Domain: "acme.ep", Name: "send_tokens", Kind: ep.Dispatch, GroupAttr: "world", ExpertsAttr: "experts"},
+		ep.Op{Domain: "acme.ep", Name: "recv_tokens", Kind: ep.Combine, GroupAttr: "world"})
+	merged, mrep, _, err := RewriteRanks(rename(), Options{Check: true, EPTable: tbl}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := models.Build(c.Reference())
+	if d := verifyAgainst(t, merged, ref, 6); d > 1e-5 || mrep.MaxAbsErr > 1e-5 {
+		t.Fatalf("custom-table merge: vs reference %g, group %g", d, mrep.MaxAbsErr)
 	}
 }

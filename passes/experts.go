@@ -324,6 +324,9 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, i
 	rwDeps := c.forward(tk.Output[0])
 	for bi, br := range branches {
 		roles := c.roles(br.l1, br.l2, s, bi == 0)
+		if br.stacked {
+			checkStacked(roles, E)
+		}
 		if p := c.g.Producer(br.l1[0].act); p != nil && rwDeps[p] {
 			s.WeightsOnInput = true
 		}
