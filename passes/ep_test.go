@@ -367,3 +367,30 @@ func TestEPCustomOpTable(t *testing.T) {
 		t.Fatalf("custom-table merge: vs reference %g, group %g", d, mrep.MaxAbsErr)
 	}
 }
+
+// TestEPGroupVsReference runs the unfused rank models of every per-rank
+// form in lockstep against the single-rank reference model (no fusion in
+// between) and logs the largest error (go test -v -run TestEPGroupVsReference).
+func TestEPGroupVsReference(t *testing.T) {
+	for _, form := range []string{models.FormORTAllToAll, models.FormORTAllGather, models.FormDeepEP} {
+		for _, g := range []int{4, 8} {
+			for _, pl := range []string{models.BeforeCombine, models.AfterCombine} {
+				c := models.EPConfig{Config: models.Config{Layers: 2, Experts: 16, TopK: 4, Hidden: 32, Inter: 64, SharedInter: 64, Normalize: true, Seed: 7},
+					Form: form, EP: g, Placement: pl}
+				ref, err := models.Build(c.Reference())
+				if err != nil {
+					t.Fatal(err)
+				}
+				worst := 0.0
+				for seed := uint64(1); seed <= 2; seed++ {
+					d, err := CheckGroup(context.Background(), nil, buildRanks(t, c), ref, 8, seed)
+					if err != nil {
+						t.Fatalf("%s ep%d %s: %v", form, g, pl, err)
+					}
+					worst = max(worst, d)
+				}
+				t.Logf("%-14s EP=%d %-14s unfused ranks in lockstep vs single-rank reference: max |error| %.3g", form, g, pl, worst)
+			}
+		}
+	}
+}
