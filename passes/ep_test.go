@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -392,5 +393,65 @@ func TestEPGroupVsReference(t *testing.T) {
 				t.Logf("%-14s EP=%d %-14s unfused ranks in lockstep vs single-rank reference: max |error| %.3g", form, g, pl, worst)
 			}
 		}
+	}
+}
+
+// TestEPTorchExport fuses and merges per-rank models that PyTorch 2.11's
+// ONNX exporter wrote for DeepEP-style code (custom ops deep_ep::dispatch /
+// combine with register_custom_op_symbolic; testdata/ep_export/export_deepep.py)
+// and compares the merged model with PyTorch's dense reference outputs.
+func TestEPTorchExport(t *testing.T) {
+	dir := "../testdata/ep_export"
+	for _, tc := range []struct {
+		name      string
+		ep        int
+		placement string
+	}{
+		{"deepep_ep4_before", 4, PlacementBeforeCombine},
+		{"deepep_ep4_after", 4, PlacementAfterCombine},
+		{"deepep_ep8_before", 8, PlacementBeforeCombine},
+		{"deepep_ep8_after", 8, PlacementAfterCombine},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ranks := make([]*graph.Model, tc.ep)
+			for r := range ranks {
+				m, err := graph.Load(filepath.Join(dir, fmt.Sprintf("%s.rank%d.onnx", tc.name, r)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ranks[r] = m
+			}
+			det, err := Detect(ranks[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(det.Blocks) != 1 {
+				t.Fatalf("rank 1: %d blocks, near-misses %+v", len(det.Blocks), det.NearMiss)
+			}
+			b := det.Blocks[0]
+			if s := b.Spec; s.NumExperts != 16 || s.TopK != 2 || s.EPSize != tc.ep || s.LocalExperts != 16/tc.ep || s.ExpertOffset != 16/tc.ep || !s.NormalizeTopK || b.Placement != tc.placement {
+				t.Fatalf("rank 1 spec %+v placement %s", s, b.Placement)
+			}
+			merged, mrep, _, err := RewriteRanks(ranks, Options{Check: true}, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := countOps(merged); n["ai.mok::MoE"] != 1 || len(merged.Proto.Graph.Node) != 2 {
+				t.Fatalf("merged ops %v", n)
+			}
+			ds, err := eval.ReadDataSet(filepath.Join(dir, tc.name+"_data", "test_data_set_0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := eval.Run(context.Background(), merged, map[string]*eval.Tensor{"x": ds.Inputs[0]}, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := maxAbsDiff(out["y"].F32, ds.Outputs[0].F32)
+			if d > 2e-6 {
+				t.Fatalf("merged model vs PyTorch reference: %g", d)
+			}
+			t.Logf("%s: group check %.3g, merged vs PyTorch %.3g", tc.name, mrep.MaxAbsErr, d)
+		})
 	}
 }
