@@ -158,6 +158,7 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 			b, err := c.detectEPAt(n, cols)
 			if err != nil {
 				det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
+				c.claimEPLocal(n, cols, claimed)
 				continue
 			}
 			for _, r := range b.Region {

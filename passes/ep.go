@@ -486,3 +486,27 @@ func checkStacked(rs roleSet, E int) {
 		}
 	}
 }
+
+// claimEPLocal marks, for a TopK whose EP block could not be read, the
+// nodes between its dispatch collectives and the next collectives as
+// claimed, so that its local expert compute is reported once (as the EP
+// near-miss) and not again as routerless experts.
+func (c *ctx) claimEPLocal(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op, claimed map[*pb.NodeProto]bool) {
+	var outs []string
+	for _, n := range c.reachCollectives(cols, tk.Output...) {
+		outs = append(outs, n.Output...)
+	}
+	seen := map[*pb.NodeProto]bool{}
+	for len(outs) > 0 {
+		v := outs[len(outs)-1]
+		outs = outs[:len(outs)-1]
+		for _, n := range c.g.Consumers(v) {
+			if _, ok := cols[n]; ok || seen[n] {
+				continue
+			}
+			seen[n] = true
+			claimed[n] = true
+			outs = append(outs, n.Output...)
+		}
+	}
+}
