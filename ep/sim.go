@@ -141,6 +141,10 @@ var (
 func Install(t *Table) {
 	installMu.Lock()
 	defer installMu.Unlock()
+	if _, ok := installed[ShardedMoEDomain+"::"+ShardedMoEOp]; !ok {
+		installed[ShardedMoEDomain+"::"+ShardedMoEOp] = Op{}
+		eval.Register(ShardedMoEDomain, ShardedMoEOp, shardedMoE)
+	}
 	for _, o := range t.Ops {
 		key := o.Domain + "::" + o.Name
 		if prev, ok := installed[key]; ok && prev == o {

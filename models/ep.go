@@ -37,6 +37,13 @@ const (
 	// the received top-k weights (before combine) or per slot, the weights
 	// applied on the token's rank after combine.
 	FormDeepEP = "deepep"
+	// FormORTSharded is a per-rank model with ONNX Runtime's
+	// com.microsoft::ShardedMoE: the rank's E/G experts ([E/G, …] fc1/fc2/fc3,
+	// local_experts_start_index), the router logits of the replicated router;
+	// every rank sees all tokens and returns the whole output (the op
+	// broadcasts the expert outputs). The routing weights apply after the
+	// exchange, on every rank.
+	FormORTSharded = "ort-sharded"
 	// FormSharding is one global model (the batched shape) whose expert
 	// weights carry ONNX IR 10+ sharding annotations (NodeProto
 	// device_configurations: axis 0 of each stacked expert weight split in
@@ -70,7 +77,7 @@ type EPConfig struct {
 }
 
 // EPForms lists the valid EPConfig.Form values.
-var EPForms = []string{FormORTAllToAll, FormORTAllGather, FormDeepEP, FormSharding}
+var EPForms = []string{FormORTAllToAll, FormORTAllGather, FormDeepEP, FormORTSharded, FormSharding}
 
 func (c EPConfig) normalized() (EPConfig, error) {
 	c.Shape = ShapeBatched
@@ -85,6 +92,14 @@ func (c EPConfig) normalized() (EPConfig, error) {
 	}
 	switch c.Form {
 	case FormORTAllToAll, FormORTAllGather, FormDeepEP, FormSharding:
+	case FormORTSharded:
+		c.Placement = AfterCombine
+		if c.SharedInter > 0 {
+			errs = append(errs, "form ort-sharded has no shared expert (com.microsoft::ShardedMoE)")
+		}
+		if c.Router != moe.Softmax {
+			errs = append(errs, "form ort-sharded routes with a softmax only")
+		}
 	default:
 		errs = append(errs, fmt.Sprintf("EP form %q (want one of %s)", c.Form, strings.Join(EPForms, ", ")))
 	}
@@ -105,6 +120,10 @@ func (c EPConfig) Validate() error {
 	_, err := c.normalized()
 	return err
 }
+
+// Replicated reports whether every rank of the form sees all tokens (and
+// returns the whole output) instead of its own share.
+func (c EPConfig) Replicated() bool { return c.Form == FormORTSharded }
 
 // Reference returns the single-rank model computing the same function as
 // the EP group of c (the batched shape with the same weights); the merged
@@ -137,7 +156,7 @@ func BuildRank(c EPConfig, rank int) (*graph.Model, error) {
 	b.m.SetMetadata(MetaEPRank, strconv.Itoa(rank))
 	b.m.SetMetadata(MetaEPSize, strconv.Itoa(c.EP))
 	switch c.Form {
-	case FormORTAllToAll, FormORTAllGather:
+	case FormORTAllToAll, FormORTAllGather, FormORTSharded:
 		b.m.SetOpset(ORTDomain, 1)
 	case FormDeepEP:
 		b.m.SetOpset(DeepEPDomain, 1)
@@ -151,6 +170,8 @@ func BuildRank(c EPConfig, rank int) (*graph.Model, error) {
 			y = b.ortAllToAll(c, rank, l, p, h)
 		case FormORTAllGather:
 			y = b.ortAllGather(c, rank, l, p, h)
+		case FormORTSharded:
+			y = b.ortSharded(c, rank, l, p, h)
 		default:
 			y = b.deepEP(c, rank, l, p, h)
 		}
@@ -411,4 +432,26 @@ func (b *builder) ortAllGather(c EPConfig, rank, l int, p, h string) string {
 	m := b.node("Mul", p+"weighted", []string{cy, b.node("Unsqueeze", p+"weight_col", []string{w, b.vec(-1)})})
 	y := b.node("ReduceSum", p+"routed", []string{m, b.vec(1)}, graph.IntAttr("keepdims", 0), graph.IntAttr("noop_with_empty_axes", 0))
 	return b.shared(l, p, view, y)
+}
+
+// ortSharded writes one layer of the ort-sharded form (see FormORTSharded).
+func (b *builder) ortSharded(c EPConfig, rank, l int, p, h string) string {
+	E, H, I := int64(c.Experts), int64(c.Hidden), int64(c.Inter)
+	first, L := localRange(c, rank)
+	k := keysFor(c.Config, l)
+	wr := b.weight("model."+p+"mlp.gate.weight", []int64{E, H}, contiguous(k.router, 0, E*H, H, c.Hidden))
+	logits := b.gemmT(p+"router_logits", h, wr)
+	q := "model." + p + "mlp.moe."
+	norm := int64(0)
+	if c.Normalize {
+		norm = 1
+	}
+	fc1 := b.weight(q+"fc1_experts_weights", []int64{L, I, H}, contiguous(k.gate, first*I*H, L*I*H, H, c.Hidden))
+	fc2 := b.weight(q+"fc2_experts_weights", []int64{L, H, I}, contiguous(k.down, first*H*I, L*H*I, I, c.Inter))
+	fc3 := b.weight(q+"fc3_experts_weights", []int64{L, I, H}, contiguous(k.up, first*I*H, L*I*H, H, c.Hidden))
+	out := p + "moe_out"
+	b.g.Node = append(b.g.Node, graph.NewNode("ShardedMoE", ORTDomain, "node_"+out, []string{h, logits, fc1, "", fc2, "", fc3}, []string{out},
+		graph.IntAttr("k", int64(c.TopK)), graph.IntAttr("normalize_routing_weights", norm), graph.StringAttr("activation_type", "silu"),
+		graph.IntAttr("local_experts_start_index", first), graph.IntAttr("tensor_shards", 1)))
+	return out
 }

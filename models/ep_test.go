@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/mokopt/mokopt/ep"
@@ -26,14 +27,26 @@ func runEPGroup(t *testing.T, c EPConfig, x []float32, T int) []float32 {
 		}
 		ms[r] = m
 		feeds[r] = map[string]*eval.Tensor{InputName: eval.NewFloat32([]int{T, H}, append([]float32(nil), x[r*T*H:(r+1)*T*H]...))}
+		if c.Replicated() { // every rank sees all tokens
+			feeds[r] = map[string]*eval.Tensor{InputName: eval.NewFloat32([]int{c.EP * T, H}, append([]float32(nil), x...))}
+		}
 	}
 	outs, err := ep.RunRanks(context.Background(), nil, ms, feeds, eval.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var y []float32
-	for _, o := range outs {
+	for r, o := range outs {
+		if c.Replicated() {
+			if r > 0 && !slices.Equal(o[OutputName].F32, outs[0][OutputName].F32) {
+				t.Fatalf("rank %d's output differs from rank 0's", r)
+			}
+			continue
+		}
 		y = append(y, o[OutputName].F32...)
+	}
+	if c.Replicated() {
+		y = outs[0][OutputName].F32
 	}
 	return y
 }
@@ -52,6 +65,8 @@ func TestEPRanksMatchReference(t *testing.T) {
 		{FormORTAllToAll, BeforeCombine, 8, 8, 0},
 		{FormORTAllGather, BeforeCombine, 4, 8, 16},
 		{FormORTAllGather, AfterCombine, 8, 16, 0},
+		{FormORTSharded, AfterCombine, 4, 8, 0},
+		{FormORTSharded, AfterCombine, 8, 16, 0},
 	} {
 		t.Run(fmt.Sprintf("%s/%s/ep%d", tc.form, tc.placement, tc.ep), func(t *testing.T) {
 			c := EPConfig{Config: Config{Layers: 2, Experts: tc.experts, TopK: 2, Hidden: 16, Inter: 24, SharedInter: tc.shared, Normalize: true, Seed: 5},

@@ -134,6 +134,15 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 				progress(done, total)
 			}
 		}
+		if n.GetOpType() == ep.ShardedMoEOp && n.GetDomain() == ep.ShardedMoEDomain {
+			b, err := c.detectShardedMoE(n)
+			if err != nil {
+				det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
+				continue
+			}
+			det.Blocks = append(det.Blocks, b)
+			continue
+		}
 		if isORTMoE(n) {
 			b, err := c.detectORT(n)
 			if err != nil {

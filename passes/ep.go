@@ -9,6 +9,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
 )
 
 // Shape kinds of expert-parallel blocks (one rank's shard).
@@ -508,5 +509,70 @@ func (c *ctx) claimEPLocal(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op, claim
 			claimed[n] = true
 			outs = append(outs, n.Output...)
 		}
+	}
+}
+
+// KindEPShardedMoE is one rank's com.microsoft::ShardedMoE node.
+const KindEPShardedMoE = "ep-sharded-moe"
+
+// detectShardedMoE reads a com.microsoft::ShardedMoE node as one EP rank's
+// shard: the node is read like com.microsoft::MoE (same inputs and
+// attributes, [E_local, …] expert weights) through a stand-in node, and
+// shardedSpec turns the spec into a shard's.
+func (c *ctx) detectShardedMoE(n *pb.NodeProto) (*Block, error) {
+	as := proto.Clone(n).(*pb.NodeProto)
+	as.OpType = proto.String("MoE")
+	kept := as.Attribute[:0]
+	for _, a := range as.Attribute {
+		if a.GetName() != "local_experts_start_index" && a.GetName() != "tensor_shards" {
+			kept = append(kept, a)
+		}
+	}
+	as.Attribute = kept
+	if c.epClone == nil {
+		c.epClone = map[*pb.NodeProto]*pb.NodeProto{}
+	}
+	c.epClone[as] = n
+	b, err := c.detectORT(as)
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range b.Region {
+		if r == as {
+			b.Region[i] = n
+		}
+	}
+	b.Kind, b.Placement = KindEPShardedMoE, PlacementAfterCombine
+	return b, nil
+}
+
+// shardedSpec turns the spec read from the stand-in of a ShardedMoE node
+// into a shard spec: E from the router, ep_size E/E_local, expert_offset
+// local_experts_start_index. Tensor-parallel sharding (tensor_shards > 1)
+// is refused. Other nodes are left alone.
+func (c *ctx) shardedSpec(as *pb.NodeProto, s *moe.Spec, plan *WeightPlan) {
+	n := c.epClone[as]
+	if n == nil {
+		return
+	}
+	if ts := graph.AttrInt(n, "tensor_shards", 1); ts != 1 {
+		fail("ShardedMoE %q with tensor_shards=%d shards each expert (tensor parallel), which ai.mok::MoE does not express", graph.NodeLabel(n), ts)
+	}
+	d := plan.Router.Init.GetDims()
+	E := int(d[0])
+	if plan.Router.InOut {
+		E = int(d[1])
+	}
+	L := len(plan.Experts)
+	if L == 0 || E%L != 0 {
+		fail("ShardedMoE %q holds %d experts, which does not divide the router's %d", graph.NodeLabel(n), L, E)
+	}
+	start := int(graph.AttrInt(n, "local_experts_start_index", -1))
+	if start < 0 || start%L != 0 || start+L > E {
+		fail("ShardedMoE %q: local_experts_start_index %d is not a multiple of its %d experts within 0..%d", graph.NodeLabel(n), start, L, E-1)
+	}
+	s.NumExperts, s.EPSize, s.ExpertOffset, s.LocalExperts = E, E/L, start, L
+	if L == E {
+		s.EPSize, s.LocalExperts = 1, 0
 	}
 }

@@ -17,22 +17,32 @@ import (
 )
 
 // epFeeds splits x [G·T, H] into G per-rank feeds.
-func epFeeds(x []float32, G, T, H int) []map[string]*eval.Tensor {
+func epFeeds(x []float32, G, T, H int, replicated bool) []map[string]*eval.Tensor {
 	f := make([]map[string]*eval.Tensor, G)
 	for r := range f {
+		if replicated {
+			f[r] = map[string]*eval.Tensor{models.InputName: eval.NewFloat32([]int{G * T, H}, append([]float32(nil), x...))}
+			continue
+		}
 		f[r] = map[string]*eval.Tensor{models.InputName: eval.NewFloat32([]int{T, H}, append([]float32(nil), x[r*T*H:(r+1)*T*H]...))}
 	}
 	return f
 }
 
-func runGroup(t *testing.T, ms []*graph.Model, x []float32, T, H int) []float32 {
+func runGroup(t *testing.T, ms []*graph.Model, x []float32, T, H int, replicated bool) []float32 {
 	t.Helper()
-	outs, err := ep.RunRanks(context.Background(), nil, ms, epFeeds(x, len(ms), T, H), eval.Options{})
+	outs, err := ep.RunRanks(context.Background(), nil, ms, epFeeds(x, len(ms), T, H, replicated), eval.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var y []float32
-	for _, o := range outs {
+	for r, o := range outs {
+		if replicated && r > 0 {
+			if d := maxAbsDiff(o[models.OutputName].F32, outs[0][models.OutputName].F32); d != 0 {
+				t.Fatalf("rank %d's output differs from rank 0's by %g", r, d)
+			}
+			continue
+		}
 		y = append(y, o[models.OutputName].F32...)
 	}
 	return y
@@ -58,6 +68,10 @@ func epCases() []models.EPConfig {
 					Form: form, EP: g, Placement: pl})
 			}
 		}
+	}
+	for _, g := range []int{4, 8} {
+		cs = append(cs, models.EPConfig{Config: models.Config{Layers: 2, Experts: 16, TopK: 3, Hidden: 16, Inter: 24, Normalize: g == 4, Seed: int64(g)},
+			Form: models.FormORTSharded, EP: g, Placement: models.AfterCombine})
 	}
 	return cs
 }
@@ -101,8 +115,10 @@ func TestEPRewriteShards(t *testing.T) {
 			for i := range x {
 				x[i] = float32(rng.NormFloat64())
 			}
-			want := runGroup(t, orig, x, T, c.Hidden)
-			got := runGroup(t, fused, x, T, c.Hidden)
+			want := runGroup(t, orig, x, T, c.Hidden, c.Replicated())
+			// A shard computes the block on whatever tokens its rank holds:
+			// with ShardedMoE every rank holds all of them.
+			got := runGroup(t, fused, x, T, c.Hidden, c.Replicated())
 			if d := maxAbsDiff(got, want); d > 1e-5 {
 				t.Fatalf("fused shards differ from the original ranks by %g", d)
 			}
@@ -209,7 +225,7 @@ func TestEPMergeMatchesReference(t *testing.T) {
 			if d := verifyAgainst(t, back, merged, 5); d != 0 {
 				t.Fatalf("split+merge changed the model by %g", d)
 			}
-			if d, err := CheckGroup(context.Background(), nil, parts, merged, 2, 4); err != nil || d > 1e-5 {
+			if d, err := CheckGroup(context.Background(), nil, parts, merged, 2, 4, false); err != nil || d > 1e-5 {
 				t.Fatalf("split shards in lockstep vs merged: %g, %v", d, err)
 			}
 		})
@@ -302,8 +318,11 @@ func TestEP64(t *testing.T) {
 	if testing.Short() {
 		t.Skip("64 simulated ranks")
 	}
-	for _, form := range []string{models.FormORTAllToAll, models.FormORTAllGather, models.FormDeepEP} {
+	for _, form := range []string{models.FormORTAllToAll, models.FormORTAllGather, models.FormDeepEP, models.FormORTSharded} {
 		for i, pl := range []string{models.BeforeCombine, models.AfterCombine} {
+			if form == models.FormORTSharded && pl == models.BeforeCombine {
+				continue
+			}
 			c := models.EPConfig{Config: models.Config{Layers: 1, Experts: 64 * (i + 1), TopK: 4, Hidden: 8, Inter: 8, Normalize: true, Seed: 64},
 				Form: form, EP: 64, Placement: pl}
 			t.Run(fmt.Sprintf("%s/%s/E%d", form, pl, c.Experts), func(t *testing.T) {
@@ -373,18 +392,24 @@ func TestEPCustomOpTable(t *testing.T) {
 // form in lockstep against the single-rank reference model (no fusion in
 // between) and logs the largest error (go test -v -run TestEPGroupVsReference).
 func TestEPGroupVsReference(t *testing.T) {
-	for _, form := range []string{models.FormORTAllToAll, models.FormORTAllGather, models.FormDeepEP} {
+	for _, form := range []string{models.FormORTAllToAll, models.FormORTAllGather, models.FormDeepEP, models.FormORTSharded} {
 		for _, g := range []int{4, 8} {
 			for _, pl := range []string{models.BeforeCombine, models.AfterCombine} {
 				c := models.EPConfig{Config: models.Config{Layers: 2, Experts: 16, TopK: 4, Hidden: 32, Inter: 64, SharedInter: 64, Normalize: true, Seed: 7},
 					Form: form, EP: g, Placement: pl}
+				if form == models.FormORTSharded {
+					if pl == models.BeforeCombine {
+						continue
+					}
+					c.SharedInter = 0
+				}
 				ref, err := models.Build(c.Reference())
 				if err != nil {
 					t.Fatal(err)
 				}
 				worst := 0.0
 				for seed := uint64(1); seed <= 2; seed++ {
-					d, err := CheckGroup(context.Background(), nil, buildRanks(t, c), ref, 8, seed)
+					d, err := CheckGroup(context.Background(), nil, buildRanks(t, c), ref, 8, seed, c.Replicated())
 					if err != nil {
 						t.Fatalf("%s ep%d %s: %v", form, g, pl, err)
 					}

@@ -377,7 +377,9 @@ func SplitRanks(m *graph.Model, G int) ([]*graph.Model, error) {
 // on the same tokens, on random inputs with tokensPerRank tokens per rank
 // (every graph input is split along axis 0, rank r taking the r-th
 // block), and returns the largest absolute difference over all outputs.
-func CheckGroup(ctx context.Context, tbl *ep.Table, ranks []*graph.Model, global *graph.Model, tokensPerRank int, seed uint64) (float64, error) {
+// With replicated, every rank gets all the tokens and each rank's outputs
+// are compared with the global model's whole outputs (ShardedMoE).
+func CheckGroup(ctx context.Context, tbl *ep.Table, ranks []*graph.Model, global *graph.Model, tokensPerRank int, seed uint64, replicated bool) (float64, error) {
 	G := len(ranks)
 	feeds, err := RandomFeeds(global, seed, G*tokensPerRank)
 	if err != nil {
@@ -392,6 +394,12 @@ func CheckGroup(ctx context.Context, tbl *ep.Table, ranks []*graph.Model, global
 		rf[r] = map[string]*eval.Tensor{}
 	}
 	for name, t := range feeds {
+		if replicated {
+			for r := range rf {
+				rf[r][name] = t
+			}
+			continue
+		}
 		if len(t.Shape) == 0 || t.Shape[0]%G != 0 {
 			return 0, fmt.Errorf("input %q of shape %v cannot be split over %d ranks", name, t.Shape, G)
 		}
@@ -420,25 +428,35 @@ func CheckGroup(ctx context.Context, tbl *ep.Table, ranks []*graph.Model, global
 	for _, o := range global.Proto.Graph.Output {
 		name := o.GetName()
 		w := want[name]
+		var cats [][]float32
 		var cat []float32
 		for r := range got {
 			t := got[r][name]
 			if t == nil || t.F32 == nil {
 				return 0, fmt.Errorf("rank %d did not compute output %q as float", r, name)
 			}
+			if replicated {
+				cats = append(cats, t.F32)
+				continue
+			}
 			cat = append(cat, t.F32...)
 		}
-		if w == nil || len(w.F32) != len(cat) {
-			return 0, fmt.Errorf("output %q: the global model gives %d values, the ranks %d", name, len(w.F32), len(cat))
+		if !replicated {
+			cats = [][]float32{cat}
 		}
-		for i := range cat {
-			d := math.Abs(float64(cat[i]) - float64(w.F32[i]))
-			if math.IsNaN(d) {
-				d = math.Inf(1)
+		for _, cat := range cats {
+			if w == nil || len(w.F32) != len(cat) {
+				return 0, fmt.Errorf("output %q: the global model gives %d values, the ranks %d", name, len(w.F32), len(cat))
 			}
-			worst = max(worst, d)
-			if d > CheckTolerance.ATol+CheckTolerance.RTol*math.Abs(float64(w.F32[i])) && bad == "" {
-				bad = fmt.Sprintf("output %q element %d: ranks %g, global %g", name, i, cat[i], w.F32[i])
+			for i := range cat {
+				d := math.Abs(float64(cat[i]) - float64(w.F32[i]))
+				if math.IsNaN(d) {
+					d = math.Inf(1)
+				}
+				worst = max(worst, d)
+				if d > CheckTolerance.ATol+CheckTolerance.RTol*math.Abs(float64(w.F32[i])) && bad == "" {
+					bad = fmt.Sprintf("output %q element %d: ranks %g, global %g", name, i, cat[i], w.F32[i])
+				}
 			}
 		}
 	}
@@ -485,8 +503,12 @@ func RewriteRanks(ranks []*graph.Model, opt Options, tokensPerRank int) (*graph.
 		if ctx == nil {
 			ctx = context.Background()
 		}
+		replicated, err := replicatedTokens(reps)
+		if err != nil {
+			return nil, mrep, reps, err
+		}
 		for seed := uint64(1); seed <= 2; seed++ {
-			d, err := CheckGroup(ctx, opt.EPTable, orig, merged, tokensPerRank, seed)
+			d, err := CheckGroup(ctx, opt.EPTable, orig, merged, tokensPerRank, seed, replicated)
 			mrep.MaxAbsErr = max(mrep.MaxAbsErr, d)
 			if err != nil {
 				return nil, mrep, reps, err
@@ -495,4 +517,22 @@ func RewriteRanks(ranks []*graph.Model, opt Options, tokensPerRank int) (*graph.
 		mrep.Checked = true
 	}
 	return merged, mrep, reps, nil
+}
+
+// replicatedTokens reports whether the group's ranks all see every token
+// (ShardedMoE blocks) rather than their own share; a mix is an error.
+func replicatedTokens(reps []*Report) (bool, error) {
+	n, total := 0, 0
+	for _, r := range reps {
+		for _, f := range r.Fused {
+			total++
+			if f.Block.Kind == KindEPShardedMoE {
+				n++
+			}
+		}
+	}
+	if n > 0 && n != total {
+		return false, fmt.Errorf("%d of %d fused blocks are ShardedMoE (every rank sees all tokens) and the others split the tokens over the ranks: the group check cannot feed both", n, total)
+	}
+	return n > 0, nil
 }

@@ -34,6 +34,8 @@ type ctx struct {
 	sparse map[*pb.NodeProto]*sparseInfo
 	// epTable names the EP collectives (see ep.go).
 	epTable *ep.Table
+	// epClone maps the MoE stand-in of a ShardedMoE node to the node.
+	epClone map[*pb.NodeProto]*pb.NodeProto
 }
 
 // through walks back from v over noise ops and returns the first value not

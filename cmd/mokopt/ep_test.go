@@ -24,6 +24,7 @@ func TestEPCommands(t *testing.T) {
 	gen("--ep-form", "ort-alltoall", "--ep", "4", "--placement", "after_combine", "-o", p("a2a.onnx"))
 	gen("--shape", "batched", "-o", p("ref.onnx"))
 	gen("--ep-form", "sharding", "--ep", "4", "-o", p("sharded.onnx"))
+	gen("--ep-form", "ort-sharded", "--ep", "8", "-o", p("smoe.onnx"))
 	ranks := func(prefix string, n int) []string {
 		var out []string
 		for r := 0; r < n; r++ {
@@ -51,6 +52,8 @@ func TestEPCommands(t *testing.T) {
 		{"split 3 ways refused", rewrite(p("merged.onnx"), "--split-ranks", "3", "-o", p("three.onnx")), 1, nil, []string{p("three.rank0.onnx")}},
 		{"sharding annotations fuse", rewrite(p("sharded.onnx"), "-o", p("sharded.fused.onnx")), 0, []string{p("sharded.fused.onnx")}, nil},
 		{"verify annotated against the reference", []string{"verify", p("sharded.fused.onnx"), p("ref.onnx")}, 0, nil, nil},
+		{"ShardedMoE ranks merge", rewrite(append(append([]string{"--merge-ranks"}, ranks("smoe", 8)...), "-o", p("smoe.merged.onnx"))...), 0, []string{p("smoe.merged.onnx")}, nil},
+		{"verify merged ShardedMoE against the reference", []string{"verify", p("smoe.merged.onnx"), p("ref.onnx")}, 0, nil, nil},
 		{"bad --ep-ops", []string{"inspect", "--ep-ops", p("nope.json"), p("ref.onnx")}, 2, nil, nil},
 	}
 	for _, tc := range cases {
