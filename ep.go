@@ -5,6 +5,7 @@ import (
 
 	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/kernel"
 	"github.com/mokopt/mokopt/lowering"
 	"github.com/mokopt/mokopt/passes"
 )
@@ -60,5 +61,13 @@ func SplitRanks(m *Model, n int) ([]*Model, error) {
 	return out, nil
 }
 
-// EPSizeOf returns the common ep_size (> 1) of m's fused nodes, or 0.
-func EPSizeOf(m *Model) (int, error) { return lowering.EPFromModel(m.g) }
+// PickEP chooses the EP size for lowering m onto target when none is
+// given: the fused nodes' ep_size, else the largest size MoK runs that fits
+// the target's NVLink domain and divides every node's experts; it says why.
+func PickEP(m *Model, target Target) (int, string, error) {
+	tgt, err := kernel.LookupTarget(string(target))
+	if err != nil {
+		return 0, "", err
+	}
+	return lowering.PickEP(m.g, tgt)
+}

@@ -76,3 +76,45 @@ func TestLowerEPModels(t *testing.T) {
 		})
 	}
 }
+
+func TestPickEP(t *testing.T) {
+	fused := func(E, ep int) *graph.Model {
+		t.Helper()
+		m, err := models.Build(models.Config{Shape: models.ShapeBatched, Layers: 1, Experts: E, TopK: 2, Hidden: 8, Inter: 8, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := passes.Rewrite(m, passes.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		if ep > 1 {
+			parts, err := passes.SplitRanks(m, ep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m, _, err = passes.MergeRanks(parts); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name   string
+		m      *graph.Model
+		target kernel.Target
+		want   int
+	}{
+		{"exported ep_size", fused(64, 8), kernel.GB300NVL72, 8},
+		{"largest dividing E", fused(96, 1), kernel.GB300NVL72, 32},
+		{"E=256 on a rack", fused(256, 1), kernel.GB200NVL72, 64},
+		{"E=8", fused(8, 1), kernel.GB300NVL72, 8},
+		{"E=6 only EP 1", fused(6, 1), kernel.GB300NVL72, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why, err := PickEP(tc.m, tc.target)
+			if err != nil || got != tc.want || why == "" {
+				t.Fatalf("PickEP = %d (%q), %v; want %d", got, why, err, tc.want)
+			}
+		})
+	}
+}

@@ -82,12 +82,14 @@ benchmark shapes) as JSON.`,
 			}
 			defer m.Close()
 			if ep <= 0 {
-				if ep, err = mokopt.EPSizeOf(m); err != nil {
+				var why string
+				if ep, why, err = mokopt.PickEP(m, tgt); err != nil {
+					if errors.Is(err, lowering.ErrNoFusedNode) {
+						return &exitError{code: 1, msg: fmt.Sprintf("%s: %v", args[0], err), err: err}
+					}
 					return usageErr(err)
 				}
-				if ep <= 0 {
-					return usageErr(errors.New("lower needs --ep N (the expert-parallel size, e.g. 8 or 64); the model's fused nodes have no ep_size > 1"))
-				}
+				fmt.Fprintf(c.ErrOrStderr(), "mokopt: EP %d: %s (--ep overrides)\n", ep, why)
 			}
 			progress := newProgress(c)
 			rep, lerr := mokopt.Lower(c.Context(), m, tgt, mokopt.LowerOptions{EP: ep, TokensPerRank: tokens, Strict: strict, Progress: progress})
@@ -127,7 +129,7 @@ benchmark shapes) as JSON.`,
 	c.Flags().StringVar(&quant, "quant", "", "ort: int8 or int4 expert weights (com.microsoft::QMoE)")
 	c.Flags().IntVar(&blockSize, "block-size", 0, "ort --quant: block-wise scales over N inputs (power of two >= 16; 0: one scale per row)")
 	c.Flags().BoolVar(&partial, "partial", false, "ort: keep the nodes ONNX Runtime cannot express as ai.mok::MoE instead of refusing")
-	c.Flags().IntVar(&ep, "ep", 0, "expert-parallel group size (1, 4, 8, 16, 32 or 64); default: the fused nodes' ep_size")
+	c.Flags().IntVar(&ep, "ep", 0, "expert-parallel group size (1, 4, 8, 16, 32 or 64); default: the fused nodes' ep_size, else the largest that fits the rack and divides E")
 	c.Flags().IntVar(&tokens, "tokens-per-rank", 0, "static tokens per rank T (checked: >= 512, multiple of 256); 0: unknown")
 	c.Flags().StringVar(&planPath, "plan", "", "write the launch plan JSON to this file")
 	c.Flags().BoolVar(&strict, "strict", false, "refuse the model when any block violates the kernel contract")
