@@ -480,3 +480,32 @@ func TestEPTorchExport(t *testing.T) {
 		})
 	}
 }
+
+// TestEPStaticTokens merges rank files with a static token count: the
+// merged model takes the G·T tokens of the group.
+func TestEPStaticTokens(t *testing.T) {
+	c := models.EPConfig{Config: models.Config{Layers: 2, Experts: 8, TopK: 2, Hidden: 8, Inter: 8, Normalize: true, Seed: 5, Tokens: 3}, Form: models.FormDeepEP, EP: 4, Placement: models.AfterCombine}
+	merged, mrep, _, err := RewriteRanks(buildRanks(t, c), Options{Check: true}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mrep.Notes) != 2 || merged.Proto.Graph.Input[0].GetType().GetTensorType().GetShape().Dim[0].GetDimValue() != 12 {
+		t.Fatalf("notes %v, input %v", mrep.Notes, merged.Proto.Graph.Input[0])
+	}
+	rc := c.Reference()
+	rc.Tokens = 12
+	ref, _ := models.Build(rc)
+	if d := verifyAgainst(t, merged, ref, 12); d > 1e-5 {
+		t.Fatalf("merged vs reference: %g", d)
+	}
+	parts, err := SplitRanks(merged, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := parts[0].Proto.Graph.Input[0].GetType().GetTensorType().GetShape().Dim[0].GetDimValue(); d != 3 {
+		t.Fatalf("split rank input token dim %d, want 3", d)
+	}
+	if d, err := CheckGroup(context.Background(), nil, parts, merged, 3, 1, false); err != nil || d > 1e-5 {
+		t.Fatalf("split shards vs merged: %g, %v", d, err)
+	}
+}

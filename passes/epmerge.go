@@ -107,6 +107,8 @@ type MergeReport struct {
 	// check (CheckGroup), and Checked whether that check ran.
 	MaxAbsErr float64 `json:"max_abs_err"`
 	Checked   bool    `json:"checked"`
+	// Notes says what else the merge changed (static token dims scaled).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // MergedNode is one fused node of a merged model.
@@ -366,6 +368,7 @@ func SplitRanks(m *graph.Model, G int) ([]*graph.Model, error) {
 		rm.Proto.Functions = fs
 		rm.SetMetadata(MetaEPRank, strconv.Itoa(r))
 		rm.SetMetadata(MetaEPSize, strconv.Itoa(G))
+		divideTokenDims(rm, G)
 		g.Reindex()
 		out[r] = rm
 	}
@@ -498,14 +501,17 @@ func RewriteRanks(ranks []*graph.Model, opt Options, tokensPerRank int) (*graph.
 	if err != nil {
 		return nil, nil, reps, err
 	}
+	replicated, err := replicatedTokens(reps)
+	if err != nil {
+		return nil, mrep, reps, err
+	}
+	if !replicated {
+		mrep.Notes = append(mrep.Notes, scaleTokenDims(merged, len(ranks))...)
+	}
 	if opt.Check {
 		ctx := opt.Context
 		if ctx == nil {
 			ctx = context.Background()
-		}
-		replicated, err := replicatedTokens(reps)
-		if err != nil {
-			return nil, mrep, reps, err
 		}
 		for seed := uint64(1); seed <= 2; seed++ {
 			d, err := CheckGroup(ctx, opt.EPTable, orig, merged, tokensPerRank, seed, replicated)
@@ -535,4 +541,43 @@ func replicatedTokens(reps []*Report) (bool, error) {
 		return false, fmt.Errorf("%d of %d fused blocks are ShardedMoE (every rank sees all tokens) and the others split the tokens over the ranks: the group check cannot feed both", n, total)
 	}
 	return n > 0, nil
+}
+
+// scaleTokenDims multiplies a static leading (token) dim of the merged
+// model's graph inputs and outputs by the group size: each rank held T
+// tokens, the global model takes the G·T tokens of the group. Symbolic dims
+// are left alone. It returns a note per changed value.
+func scaleTokenDims(m *graph.Model, G int) []string {
+	var notes []string
+	for _, list := range [][]*pb.ValueInfoProto{m.Proto.Graph.Input, m.Proto.Graph.Output} {
+		for _, v := range list {
+			sh := v.GetType().GetTensorType().GetShape()
+			if sh == nil || len(sh.Dim) == 0 || m.Graph().Initializer(v.GetName()) != nil {
+				continue
+			}
+			d, ok := sh.Dim[0].Value.(*pb.TensorShapeProto_Dimension_DimValue)
+			if !ok {
+				continue
+			}
+			notes = append(notes, fmt.Sprintf("%q: static token dim %d per rank -> %d for the group", v.GetName(), d.DimValue, d.DimValue*int64(G)))
+			d.DimValue *= int64(G)
+		}
+	}
+	return notes
+}
+
+// divideTokenDims is the inverse of scaleTokenDims for SplitRanks: a static
+// leading dim divisible by G becomes the per-rank token count.
+func divideTokenDims(m *graph.Model, G int) {
+	for _, list := range [][]*pb.ValueInfoProto{m.Proto.Graph.Input, m.Proto.Graph.Output} {
+		for _, v := range list {
+			sh := v.GetType().GetTensorType().GetShape()
+			if sh == nil || len(sh.Dim) == 0 || m.Graph().Initializer(v.GetName()) != nil {
+				continue
+			}
+			if d, ok := sh.Dim[0].Value.(*pb.TensorShapeProto_Dimension_DimValue); ok && d.DimValue%int64(G) == 0 {
+				d.DimValue /= int64(G)
+			}
+		}
+	}
 }
