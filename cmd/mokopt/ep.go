@@ -110,6 +110,9 @@ func runMergeRanks(c *cobra.Command, args []string, out, report string, opt moko
 	for _, n := range mrep.Nodes {
 		fmt.Fprintf(w, "  %s: E=%d k=%d, EP=%d with %d experts per rank\n", n.Node, n.NumExperts, n.TopK, n.EPSize, n.LocalExperts)
 	}
+	for _, n := range mrep.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
 	if mrep.Checked {
 		fmt.Fprintf(w, "  group check (ranks in lockstep vs merged, %d tokens/rank, 2 seeds): max |error| %.3g\n", f.tokens, mrep.MaxAbsErr)
 	}
