@@ -144,14 +144,9 @@ func Lower(m *graph.Model, opt Options) (*Report, error) {
 	}
 	rep := &Report{SchemaVersion: 1, Target: opt.Target.Name, EP: opt.EP, TokensPerRank: opt.TokensPerRank, Strict: opt.Strict}
 	g := m.Graph()
-	var fused []*pb.NodeProto
-	for _, n := range g.P.Node {
-		if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType {
-			fused = append(fused, n)
-		}
-	}
-	if len(fused) == 0 {
-		return rep, ErrNoFusedNode
+	fused, err := fusedNodes(g)
+	if err != nil {
+		return rep, err
 	}
 	opset := m.Opset("")
 	if opset < 13 {
@@ -488,4 +483,19 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// fusedNodes lists g's ai.mok::MoE nodes in graph order; ErrNoFusedNode
+// when there are none.
+func fusedNodes(g *graph.Graph) ([]*pb.NodeProto, error) {
+	var fused []*pb.NodeProto
+	for _, n := range g.P.Node {
+		if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType {
+			fused = append(fused, n)
+		}
+	}
+	if len(fused) == 0 {
+		return nil, ErrNoFusedNode
+	}
+	return fused, nil
 }

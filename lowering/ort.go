@@ -143,14 +143,9 @@ func LowerORT(m *graph.Model, opt ORTOptions) (*ORTReport, error) {
 		return rep, fmt.Errorf("block size %d is not a power of two >= 16", opt.BlockSize)
 	}
 	g := m.Graph()
-	var fused []*pb.NodeProto
-	for _, n := range g.P.Node {
-		if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType {
-			fused = append(fused, n)
-		}
-	}
-	if len(fused) == 0 {
-		return rep, ErrNoFusedNode
+	fused, err := fusedNodes(g)
+	if err != nil {
+		return rep, err
 	}
 	if m.Opset("") < 13 {
 		return rep, fmt.Errorf("model imports default-domain opset %d; lowering needs >= 13", m.Opset(""))

@@ -40,16 +40,11 @@ type builder struct {
 	consts map[string]string // constant key -> initializer name
 }
 
-// Build makes cfg's model: input hidden_states [T, H], output [T, H], and
-// cfg.Layers MoE blocks chained as h = h + MoE(h). Weights are deferred
-// (streamed at save time) when cfg.External, else generated into raw_data.
-func Build(cfg Config) (*graph.Model, error) {
-	cfg, err := cfg.normalized()
-	if err != nil {
-		return nil, err
-	}
+// newBuilder starts an empty model (IR IRVersion, default opset Opset)
+// with one graph named graphName.
+func newBuilder(cfg Config, graphName string) *builder {
 	b := &builder{cfg: cfg, consts: map[string]string{}}
-	b.g = &pb.GraphProto{Name: proto.String("mokopt_synthetic_moe")}
+	b.g = &pb.GraphProto{Name: proto.String(graphName)}
 	mp := &pb.ModelProto{
 		IrVersion:       proto.Int64(IRVersion),
 		ProducerName:    proto.String("mokopt-gen"),
@@ -58,6 +53,18 @@ func Build(cfg Config) (*graph.Model, error) {
 		OpsetImport:     []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(Opset)}},
 	}
 	b.m = &graph.Model{Proto: mp, Path: "", Dir: "."}
+	return b
+}
+
+// Build makes cfg's model: input hidden_states [T, H], output [T, H], and
+// cfg.Layers MoE blocks chained as h = h + MoE(h). Weights are deferred
+// (streamed at save time) when cfg.External, else generated into raw_data.
+func Build(cfg Config) (*graph.Model, error) {
+	cfg, err := cfg.normalized()
+	if err != nil {
+		return nil, err
+	}
+	b := newBuilder(cfg, "mokopt_synthetic_moe")
 	if cfg.Shape == ShapeORT {
 		b.m.SetOpset(ORTDomain, 1)
 	}

@@ -189,16 +189,7 @@ func BuildRank(c EPConfig, rank int) (*graph.Model, error) {
 const DeepEPDomain = "deep_ep"
 
 func newEPBuilder(c EPConfig) (*builder, error) {
-	b := &builder{cfg: c.Config, consts: map[string]string{}}
-	b.g = &pb.GraphProto{Name: proto.String("mokopt_synthetic_ep_moe")}
-	mp := &pb.ModelProto{
-		IrVersion:       proto.Int64(IRVersion),
-		ProducerName:    proto.String("mokopt-gen"),
-		ProducerVersion: proto.String("1"),
-		Graph:           b.g,
-		OpsetImport:     []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(Opset)}},
-	}
-	b.m = &graph.Model{Proto: mp, Path: "", Dir: "."}
+	b := newBuilder(c.Config, "mokopt_synthetic_ep_moe")
 	js, err := json.Marshal(c)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@
 package ortrun
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -94,11 +95,11 @@ func RunModel(ctx context.Context, m *graph.Model, feeds map[string]*eval.Tensor
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	data, err := m.MarshalInline()
-	if err != nil {
+	var buf bytes.Buffer
+	if err := m.Encode(&buf, graph.SaveOptions{External: graph.ExternalInline, Context: ctx}); err != nil {
 		return nil, err
 	}
-	return run(m.Name(), data, feeds)
+	return run(m.Name(), buf.Bytes(), feeds)
 }
 
 // run evaluates the model in data, or at path when data is nil.

@@ -304,16 +304,8 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		}
 		s.RouterActivation, s.RouterOrder, s.SparseMixerThreshold = moe.SparseMixer, moe.TopKThenActivation, sm.thr
 	}
-	s.RouterBias, s.CorrectionBias = ri.bias != nil, ri.corr != nil
-	dims := ri.w.GetDims()
-	if len(dims) != 2 {
-		fail("router weight %q is not a matrix", ri.w.GetName())
-	}
-	E, H := int(dims[0]), int(dims[1])
-	if ri.wInOut {
-		E, H = H, E
-	}
-	s.NumExperts, s.Hidden = E, H
+	c.routerShape(ri, &s)
+	E := s.NumExperts
 	if s.TopK > E {
 		fail("TopK k=%d exceeds the router's %d outputs", s.TopK, E)
 	}
@@ -499,6 +491,21 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 	}
 	fail("router chain too long")
 	return nil
+}
+
+// routerShape sets the spec's router biases, expert count and hidden size
+// from the router linear's weight ([E, H], or [H, E] when stored in-out).
+func (c *ctx) routerShape(ri *routerInfo, s *moe.Spec) {
+	s.RouterBias, s.CorrectionBias = ri.bias != nil, ri.corr != nil
+	dims := ri.w.GetDims()
+	if len(dims) != 2 {
+		fail("router weight %q is not a matrix", ri.w.GetName())
+	}
+	E, H := int(dims[0]), int(dims[1])
+	if ri.wInOut {
+		E, H = H, E
+	}
+	s.NumExperts, s.Hidden = E, H
 }
 
 // vectorLike reports whether t is a vector, possibly with leading unit

@@ -94,16 +94,8 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	s.TopK = int(k)
 	ri := c.router(tk)
 	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
-	s.RouterBias, s.CorrectionBias = ri.bias != nil, ri.corr != nil
-	dims := ri.w.GetDims()
-	if len(dims) != 2 {
-		fail("router weight %q is not a matrix", ri.w.GetName())
-	}
-	E, H := int(dims[0]), int(dims[1])
-	if ri.wInOut {
-		E, H = H, E
-	}
-	s.NumExperts, s.Hidden = E, H
+	c.routerShape(ri, &s)
+	E := s.NumExperts
 	// Dispatch and combine.
 	// The dispatch: the collectives reached from the top-k indices, plus
 	// those reached from the top-k weights that are not downstream of the
