@@ -3,6 +3,8 @@ package mokopt
 import (
 	"context"
 	"errors"
+	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/verify"
 
 	"github.com/mokopt/mokopt/passes"
 )
@@ -29,6 +31,11 @@ type RewriteOptions struct {
 	Progress Progress
 	// EPTable names the EP collectives to recognise (nil: the defaults).
 	EPTable *EPTable
+	// CheckData, when set, is an ONNX test data folder (input_N.pb files,
+	// or test_data_set_* folders of them) whose inputs the numerical check
+	// runs the original model on instead of random inputs: for graphs that
+	// only run on inputs like their export's (traces).
+	CheckData string
 }
 
 // Rewrite finds every MoE block of m and replaces each with one fused
@@ -43,6 +50,19 @@ func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport,
 		return nil, err
 	}
 	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable}
+	if opt.CheckData != "" {
+		sets, err := verify.DataSets(opt.CheckData)
+		if err != nil {
+			return nil, err
+		}
+		for _, ds := range sets {
+			feeds, err := eval.Feeds(m.g, ds.Inputs, ds.InputNames)
+			if err != nil {
+				return nil, err
+			}
+			po.CheckData = append(po.CheckData, feeds)
+		}
+	}
 	if opt.Progress != nil {
 		po.Progress = func(stage string, done, total int) { opt.Progress.report(stage, done, total) }
 	}

@@ -3,6 +3,7 @@ package passes
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"runtime"
 	"sort"
@@ -118,6 +119,7 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 	}
 	det := &Detection{}
 	claimed := map[*pb.NodeProto]bool{}
+	var missed []*pb.NodeProto // TopK candidates reported as near-misses
 	total, done := 0, 0
 	cols := c.epOps()
 	for _, n := range topo {
@@ -185,6 +187,7 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 				continue // a TopK used for something else entirely: not a candidate
 			}
 			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
+			missed = append(missed, n)
 			continue
 		}
 		for _, r := range b.Region {
@@ -192,7 +195,16 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 		}
 		det.Blocks = append(det.Blocks, b)
 	}
-	det.NearMiss = append(det.NearMiss, c.routerlessExperts(claimed)...)
+	// Expert compute selected by a TopK that was reported already is not
+	// routerless: only what no TopK reaches is reported by routerlessExperts.
+	covered := claimed
+	if len(missed) > 0 {
+		covered = maps.Clone(claimed)
+		for _, tk := range missed {
+			maps.Copy(covered, c.forward(tk.Output...))
+		}
+	}
+	det.NearMiss = append(det.NearMiss, c.routerlessExperts(covered)...)
 	for i, b := range det.Blocks {
 		if b.Name == "" {
 			b.Name = fmt.Sprintf("moe_%d", i)

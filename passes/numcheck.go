@@ -88,7 +88,10 @@ func RandomFeeds(m *graph.Model, seed uint64, dynDim int) (map[string]*eval.Tens
 // fused node's reference semantics on the captured input. It returns one
 // error (or nil) per block. A block whose fused input has the wrong shape
 // but whose router input fits is switched to the router input.
-func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights) ([]error, error) {
+//
+// With data (CheckData) the model runs on those input sets instead, each of
+// which must run; the case label in messages is then the set's position.
+func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, data []map[string]*eval.Tensor) ([]error, error) {
 	errs := make([]error, len(blocks))
 	want := map[string]bool{}
 	for _, b := range blocks {
@@ -96,15 +99,25 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	}
 	ran := 0
 	var lastErr error
-	for seed := uint64(1); seed <= 12 && ran < 2; seed++ {
-		feeds, err := RandomFeeds(m, seed, 7)
-		if err != nil {
+	cases := uint64(12)
+	if len(data) > 0 {
+		cases = uint64(len(data))
+	}
+	for seed := uint64(1); seed <= cases && (ran < 2 || len(data) > 0); seed++ {
+		var feeds map[string]*eval.Tensor
+		var err error
+		if len(data) > 0 {
+			feeds = data[seed-1]
+		} else if feeds, err = RandomFeeds(m, seed, 7); err != nil {
 			return nil, err
 		}
 		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if len(data) > 0 {
+				return nil, fmt.Errorf("numerical check: the original model does not run on check data set %d: %w", seed-1, err)
 			}
 			// Some traced graphs only run on inputs like their trace input
 			// (a loop unrolled over the experts hit at trace time): try others.
@@ -147,7 +160,11 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 				}
 			}
 			if at >= 0 {
-				errs[i] = fmt.Errorf("numerical check failed: the fused node's semantics differ from the original subgraph by %.3g at element %d (seed %d)", worst, at, seed)
+				where := fmt.Sprintf("random inputs, seed %d", seed)
+				if len(data) > 0 {
+					where = fmt.Sprintf("check data set %d", seed-1)
+				}
+				errs[i] = fmt.Errorf("numerical check failed: the fused node's semantics differ from the original subgraph by %.3g at element %d (%s)", worst, at, where)
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
 	"google.golang.org/protobuf/proto"
@@ -40,6 +41,11 @@ type Options struct {
 	// EPTable names the EP collectives to recognise; nil means
 	// ep.DefaultTable().
 	EPTable *ep.Table
+	// CheckData, when set, holds the input sets (graph input name to
+	// tensor) the numerical check runs the original model on, instead of
+	// random inputs: for graphs that only run on inputs like their export's,
+	// such as traces unrolled over the experts hit at trace time.
+	CheckData []map[string]*eval.Tensor
 }
 
 func (o *Options) progress(stage string, done, total int) {
@@ -130,7 +136,7 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		}
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
 		opt.progress("check", 0, len(bs))
-		errs, err := numericCheck(ctx, m, bs, ws)
+		errs, err := numericCheck(ctx, m, bs, ws, opt.CheckData)
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
 			errs, err = make([]error, len(bs)), nil

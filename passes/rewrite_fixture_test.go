@@ -39,15 +39,33 @@ func TestRewriteFixturesGolden(t *testing.T) {
 				if !strings.Contains(err.Error(), "expert") || !strings.Contains(err.Error(), "--restore-traced-experts") {
 					t.Fatalf("refusal does not talk about experts and the way out: %v", err)
 				}
+				for _, nm := range rep.NearMiss {
+					if !strings.Contains(nm.Reason, "unrolled its loop") {
+						t.Errorf("near-miss beside the lost-expert one: %+v", nm)
+					}
+				}
+				// The trace only runs on inputs like its export's: the
+				// export's own data makes the restored block's check conclusive.
+				ds, derr := eval.ReadDataSet(strings.TrimSuffix(f, ".onnx") + "_data/test_data_set_0")
+				if derr != nil {
+					t.Fatal(derr)
+				}
 				// Restored from the stacked weights, the block must give the
 				// golden outputs on the trace's own input (which hits exactly
 				// the experts the trace computes), checked below.
 				if m, err = graph.Load(f); err != nil {
 					t.Fatal(err)
 				}
-				rep, err = Rewrite(m, Options{Check: true, RestoreTracedExperts: true})
+				feeds, ferr := eval.Feeds(m, ds.Inputs, ds.InputNames)
+				if ferr != nil {
+					t.Fatal(ferr)
+				}
+				rep, err = Rewrite(m, Options{Check: true, RestoreTracedExperts: true, CheckData: []map[string]*eval.Tensor{feeds}})
 				if err != nil {
 					t.Fatalf("restore: %v", err)
+				}
+				if w := strings.Join(rep.Warnings, "\n"); strings.Contains(w, "inconclusive") {
+					t.Fatalf("the check on the export's data was inconclusive: %s", w)
 				}
 				restored := 0
 				for _, fb := range rep.Fused {

@@ -583,6 +583,24 @@ func dedupe(v []int) []int {
 	return out
 }
 
+// DataSets reads the ONNX test data sets under dir (a folder of input_N.pb
+// and output_N.pb files, or one holding test_data_set_* folders), in order.
+func DataSets(dir string) ([]*eval.DataSet, error) {
+	dirs, err := dataSetDirs(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []*eval.DataSet
+	for _, d := range dirs {
+		ds, err := eval.ReadDataSet(d)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ds)
+	}
+	return out, nil
+}
+
 // dataSetDirs resolves a data dir: itself when it holds input_N.pb or
 // output_N.pb files, else its test_data_set_* folders in numeric order.
 func dataSetDirs(dir string) ([]string, error) {

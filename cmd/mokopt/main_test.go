@@ -25,7 +25,8 @@ func TestRewriteExitCodes(t *testing.T) {
 	}{
 		{"example fuses", []string{"rewrite", example, "-o", filepath.Join(dir, "ok.onnx")}, 0, true},
 		{"lost experts refused", []string{"rewrite", lost, "-o", filepath.Join(dir, "lost.onnx")}, 1, false},
-		{"lost experts restored", []string{"rewrite", "--restore-traced-experts", lost, "-o", filepath.Join(dir, "restored.onnx")}, 0, true},
+		{"lost experts restored", []string{"rewrite", "--restore-traced-experts", "--check-data", strings.TrimSuffix(lost, ".onnx") + "_data", lost, "-o", filepath.Join(dir, "restored.onnx")}, 0, true},
+		{"lost experts, check data missing", []string{"rewrite", "--restore-traced-experts", "--check-data", filepath.Join(dir, "nodata"), lost, "-o", filepath.Join(dir, "nodata.onnx")}, 2, false},
 		{"garbage input", []string{"rewrite", garbage, "-o", filepath.Join(dir, "garbage_out.onnx")}, 2, false},
 		{"missing input", []string{"rewrite", filepath.Join(dir, "nope.onnx"), "-o", filepath.Join(dir, "nope_out.onnx")}, 2, false},
 		{"no output flag", []string{"rewrite", example}, 2, false},

@@ -17,7 +17,7 @@ import (
 func init() { subcommands = append(subcommands, newRewriteCmd) }
 
 func newRewriteCmd() *cobra.Command {
-	var out, report, extMode string
+	var out, report, extMode, checkData string
 	var partial, asJSON, inPlace, noCheck, restore bool
 	var epf epFlags
 	c := &cobra.Command{
@@ -85,7 +85,7 @@ simulated collectives against the merged model, and writes one global model;
 				m.Graph().SetMetadata(mokopt.MetaEPRank, strconv.Itoa(epf.rank))
 			}
 			progress := newProgress(c)
-			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl})
+			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData})
 			if rep != nil && report != "" && c.Context().Err() == nil {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
 					return err
@@ -119,6 +119,7 @@ simulated collectives against the merged model, and writes one global model;
 	c.Flags().BoolVar(&partial, "partial", false, "fuse the blocks that pass, report the rest")
 	c.Flags().BoolVar(&inPlace, "in-place", false, "overwrite the input model")
 	c.Flags().BoolVar(&noCheck, "no-check", false, "skip the per-block numerical check")
+	c.Flags().StringVar(&checkData, "check-data", "", "run the numerical check on this ONNX test data folder's inputs instead of random ones (for traces that only run on inputs like their export's)")
 	c.Flags().BoolVar(&restore, "restore-traced-experts", false, "rebuild, with a warning, blocks whose TorchScript trace computes fewer experts than its stacked weights hold")
 	c.Flags().StringVar(&extMode, "external-data", "keep", "where initializer bytes go: keep, repack or inline")
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
