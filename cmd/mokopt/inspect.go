@@ -98,8 +98,14 @@ func printBlocks(w io.Writer, det *passes.Detection) {
 		if s.RoutedScalingFactor != 1 {
 			router += fmt.Sprintf(", scaled x%g", s.RoutedScalingFactor)
 		}
+		if s.RouterActivation == moe.SparseMixer {
+			router += fmt.Sprintf(", threshold %g", s.SparseMixerThreshold)
+		}
 		if s.NGroup > 1 {
 			router += fmt.Sprintf(", group-limited %d of %d groups", s.TopKGroup, s.NGroup)
+			if s.GroupScore == moe.GroupScoreMax {
+				router += " (scored by their best expert)"
+			}
 		}
 		if s.RouterBias {
 			router += ", router bias"
