@@ -739,7 +739,9 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion
 		case "Div":
 			p := c.producerOp(n.Input[1])
 			p = c.epsilonGuard(p)
-			if p != nil && p.GetOpType() == "ReduceSum" {
+			// ReduceL1 (DBRX's p=1 normalisation) is the sum: the routing
+			// weights it divides are probabilities, never negative.
+			if p != nil && (p.GetOpType() == "ReduceSum" || p.GetOpType() == "ReduceL1") {
 				s.NormalizeTopK = true
 			}
 		case "Mul":
@@ -757,7 +759,7 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion
 
 // epsilonGuard looks through the guard a renormalisation puts on its
 // denominator — sum + eps, Clip(sum, min=eps) or Max(sum, eps) with a tiny
-// eps — and returns the producer of the sum (p itself when unguarded). The
+// eps (at most 1e-5, such as LFM2's 1e-6 and Ernie's 1e-12) — and returns the producer of the sum (p itself when unguarded). The
 // guard only matters for sums below eps, which routing weights never reach.
 func (c *ctx) epsilonGuard(p *pb.NodeProto) *pb.NodeProto {
 	if p == nil {
@@ -765,7 +767,7 @@ func (c *ctx) epsilonGuard(p *pb.NodeProto) *pb.NodeProto {
 	}
 	tiny := func(v string) bool {
 		f, ok := c.scalarFloat(v)
-		return ok && f >= 0 && f < 1e-6
+		return ok && f >= 0 && f <= 1e-5
 	}
 	switch p.GetOpType() {
 	case "Add", "Max":

@@ -47,6 +47,12 @@ func TestExportedFamilies(t *testing.T) {
 		"qwen3_next_block_dynamo_batched_mm":         {variant: "softmax_act_topk_norm_swiglu_shared_gated", I: 32, Is: 128},
 		"qwen3_next_block_torchscript":               {variant: "softmax_act_topk_norm_swiglu_shared_gated", I: 32, Is: 128},
 		"minimax_block_torchscript":                  {variant: "softmax_act_topk_norm_swiglu", I: 128},
+		// LFM2: renormalised by sum + 1e-6.
+		"lfm2_moe_block_dynamo_batched_mm": {variant: "sigmoid_act_topk_norm_cbias_swiglu", I: 32},
+		"lfm2_moe_block_torchscript":       {variant: "sigmoid_act_topk_norm_cbias_swiglu", I: 32},
+		// DBRX: renormalised by the L1 norm; per-expert w1/v1/w2 stacks.
+		"dbrx_block_torchscript":      {variant: "softmax_act_topk_norm_swiglu", I: 128},
+		"flex_olmo_block_torchscript": {variant: "softmax_act_topk_swiglu", I: 128},
 		// LongCat-Flash routes to 8 experts and 2 zero-computation experts.
 		"longcat_flash_block_torchscript": {refuse: "expert(s) 8, 9 missing"},
 		// PhiMoE routes with sparsemixer (ArgMax and masked softmax), no TopK.
