@@ -316,7 +316,7 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, i
 			}
 		}
 		if len(missing) > 0 {
-			fail("expert(s) %s missing from the graph: %d of %d experts have compute (a trace that baked in only the experts hit at trace time)", strings.Join(missing, ", "), len(branches), E)
+			fail("expert(s) %s missing from the graph: %d of %d experts have compute (a trace that baked in only the experts hit at trace time, or router outputs without expert weights, such as zero-computation experts, which ai.mok::MoE cannot express)", strings.Join(missing, ", "), len(branches), E)
 		}
 	}
 	// Roles and activation, from the first branch.
