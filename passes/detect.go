@@ -214,25 +214,42 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 }
 
 // isAuxTopK reports whether a TopK only feeds other TopKs (the group
-// selection of group-limited routing).
+// selection of group-limited routing): whether a TopK is reached from its
+// outputs without crossing a MatMul or Gemm (a later layer's router is not
+// ours).
 func (c *ctx) isAuxTopK(n *pb.NodeProto) bool {
-	seen := map[*pb.NodeProto]bool{}
-	stack := append([]string(nil), n.Output...)
-	for len(stack) > 0 {
-		v := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		for _, nd := range c.g.Consumers(v) {
-			if seen[nd] {
-				continue
-			}
-			seen[nd] = true
+	if c.auxTopK == nil {
+		// reachesTopK[n]: n is a TopK, or n is not a MatMul/Gemm and one of
+		// its consumers reaches a TopK. Consumers come later in topological
+		// order, so one reverse pass settles every node.
+		c.auxTopK = make(map[*pb.NodeProto]bool)
+		for i := len(c.topo) - 1; i >= 0; i-- {
+			nd := c.topo[i]
 			switch nd.GetOpType() {
 			case "TopK":
-				return true
+				c.auxTopK[nd] = true
+				continue
 			case "MatMul", "Gemm":
-				continue // crossing into compute: a later layer's router is not ours
+				continue
 			}
-			stack = append(stack, nd.Output...)
+			if c.feedsTopK(nd) {
+				c.auxTopK[nd] = true
+			}
+		}
+	}
+	return c.feedsTopK(n)
+}
+
+// feedsTopK reports whether a consumer of n's outputs reaches a TopK (see isAuxTopK).
+func (c *ctx) feedsTopK(n *pb.NodeProto) bool {
+	for _, o := range n.Output {
+		if o == "" {
+			continue
+		}
+		for _, nd := range c.g.Consumers(o) {
+			if c.auxTopK[nd] {
+				return true
+			}
 		}
 	}
 	return false
@@ -327,7 +344,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		fail("no single value combines the experts' outputs after the router")
 	}
 	// Extend through shape noise and a shared-expert Add.
-	xDeps := c.forward(x0)
+	xDeps := c.reachFrom(x0)
 	var sharedVal string
 	for {
 		cons := c.g.Consumers(y)
@@ -344,7 +361,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 			if other == y {
 				other = n.Input[1]
 			}
-			if p := c.g.Producer(other); p != nil && xDeps[p] && c.hasWeightMatMul(other, x0) {
+			if p := c.g.Producer(other); p != nil && xDeps.has(p) && c.hasWeightMatMul(other, x0) {
 				sharedVal = other
 				y = n.Output[0]
 				continue
@@ -352,7 +369,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		}
 		break
 	}
-	region := c.regionBetween(x0, y, xDeps)
+	region := c.regionWhere(x0, y, xDeps.has)
 	b := &Block{Kind: "", Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk}
 	b.Region = region
 	b.Nodes = len(region)
@@ -366,8 +383,8 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	if sharedVal != "" {
 		sharedNodes = c.backward(sharedVal, map[string]bool{x0: true})
 	}
-	c.limit = inRegion
-	defer func() { c.limit = nil }()
+	c.limit, c.idxDeps = inRegion, nil
+	defer func() { c.limit, c.idxDeps = nil, nil }()
 	c.routerPost(tk, ri, &s, inRegion)
 	plan := &WeightPlan{}
 	kind := c.experts(b, tk, ri, &s, inRegion, sharedNodes, plan)
@@ -584,17 +601,35 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
 // postDominator finds the first value after the TopK through which every
 // path from the TopK's outputs passes: the combine point.
 func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
-	fwd := c.forward(tk.Output...)
+	fwd := c.reachFrom(tk.Output...)
 	// The combine point comes after expert compute: a MatMul/Gemm with a
 	// constant weight other than the router.
-	var emOut []string
-	anc := c.backward(tk.Input[0], nil) // an earlier layer's experts are not ours
-	for _, n := range c.weightMatMuls() {
-		if n != routerLinear && !anc[n] {
-			emOut = append(emOut, n.Output...)
+	anc := c.ancestors(tk.Input[0]) // an earlier layer's experts are not ours
+	c.weightMatMuls()
+	afterMemo := map[*pb.NodeProto]bool{}
+	// afterExpert[n]: n is reached from the output of such a matmul. An
+	// ancestor of the router input never is (the matmul would be one too).
+	var afterExpert func(n *pb.NodeProto) bool
+	afterExpert = func(n *pb.NodeProto) bool {
+		if v, ok := afterMemo[n]; ok {
+			return v
 		}
+		afterMemo[n] = false
+		if anc[n] {
+			return false
+		}
+		for _, in := range graph.NodeInputs(n) {
+			p := c.g.Producer(in)
+			if p == nil {
+				continue
+			}
+			if c.wmmSet[p] && p != routerLinear && !anc[p] || afterExpert(p) {
+				afterMemo[n] = true
+				return true
+			}
+		}
+		return false
 	}
-	afterExpert := c.forward(emOut...)
 	pending := map[string]int{} // derived value -> consumers not yet visited
 	live := 0
 	addVal := func(v string) {
@@ -615,7 +650,7 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 	}
 	for i := c.order[tk] + 1; i < len(c.topo); i++ {
 		n := c.topo[i]
-		if !fwd[n] {
+		if !fwd.has(n) {
 			continue
 		}
 		for _, in := range graph.NodeInputs(n) {
@@ -632,7 +667,7 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 			addVal(o)
 		}
 		if live == 1 && len(n.Output) == 1 {
-			if _, ok := pending[n.Output[0]]; ok && isFloatCompute(n) && afterExpert[n] && !c.feedsWeightMatMul(n.Output[0]) {
+			if _, ok := pending[n.Output[0]]; ok && isFloatCompute(n) && afterExpert(n) && !c.feedsWeightMatMul(n.Output[0]) {
 				return n.Output[0]
 			}
 		}
@@ -647,9 +682,11 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 func (c *ctx) weightMatMuls() []*pb.NodeProto {
 	if c.wmm == nil {
 		c.wmm = []*pb.NodeProto{}
+		c.wmmSet = map[*pb.NodeProto]bool{}
 		for _, n := range c.topo {
 			if c.expertMatMul(n) != nil {
 				c.wmm = append(c.wmm, n)
+				c.wmmSet[n] = true
 			}
 		}
 	}
@@ -686,10 +723,16 @@ func isFloatCompute(n *pb.NodeProto) bool {
 // that y depends on (plus the constant-only feeders only they use, which
 // dead-code removal takes care of).
 func (c *ctx) regionBetween(x0, y string, xDeps map[*pb.NodeProto]bool) []*pb.NodeProto {
+	return c.regionWhere(x0, y, func(n *pb.NodeProto) bool { return xDeps[n] })
+}
+
+// regionWhere is regionBetween with "depends on x0" given as a predicate
+// (a lazy reach, so that big models are not walked past the block).
+func (c *ctx) regionWhere(x0, y string, dependsOnX0 func(*pb.NodeProto) bool) []*pb.NodeProto {
 	back := c.backward(y, map[string]bool{x0: true})
 	var out []*pb.NodeProto
 	for n := range back {
-		if xDeps[n] {
+		if dependsOnX0(n) {
 			out = append(out, n)
 		}
 	}

@@ -240,19 +240,23 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, i
 		}
 		get(e.key).l1 = append(get(e.key).l1, e)
 	}
+	l1Branch := map[*pb.NodeProto]*branch{}
+	for _, br := range branches {
+		for _, l1 := range br.l1 {
+			l1Branch[l1.n] = br
+		}
+	}
 	for _, e := range ems {
 		if !e.layer2 {
 			continue
 		}
 		var owner *branch
-		for _, br := range branches {
-			for _, l1 := range br.l1 {
-				if deps[e][l1.n] {
-					if owner != nil && owner != br {
-						fail("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
-					}
-					owner = br
+		for n := range deps[e] {
+			if br := l1Branch[n]; br != nil {
+				if owner != nil && owner != br {
+					fail("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
 				}
+				owner = br
 			}
 		}
 		if owner == nil || owner.l2 != nil {
@@ -321,13 +325,13 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, i
 	}
 	// Roles and activation, from the first branch.
 	plan.Experts = make([]ExpertProj, E)
-	rwDeps := c.forward(tk.Output[0])
+	rwDeps := c.reachFrom(tk.Output[0])
 	for bi, br := range branches {
 		roles := c.roles(br.l1, br.l2, s, bi == 0)
 		if br.stacked {
 			checkStacked(roles, E)
 		}
-		if p := c.g.Producer(br.l1[0].act); p != nil && rwDeps[p] {
+		if p := c.g.Producer(br.l1[0].act); p != nil && rwDeps.has(p) {
 			s.WeightsOnInput = true
 		}
 		for e := 0; e < E; e++ {
@@ -369,16 +373,19 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, i
 // branchExpert finds the constant expert id that selects a branch's tokens:
 // Gather(mask-from-indices, e) or Equal(indices, e) behind the branch input.
 func (c *ctx) branchExpert(act, x0 string, tk *pb.NodeProto) int {
-	idxDeps := c.forward(tk.Output[1])
+	if c.idxDeps == nil {
+		c.idxDeps = c.reachFrom(tk.Output[1]) // shared by the block's branches
+	}
+	idxDeps := c.idxDeps
 	found := -1
 	for n := range c.backward(act, map[string]bool{x0: true}) {
-		if !idxDeps[n] {
+		if !idxDeps.has(n) {
 			continue
 		}
 		var cand []string
 		switch n.GetOpType() {
 		case "Gather":
-			if p := c.g.Producer(n.Input[0]); p != nil && idxDeps[p] {
+			if p := c.g.Producer(n.Input[0]); p != nil && idxDeps.has(p) {
 				cand = []string{n.Input[1]}
 			}
 		case "Equal":
@@ -534,7 +541,7 @@ func (c *ctx) splitParts(v string) []part {
 // exclusiveSigmoid reports whether a Sigmoid is reachable from v before the
 // path meets a value derived from other.
 func (c *ctx) exclusiveSigmoid(v, other string) bool {
-	otherF := c.forward(other)
+	otherF := c.reachFrom(other)
 	stack := []string{v}
 	seen := map[string]bool{}
 	for len(stack) > 0 {
@@ -545,7 +552,7 @@ func (c *ctx) exclusiveSigmoid(v, other string) bool {
 		}
 		seen[x] = true
 		for _, n := range c.g.Consumers(x) {
-			if otherF[n] || (c.limit != nil && !c.limit[n]) {
+			if otherF.has(n) || (c.limit != nil && !c.limit[n]) {
 				continue
 			}
 			if n.GetOpType() == "Sigmoid" {
@@ -561,7 +568,7 @@ func (c *ctx) exclusiveSigmoid(v, other string) bool {
 func (c *ctx) activation(g, u, a string, s *moe.Spec) {
 	s.Activation = moe.SwiGLU
 	nodes := c.backward(a, map[string]bool{g: true, u: true})
-	gF, uF := c.forward(g), c.forward(u)
+	gF, uF := c.reachFrom(g), c.reachFrom(u)
 	var limit float32
 	plusOne, alpha := false, float32(1)
 	for n := range nodes {
@@ -580,13 +587,13 @@ func (c *ctx) activation(g, u, a string, s *moe.Spec) {
 			}
 		case "Mul":
 			for _, in := range n.Input {
-				if f, ok := c.scalarFloat(in); ok && gF[n] && !uF[n] {
+				if f, ok := c.scalarFloat(in); ok && gF.has(n) && !uF.has(n) {
 					alpha = f
 				}
 			}
 		case "Add":
 			for _, in := range n.Input {
-				if f, ok := c.scalarFloat(in); ok && f == 1 && uF[n] && !gF[n] {
+				if f, ok := c.scalarFloat(in); ok && f == 1 && uF.has(n) && !gF.has(n) {
 					plusOne = true
 				}
 			}

@@ -36,6 +36,12 @@ type ctx struct {
 	epTable *ep.Table
 	// epClone maps the MoE stand-in of a ShardedMoE node to the node.
 	epClone map[*pb.NodeProto]*pb.NodeProto
+
+	wmmSet  map[*pb.NodeProto]bool // the nodes of wmm
+	anc     map[*pb.NodeProto]bool // ancRoot and its ancestors (see ancestors)
+	ancRoot *pb.NodeProto
+	auxTopK map[*pb.NodeProto]bool // nodes from which a TopK is reached without crossing a MatMul/Gemm
+	idxDeps *reach                 // per block: what the top-k indices reach (see branchExpert)
 }
 
 // through walks back from v over noise ops and returns the first value not
@@ -166,6 +172,117 @@ func (c *ctx) backward(v string, stop map[string]bool) map[*pb.NodeProto]bool {
 		}
 	}
 	return seen
+}
+
+// reach answers, lazily, whether a node is in forward(vals...) (within the
+// limit in force when it was made): a node is reached when one of its inputs
+// is one of vals or is produced by a reached node. Only the nodes asked
+// about and their ancestors after the earliest producer of vals are
+// visited, so a membership test costs the size of the region between, not
+// the rest of the model as a full forward walk would.
+type reach struct {
+	c     *ctx
+	src   map[string]bool
+	limit map[*pb.NodeProto]bool
+	cut   int // nodes at or before this topological position cannot be reached
+	memo  map[*pb.NodeProto]bool
+}
+
+// reachFrom returns a lazy forward(vals...) for membership tests.
+func (c *ctx) reachFrom(vals ...string) *reach {
+	r := &reach{c: c, src: map[string]bool{}, limit: c.limit, cut: len(c.topo), memo: map[*pb.NodeProto]bool{}}
+	for _, v := range vals {
+		if v == "" || len(c.g.Consumers(v)) == 0 {
+			continue
+		}
+		r.src[v] = true
+		if p := c.g.Producer(v); p != nil {
+			r.cut = min(r.cut, c.order[p])
+		} else {
+			r.cut = -1
+		}
+	}
+	return r
+}
+
+// has reports whether n is in forward(vals...).
+func (r *reach) has(n *pb.NodeProto) bool {
+	if v, ok := r.memo[n]; ok {
+		return v
+	}
+	if len(r.src) == 0 || (r.limit != nil && !r.limit[n]) {
+		return false
+	}
+	if pos, ok := r.c.order[n]; !ok || pos <= r.cut {
+		return false
+	}
+	r.memo[n] = false // the graph is acyclic; this only guards against malformed input
+	for _, in := range graph.NodeInputs(n) {
+		if in == "" {
+			continue
+		}
+		if r.src[in] {
+			r.memo[n] = true
+			return true
+		}
+		if p := r.c.g.Producer(in); p != nil && r.has(p) {
+			r.memo[n] = true
+			return true
+		}
+	}
+	return false
+}
+
+// ancestors returns backward(v, nil): the producer of v and every node it
+// depends on. The set is kept between calls: when the previous root is an
+// ancestor of the new one (the next layer of a chained model), only the
+// nodes in between are walked, so asking for every layer's router in turn
+// costs one walk over the model instead of one per layer. The returned map
+// must not be modified.
+func (c *ctx) ancestors(v string) map[*pb.NodeProto]bool {
+	root := c.g.Producer(v)
+	if root == nil {
+		return map[*pb.NodeProto]bool{}
+	}
+	if c.anc != nil && root == c.ancRoot {
+		return c.anc
+	}
+	if c.anc != nil && !c.anc[root] {
+		// Walk back from root, stopping at nodes already in the set: the
+		// previous root is reached iff it is an ancestor of root (every path
+		// to it runs through its descendants, none of which is in the set).
+		seen := map[*pb.NodeProto]bool{}
+		var added []*pb.NodeProto
+		reached := false
+		stack := []*pb.NodeProto{root}
+		for len(stack) > 0 {
+			n := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if c.anc[n] {
+				reached = reached || n == c.ancRoot
+				continue
+			}
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			added = append(added, n)
+			for _, in := range graph.NodeInputs(n) {
+				if p := c.g.Producer(in); p != nil {
+					stack = append(stack, p)
+				}
+			}
+		}
+		if reached {
+			for _, n := range added {
+				c.anc[n] = true
+			}
+			c.ancRoot = root
+			return c.anc
+		}
+	}
+	c.anc, c.ancRoot = c.backward(v, nil), root
+	return c.anc
 }
 
 func isInf(f float32, sign int) bool { return math.IsInf(float64(f), sign) }
