@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/mokopt/mokopt/ep"
@@ -176,17 +175,19 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 			funcs[f.GetOverload()] = true
 		}
 	}
+	dc := newDeadCode(g)
 	for i, r := range todo {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
 		opt.progress("fuse", i, len(todo))
-		f, err := emit(m, g, r.b, r.w, opset, funcs)
+		f, err := emit(m, g, dc, r.b, r.w, opset, funcs)
 		if err != nil {
 			return rep, err
 		}
 		rep.Fused = append(rep.Fused, *f)
 	}
+	dc.apply()
 	opt.progress("fuse", len(todo), len(todo))
 	if err := g.Sort(); err != nil {
 		return rep, err
@@ -199,7 +200,7 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 }
 
 // emit replaces one block.
-func emit(m *graph.Model, g *graph.Graph, b *Block, w *moe.Weights, opset int64, funcs map[string]bool) (*Fused, error) {
+func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights, opset int64, funcs map[string]bool) (*Fused, error) {
 	s := &b.Spec
 	name := g.UniqueName(b.Name + "/MoE")
 	add := func(role string, dims []int64, v []float32) string {
@@ -245,8 +246,8 @@ func emit(m *graph.Model, g *graph.Graph, b *Block, w *moe.Weights, opset int64,
 	}
 	node := graph.NewNode(moe.OpType, moe.Domain, name, in, []string{b.Output}, s.Attributes()...)
 	node.Overload = proto.String(s.Variant())
-	g.Reindex()
-	g.AddNode(node)
+	g.AddNode(node) // the index now names node as b.Output's producer
+	dc.replaced(old, node, b.Output)
 	if !funcs[s.Variant()] && !s.Shard() { // a shard needs its group: no standalone body
 		f, err := moe.Function(s, opset)
 		if err != nil {
@@ -260,97 +261,9 @@ func emit(m *graph.Model, g *graph.Graph, b *Block, w *moe.Weights, opset int64,
 	for _, n := range b.Region {
 		region[n] = true
 	}
-	removedNodes, removedInits := removeDeadIn(g, region)
+	removedNodes, removedInits := dc.removeDeadIn(region)
 	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s, TracedExperts: b.TracedExperts}
 	js, _ := json.Marshal(prov)
 	m.SetMetadata(ProvenanceKey+name, string(js))
 	return &Fused{Block: b, Node: name, Variant: s.Variant(), NodesRemoved: len(removedNodes), InitsRemoved: len(removedInits)}, nil
-}
-
-// removeDeadIn deletes nodes of region (plus constant-only feeders) whose
-// outputs reach no graph output any more, and initializers nothing reads.
-// It returns the names of what it removed, sorted.
-func removeDeadIn(g *graph.Graph, region map[*pb.NodeProto]bool) (nodes, inits []string) {
-	live := map[*pb.NodeProto]bool{}
-	used := map[string]bool{}
-	var stack []string
-	for _, v := range g.P.Output {
-		stack = append(stack, v.GetName())
-	}
-	for len(stack) > 0 {
-		v := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		if used[v] {
-			continue
-		}
-		used[v] = true
-		if p := g.Producer(v); p != nil && !live[p] {
-			live[p] = true
-			stack = append(stack, graph.NodeInputs(p)...)
-		}
-	}
-	// Dead nodes in the region, and dead nodes that only fed dead region nodes.
-	drop := map[*pb.NodeProto]bool{}
-	for _, n := range g.P.Node {
-		if !live[n] && region[n] {
-			drop[n] = true
-		}
-	}
-	// Consumers come after producers in topological order, so one pass in
-	// reverse order settles every node (the rewrite adds no cycle).
-	order, err := g.TopoSort()
-	if err != nil {
-		order = g.P.Node
-	}
-	for i := len(order) - 1; i >= 0; i-- {
-		n := order[i]
-		if live[n] || drop[n] {
-			continue
-		}
-		feedsOnlyDropped := len(n.Output) > 0
-		for _, o := range n.Output {
-			for _, c := range g.Consumers(o) {
-				if !drop[c] {
-					feedsOnlyDropped = false
-				}
-			}
-			if g.IsOutput(o) {
-				feedsOnlyDropped = false
-			}
-		}
-		if feedsOnlyDropped {
-			drop[n] = true
-		}
-	}
-	for n := range drop {
-		nodes = append(nodes, graph.NodeLabel(n))
-	}
-	readByDropped := map[string]bool{}
-	for n := range drop {
-		for _, in := range graph.NodeInputs(n) {
-			readByDropped[in] = true
-		}
-	}
-	g.RemoveNodes(drop)
-	kept := g.P.Initializer[:0]
-	for _, t := range g.P.Initializer {
-		if readByDropped[t.GetName()] && len(g.Consumers(t.GetName())) == 0 && !g.IsOutput(t.GetName()) && !g.IsInput(t.GetName()) {
-			inits = append(inits, t.GetName())
-			continue
-		}
-		kept = append(kept, t)
-	}
-	g.P.Initializer = kept
-	// value_info of removed values goes too.
-	vi := g.P.ValueInfo[:0]
-	for _, v := range g.P.ValueInfo {
-		if g.Producer(v.GetName()) != nil || g.IsInput(v.GetName()) || g.Initializer(v.GetName()) != nil {
-			vi = append(vi, v)
-		}
-	}
-	g.P.ValueInfo = vi
-	g.Reindex()
-	sort.Strings(nodes)
-	sort.Strings(inits)
-	return nodes, inits
 }

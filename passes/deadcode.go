@@ -1,0 +1,250 @@
+package passes
+
+import (
+	"sort"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// deadCode removes, block after block, the nodes a fused node made dead,
+// without rescanning the model for each block: liveness (reaching a graph
+// output) is kept as a count per node of its live consumer edges plus the
+// graph outputs it produces, computed once and decremented as nodes die, and
+// removals are recorded and applied to the graph once at the end (apply).
+// The result is what recomputing liveness and removing the dead nodes after
+// each block gives: the same nodes and initializers, attributed to the same
+// block.
+type deadCode struct {
+	g       *graph.Graph
+	count   map[*pb.NodeProto]int
+	removed map[*pb.NodeProto]bool
+	inits   map[string]bool // initializers removed
+	last    map[string]bool // initializers removed by the latest removeDeadIn
+	first   bool
+}
+
+func newDeadCode(g *graph.Graph) *deadCode {
+	d := &deadCode{g: g, count: map[*pb.NodeProto]int{}, removed: map[*pb.NodeProto]bool{}, inits: map[string]bool{}, first: true}
+	live := map[*pb.NodeProto]bool{}
+	used := map[string]bool{}
+	var stack []string
+	for _, v := range g.P.Output {
+		stack = append(stack, v.GetName())
+	}
+	for len(stack) > 0 {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if used[v] {
+			continue
+		}
+		used[v] = true
+		if p := g.Producer(v); p != nil && !live[p] {
+			live[p] = true
+			stack = append(stack, graph.NodeInputs(p)...)
+		}
+	}
+	for _, n := range g.P.Node {
+		if live[n] {
+			d.count[n] += d.outputRefs(n)
+			for _, in := range graph.NodeInputs(n) {
+				if p := g.Producer(in); p != nil && in != "" {
+					d.count[p]++
+				}
+			}
+		}
+	}
+	return d
+}
+
+// outputRefs counts the graph outputs among n's outputs.
+func (d *deadCode) outputRefs(n *pb.NodeProto) int {
+	k := 0
+	for _, o := range n.Output {
+		if o != "" && d.g.IsOutput(o) {
+			k++
+		}
+	}
+	return k
+}
+
+func (d *deadCode) live(n *pb.NodeProto) bool { return d.count[n] > 0 }
+
+// kill records that n lost its last live reference and releases its inputs.
+func (d *deadCode) kill(n *pb.NodeProto) {
+	stack := []*pb.NodeProto{n}
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, in := range graph.NodeInputs(x) {
+			if p := d.g.Producer(in); p != nil && in != "" {
+				d.count[p]--
+				if d.count[p] == 0 {
+					stack = append(stack, p)
+				}
+			}
+		}
+	}
+}
+
+// replaced moves value v from old's outputs (old now writes a fresh,
+// unread name) to fused, which the index already lists as v's producer.
+func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
+	refs := 0
+	if d.g.IsOutput(v) {
+		refs++
+	}
+	for _, c := range d.g.Consumers(v) {
+		if c != fused && !d.removed[c] && d.live(c) {
+			refs++
+		}
+	}
+	wasLive := d.live(old)
+	d.count[fused] = refs
+	if refs > 0 {
+		for _, in := range graph.NodeInputs(fused) {
+			if p := d.g.Producer(in); p != nil && in != "" {
+				d.count[p]++
+			}
+		}
+	}
+	d.count[old] -= refs
+	if wasLive && d.count[old] == 0 {
+		d.kill(old)
+	}
+}
+
+// consumers lists the nodes still in the graph that read v.
+func (d *deadCode) consumers(v string) []*pb.NodeProto {
+	var out []*pb.NodeProto
+	for _, c := range d.g.Consumers(v) {
+		if !d.removed[c] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// feedsOnly reports whether n has outputs, none a graph output, and every
+// consumer still in the graph is in drop.
+func (d *deadCode) feedsOnly(n *pb.NodeProto, drop map[*pb.NodeProto]bool) bool {
+	if len(n.Output) == 0 {
+		return false
+	}
+	for _, o := range n.Output {
+		if d.g.IsOutput(o) {
+			return false
+		}
+		for _, c := range d.consumers(o) {
+			if !drop[c] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// removeDeadIn deletes nodes of region (plus constant-only feeders) whose
+// outputs reach no graph output any more, and initializers nothing reads.
+// It returns the names of what it removed, sorted.
+func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []string) {
+	g := d.g
+	drop := map[*pb.NodeProto]bool{}
+	var work []*pb.NodeProto
+	for n := range region {
+		if !d.removed[n] && !d.live(n) {
+			drop[n] = true
+			work = append(work, n)
+		}
+	}
+	if d.first {
+		// Dead nodes anywhere whose consumers are all dropped (among them
+		// dead nodes nothing reads) go with the first block: consumers come
+		// after producers in topological order, so one reverse pass settles
+		// every node.
+		d.first = false
+		order, err := g.TopoSort()
+		if err != nil {
+			order = g.P.Node
+		}
+		for i := len(order) - 1; i >= 0; i-- {
+			n := order[i]
+			if d.live(n) || drop[n] || d.removed[n] {
+				continue
+			}
+			if d.feedsOnly(n, drop) {
+				drop[n] = true
+			}
+		}
+	} else {
+		// Later, a node can only become a feeder of dropped nodes through a
+		// consumer dropped now: walk up from the dropped nodes.
+		for len(work) > 0 {
+			n := work[len(work)-1]
+			work = work[:len(work)-1]
+			for _, in := range graph.NodeInputs(n) {
+				p := g.Producer(in)
+				if p == nil || in == "" || d.live(p) || drop[p] || d.removed[p] {
+					continue
+				}
+				if d.feedsOnly(p, drop) {
+					drop[p] = true
+					work = append(work, p)
+				}
+			}
+		}
+	}
+	d.last = map[string]bool{}
+	readByDropped := map[string]bool{}
+	for n := range drop {
+		nodes = append(nodes, graph.NodeLabel(n))
+		for _, in := range graph.NodeInputs(n) {
+			readByDropped[in] = true
+		}
+	}
+	for n := range drop {
+		d.removed[n] = true
+	}
+	for _, t := range g.P.Initializer {
+		name := t.GetName()
+		if d.inits[name] || !readByDropped[name] {
+			continue
+		}
+		if len(d.consumers(name)) == 0 && !g.IsOutput(name) && !g.IsInput(name) {
+			inits = append(inits, name)
+			d.inits[name] = true
+			d.last[name] = true
+		}
+	}
+	sort.Strings(nodes)
+	sort.Strings(inits)
+	return nodes, inits
+}
+
+// apply removes the recorded nodes and initializers, and the value_info of
+// values that no longer exist, and reindexes the graph. As when each block
+// was cleaned up on its own, the value_info of initializers the last block
+// removed stays.
+func (d *deadCode) apply() {
+	g := d.g
+	kept := g.P.Initializer[:0]
+	for _, t := range g.P.Initializer {
+		if !d.inits[t.GetName()] {
+			kept = append(kept, t)
+		}
+	}
+	for i := len(kept); i < len(g.P.Initializer); i++ {
+		g.P.Initializer[i] = nil
+	}
+	g.P.Initializer = kept
+	g.RemoveNodes(d.removed)
+	g.Reindex()
+	vi := g.P.ValueInfo[:0]
+	for _, v := range g.P.ValueInfo {
+		if g.Producer(v.GetName()) != nil || g.IsInput(v.GetName()) || g.Initializer(v.GetName()) != nil || d.last[v.GetName()] {
+			vi = append(vi, v)
+		}
+	}
+	g.P.ValueInfo = vi
+	g.Reindex()
+}
