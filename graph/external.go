@@ -322,3 +322,58 @@ func typedFieldBytes(t *pb.TensorProto, want int64) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// CopyTensorRange writes bytes [off, off+n) of t's raw little-endian data to
+// w. Side-file bytes are copied in bounded chunks, or by the kernel
+// (copy_file_range) when w is, or buffers, an *os.File; they are never
+// loaded whole. It is the building block of deferred tensors that
+// concatenate ranges of source tensors.
+func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) error {
+	if off < 0 || n < 0 {
+		return fmt.Errorf("initializer %q: bad range %d+%d", t.GetName(), off, n)
+	}
+	if _, ok := m.deferred[t]; ok || !IsExternal(t) {
+		r, size, err := m.TensorReader(t)
+		if err != nil {
+			return err
+		}
+		if off+n > size {
+			return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, size)
+		}
+		if _, err := io.CopyN(io.Discard, r, off); err != nil {
+			return err
+		}
+		_, err = io.CopyN(w, r, n)
+		return err
+	}
+	sec, err := m.tensorSection(t)
+	if err != nil {
+		return err
+	}
+	if off+n > sec.Size() {
+		return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, sec.Size())
+	}
+	_, base, _ := sec.Outer()
+	ref, _ := External(t)
+	p, err := m.ext.resolve(ref.Location)
+	if err != nil {
+		return err
+	}
+	// A handle of its own: the kernel copy reads from the file position.
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Seek(base+off, io.SeekStart); err != nil {
+		return err
+	}
+	k, err := io.Copy(w, &io.LimitedReader{R: f, N: n})
+	m.ext.mu.Lock()
+	m.ext.bytesRead += k
+	m.ext.mu.Unlock()
+	if err == nil && k != n {
+		err = fmt.Errorf("initializer %q: %w", t.GetName(), io.ErrUnexpectedEOF)
+	}
+	return err
+}

@@ -114,6 +114,34 @@ func writeChunked(w io.Writer, b []byte) error {
 	return nil
 }
 
+// ReadFrom copies r in chunks of at most 64 MiB, checking the context and
+// reporting progress between chunks. A chunk of a file-backed limited reader
+// reaches the underlying writer's ReadFrom, where the kernel copies it.
+func (c *ctxWriter) ReadFrom(r io.Reader) (int64, error) {
+	lr, ok := r.(*io.LimitedReader)
+	if !ok {
+		return io.Copy(struct{ io.Writer }{c}, r)
+	}
+	var total int64
+	for lr.N > 0 {
+		if err := c.ctx.Err(); err != nil {
+			return total, err
+		}
+		k, err := io.Copy(c.w, &io.LimitedReader{R: lr.R, N: min(lr.N, 64<<20)})
+		lr.N -= k
+		total += k
+		c.n += k
+		if c.progress != nil && (c.n-c.last >= 1<<20 || c.n == c.total) {
+			c.last = c.n
+			c.progress(c.n, c.total)
+		}
+		if err != nil || k == 0 {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
 // ErrTooLarge is returned when a model without external data would exceed
 // protobuf's 2 GiB limit.
 var ErrTooLarge = errors.New("model exceeds protobuf's 2 GiB limit; save with external data (--external-data repack)")
@@ -172,7 +200,7 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			r, n, err := m.TensorReader(t)
+			n, err := m.tensorSize(t)
 			if err != nil {
 				return err
 			}
@@ -182,11 +210,7 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 				}
 				off += pad
 			}
-			_, err = io.CopyN(cw, r, n)
-			if c, ok := r.(io.Closer); ok {
-				c.Close() // ends a deferred producer that was cut short
-			}
-			if err != nil {
+			if err := m.writeTensor(cw, t, n); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -355,6 +379,52 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 	}
 	_, err = w.Write(b)
 	return err
+}
+
+// writeTensor streams t's n bytes to w: a deferred producer writes straight
+// into w (no pipe), side-file bytes go through CopyTensorRange.
+func (m *Model) writeTensor(w io.Writer, t *pb.TensorProto, n int64) error {
+	if d, ok := m.deferred[t]; ok {
+		cw := &countWriter{w: w}
+		if err := d.Write(cw); err != nil {
+			return err
+		}
+		if cw.n != n {
+			return fmt.Errorf("deferred data wrote %d bytes, want %d", cw.n, n)
+		}
+		return nil
+	}
+	if IsExternal(t) {
+		if _, err := m.tensorSection(t); err != nil {
+			return err
+		}
+		return m.CopyTensorRange(w, t, 0, n)
+	}
+	r, _, err := m.TensorReader(t)
+	if err != nil {
+		return err
+	}
+	_, err = io.CopyN(w, r, n)
+	return err
+}
+
+// countWriter counts the bytes written through it and passes ReadFrom on,
+// so that kernel copies into the side file stay possible.
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	k, err := c.w.Write(p)
+	c.n += int64(k)
+	return k, err
+}
+
+func (c *countWriter) ReadFrom(r io.Reader) (int64, error) {
+	k, err := io.Copy(c.w, r)
+	c.n += k
+	return k, err
 }
 
 // Marshal encodes the model, which must hold no external data, deterministically.

@@ -106,8 +106,9 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		}
 	}
 	type ready struct {
-		b *Block
-		w *moe.Weights
+		b  *Block
+		w  *moe.Weights // nil without the numerical check
+		ts []fusedTensor
 	}
 	var todo []ready
 	for i, b := range det.Blocks {
@@ -115,12 +116,27 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 			return rep, err
 		}
 		opt.progress("weights", i, len(det.Blocks))
-		w, err := b.W.Materialize(m, &b.Spec)
+		// The check needs the weights in memory; without it they are only
+		// validated here and streamed to the output when it is saved.
+		var w *moe.Weights
+		var ts []fusedTensor
+		var err error
+		if opt.Check {
+			w, err = b.W.Materialize(m, &b.Spec)
+		}
+		if err == nil {
+			ts, err = b.W.fusedTensors(&b.Spec)
+		}
+		for i := range ts {
+			if err == nil && w == nil {
+				err = ts[i].check(m)
+			}
+		}
 		if err != nil {
 			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: err.Error()})
 			continue
 		}
-		todo = append(todo, ready{b, w})
+		todo = append(todo, ready{b, w, ts})
 	}
 	check := opt.Check
 	if w := shardCheckNote(det.Blocks); w != "" && check {
@@ -181,7 +197,7 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 			return rep, err
 		}
 		opt.progress("fuse", i, len(todo))
-		f, err := emit(m, g, dc, r.b, r.w, opset, funcs)
+		f, err := emit(m, g, dc, r.b, r.w, r.ts, opset, funcs)
 		if err != nil {
 			return rep, err
 		}
@@ -200,35 +216,37 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 }
 
 // emit replaces one block.
-func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights, opset int64, funcs map[string]bool) (*Fused, error) {
+func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights, ts []fusedTensor, opset int64, funcs map[string]bool) (*Fused, error) {
 	s := &b.Spec
 	name := g.UniqueName(b.Name + "/MoE")
-	add := func(role string, dims []int64, v []float32) string {
-		if v == nil {
-			return ""
-		}
-		n := g.UniqueName(b.Name + "/" + role)
-		g.AddInitializer(moe.Float32Tensor(n, dims, v))
-		return n
-	}
-	E, H, I, Is := int64(s.StoredExperts()), int64(s.Hidden), int64(s.Inter), int64(s.SharedInter)
 	in := make([]string, moe.NumInputs)
 	in[moe.InHidden] = b.Input
-	Er := int64(s.NumExperts) // the router always scores every expert
-	in[moe.InRouterW] = add("router_weight", []int64{Er, H}, w.RouterW)
-	in[moe.InRouterB] = add("router_bias", []int64{Er}, w.RouterB)
-	in[moe.InCorrectionBias] = add("router_correction_bias", []int64{Er}, w.CorrectionBias)
-	in[moe.InGate] = add("gate", []int64{E, I, H}, w.Gate)
-	in[moe.InUp] = add("up", []int64{E, I, H}, w.Up)
-	in[moe.InDown] = add("down", []int64{E, H, I}, w.Down)
-	in[moe.InGateBias] = add("gate_bias", []int64{E, I}, w.GateB)
-	in[moe.InUpBias] = add("up_bias", []int64{E, I}, w.UpB)
-	in[moe.InDownBias] = add("down_bias", []int64{E, H}, w.DownB)
-	if s.SharedInter > 0 {
-		in[moe.InSharedGate] = add("shared_gate", []int64{Is, H}, w.SharedGate)
-		in[moe.InSharedUp] = add("shared_up", []int64{Is, H}, w.SharedUp)
-		in[moe.InSharedDown] = add("shared_down", []int64{H, Is}, w.SharedDown)
-		in[moe.InSharedGateW] = add("shared_gate_weight", []int64{1, H}, w.SharedGateW)
+	slot := map[string]int{"router_weight": moe.InRouterW, "router_bias": moe.InRouterB, "router_correction_bias": moe.InCorrectionBias,
+		"gate": moe.InGate, "up": moe.InUp, "down": moe.InDown, "gate_bias": moe.InGateBias, "up_bias": moe.InUpBias, "down_bias": moe.InDownBias,
+		"shared_gate": moe.InSharedGate, "shared_up": moe.InSharedUp, "shared_down": moe.InSharedDown, "shared_gate_weight": moe.InSharedGateW}
+	cache := map[*pb.TensorProto][]float32{}
+	for i := range ts {
+		ft := &ts[i]
+		if len(ft.projs) == 0 {
+			continue
+		}
+		if ft.external() {
+			// Streamed from the input's side file when the model is saved.
+			n := g.UniqueName(b.Name + "/" + ft.role)
+			ft.deferTo(m, g, n)
+			in[slot[ft.role]] = n
+			continue
+		}
+		v, err := ft.values(m, w, cache)
+		if err != nil {
+			return nil, err
+		}
+		if v == nil {
+			continue
+		}
+		n := g.UniqueName(b.Name + "/" + ft.role)
+		g.AddInitializer(moe.Float32Tensor(n, ft.dims, v))
+		in[slot[ft.role]] = n
 	}
 	for len(in) > 0 && in[len(in)-1] == "" {
 		in = in[:len(in)-1]

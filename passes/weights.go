@@ -92,22 +92,8 @@ func (q *Proj) matrix(m *graph.Model, cache map[*pb.TensorProto][]float32) (data
 	if q.Expert >= 0 && int64(q.Expert) >= d[0] || off+r*cc > len(all) {
 		return nil, 0, 0, fmt.Errorf("initializer %q has dims %v: no matrix for expert %d", q.Init.GetName(), d, q.Expert)
 	}
-	src := all[off : off+r*cc]
-	if q.InOut { // stored [in, out]: transpose to [out, in]
-		t := make([]float32, r*cc)
-		for i := 0; i < r; i++ {
-			for j := 0; j < cc; j++ {
-				t[j*r+i] = src[i*cc+j]
-			}
-		}
-		src, r, cc = t, cc, r
-	}
-	rows := partRows(q.Part, r)
-	outM := make([]float32, 0, len(rows)*cc)
-	for _, i := range rows {
-		outM = append(outM, src[i*cc:(i+1)*cc]...)
-	}
-	return outM, len(rows), cc, nil
+	outM, rows, cols := canonical(all[off:off+r*cc], r, cc, q.InOut, q.Part)
+	return outM, rows, cols, nil
 }
 
 // vector extracts one expert's bias vector (with Part applied).
@@ -180,6 +166,56 @@ func floats(m *graph.Model, t *pb.TensorProto, cache map[*pb.TensorProto][]float
 	}
 	cache[t] = f
 	return f, nil
+}
+
+// values returns a fused tensor's float32 contents in memory: from w when
+// the block's weights were materialized, else read now.
+func (ft *fusedTensor) values(m *graph.Model, w *moe.Weights, cache map[*pb.TensorProto][]float32) ([]float32, error) {
+	if w != nil {
+		switch ft.role {
+		case "router_weight":
+			return w.RouterW, nil
+		case "router_bias":
+			return w.RouterB, nil
+		case "router_correction_bias":
+			return w.CorrectionBias, nil
+		case "gate":
+			return w.Gate, nil
+		case "up":
+			return w.Up, nil
+		case "down":
+			return w.Down, nil
+		case "gate_bias":
+			return w.GateB, nil
+		case "up_bias":
+			return w.UpB, nil
+		case "down_bias":
+			return w.DownB, nil
+		case "shared_gate":
+			return w.SharedGate, nil
+		case "shared_up":
+			return w.SharedUp, nil
+		case "shared_down":
+			return w.SharedDown, nil
+		case "shared_gate_weight":
+			return w.SharedGateW, nil
+		}
+	}
+	var out []float32
+	for _, q := range ft.projs {
+		var v []float32
+		var err error
+		if ft.isVec {
+			v, err = q.vector(m, cache)
+		} else {
+			v, _, _, err = q.matrix(m, cache)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v...)
+	}
+	return out, nil
 }
 
 // Materialize reads the plan's sources and returns the block's weights in

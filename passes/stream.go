@@ -1,0 +1,283 @@
+package passes
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+// fusedTensor is one weight input of a fused node: the projections whose
+// canonical rows it concatenates, in order (one per expert for the routed
+// experts, one for the router and the shared expert).
+type fusedTensor struct {
+	role  string
+	dims  []int64
+	projs []*Proj
+	isVec bool
+	// rows, cols: the canonical shape each projection must have (0: not checked).
+	rows, cols int
+}
+
+// fusedTensors lists the fused node's weight inputs in the order emit adds
+// them; absent optional inputs have no projections.
+func (p *WeightPlan) fusedTensors(s *moe.Spec) ([]fusedTensor, error) {
+	E, H, I, Is := s.StoredExperts(), s.Hidden, s.Inter, s.SharedInter
+	if len(p.Experts) != E {
+		return nil, fmt.Errorf("weight plan has %d experts, spec %d", len(p.Experts), E)
+	}
+	one := func(q *Proj) []*Proj {
+		if q == nil {
+			return nil
+		}
+		return []*Proj{q}
+	}
+	perExpert := func(get func(e *ExpertProj) *Proj) ([]*Proj, error) {
+		if get(&p.Experts[0]) == nil {
+			return nil, nil
+		}
+		out := make([]*Proj, E)
+		for e := range p.Experts {
+			if out[e] = get(&p.Experts[e]); out[e] == nil {
+				return nil, fmt.Errorf("expert %d lacks a weight the others have", e)
+			}
+		}
+		return out, nil
+	}
+	e64, h64, i64, is64 := int64(E), int64(H), int64(I), int64(Is)
+	er := int64(s.NumExperts) // the router always scores every expert
+	ts := []fusedTensor{
+		{role: "router_weight", dims: []int64{er, h64}, projs: []*Proj{&p.Router}},
+		{role: "router_bias", dims: []int64{er}, projs: one(p.RouterB), isVec: true},
+		{role: "router_correction_bias", dims: []int64{er}, projs: one(p.Corr), isVec: true},
+	}
+	for _, r := range []struct {
+		role       string
+		dims       []int64
+		get        func(e *ExpertProj) *Proj
+		rows, cols int
+		isVec      bool
+	}{
+		{"gate", []int64{e64, i64, h64}, func(e *ExpertProj) *Proj { return e.Gate }, I, H, false},
+		{"up", []int64{e64, i64, h64}, func(e *ExpertProj) *Proj { return e.Up }, I, H, false},
+		{"down", []int64{e64, h64, i64}, func(e *ExpertProj) *Proj { return e.Down }, H, I, false},
+		{"gate_bias", []int64{e64, i64}, func(e *ExpertProj) *Proj { return e.GateB }, I, 0, true},
+		{"up_bias", []int64{e64, i64}, func(e *ExpertProj) *Proj { return e.UpB }, I, 0, true},
+		{"down_bias", []int64{e64, h64}, func(e *ExpertProj) *Proj { return e.DownB }, H, 0, true},
+	} {
+		projs, err := perExpert(r.get)
+		if err != nil {
+			return nil, err
+		}
+		ts = append(ts, fusedTensor{role: r.role, dims: r.dims, projs: projs, isVec: r.isVec, rows: r.rows, cols: r.cols})
+	}
+	if Is > 0 {
+		ts = append(ts,
+			fusedTensor{role: "shared_gate", dims: []int64{is64, h64}, projs: one(p.SharedGate)},
+			fusedTensor{role: "shared_up", dims: []int64{is64, h64}, projs: one(p.SharedUp)},
+			fusedTensor{role: "shared_down", dims: []int64{h64, is64}, projs: one(p.SharedDown)},
+			fusedTensor{role: "shared_gate_weight", dims: []int64{1, h64}, projs: one(p.SharedGateW)})
+	}
+	return ts, nil
+}
+
+// shape returns the canonical [out, in] shape of a projection's matrix (or
+// the length of its vector, cols 0) from the initializer's dims alone, with
+// Materialize's errors.
+func (q *Proj) shape(isVec bool) (rows, cols int, err error) {
+	d := q.Init.GetDims()
+	if isVec {
+		if len(d) == 0 {
+			return 0, 0, fmt.Errorf("bias %q is a scalar, not a vector", q.Init.GetName())
+		}
+		n := int(d[len(d)-1])
+		if q.Expert >= 0 && len(d) != 2 {
+			return 0, 0, fmt.Errorf("bias %q has dims %v, want [experts, n]", q.Init.GetName(), d)
+		}
+		if q.Expert >= 0 && int64(q.Expert) >= d[0] {
+			return 0, 0, fmt.Errorf("bias %q has dims %v: no vector for expert %d", q.Init.GetName(), d, q.Expert)
+		}
+		return len(partRows(q.Part, n)), 0, nil
+	}
+	var r, cc int
+	switch {
+	case q.Expert >= 0 && len(d) == 3:
+		if int64(q.Expert) >= d[0] {
+			return 0, 0, fmt.Errorf("initializer %q has dims %v: no matrix for expert %d", q.Init.GetName(), d, q.Expert)
+		}
+		r, cc = int(d[1]), int(d[2])
+	case q.Expert < 0 && len(d) == 2:
+		r, cc = int(d[0]), int(d[1])
+	default:
+		return 0, 0, fmt.Errorf("initializer %q has dims %v, not a matrix per expert", q.Init.GetName(), d)
+	}
+	if q.InOut {
+		r, cc = cc, r
+	}
+	return len(partRows(q.Part, r)), cc, nil
+}
+
+// check validates a fused tensor without reading weight bytes: shapes,
+// element types, and that external data lies inside its file.
+func (ft *fusedTensor) check(m *graph.Model) error {
+	for e, q := range ft.projs {
+		r, cc, err := q.shape(ft.isVec)
+		if err != nil {
+			return err
+		}
+		switch {
+		case ft.isVec && ft.rows > 0 && r != ft.rows:
+			return fmt.Errorf("expert %d bias %q has %d values, want %d", e, q.Init.GetName(), r, ft.rows)
+		case !ft.isVec && ft.rows > 0 && (r != ft.rows || cc != ft.cols):
+			return fmt.Errorf("expert %d weight %q is [%d, %d] (out, in), want [%d, %d]", e, q.Init.GetName(), r, cc, ft.rows, ft.cols)
+		}
+		if _, err := graph.DecodeFloat32(graph.DataType(q.Init), nil); err != nil {
+			return fmt.Errorf("initializer %q: %w", q.Init.GetName(), err)
+		}
+		if graph.IsExternal(q.Init) {
+			if _, _, err := m.TensorReader(q.Init); err != nil {
+				return err
+			}
+		} else if _, err := m.TensorBytes(q.Init); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// external reports whether any source of the tensor is stored in a side
+// file: then the fused tensor is streamed into the output's side file when
+// the model is saved instead of being built in memory.
+func (ft *fusedTensor) external() bool {
+	for _, q := range ft.projs {
+		if graph.IsExternal(q.Init) {
+			return true
+		}
+	}
+	return false
+}
+
+// size is the number of float32 bytes the tensor holds.
+func (ft *fusedTensor) size() int64 {
+	var n int64
+	for _, q := range ft.projs {
+		r, cc, _ := q.shape(ft.isVec)
+		n += 4 * int64(r) * int64(max(cc, 1))
+	}
+	return n
+}
+
+// deferTo adds the tensor to g as an initializer named name whose bytes
+// are produced while m is saved: projection by projection, each a ranged
+// read of its source (a plain range copy when the source already holds
+// float32 [out, in] rows), so memory stays bounded by one expert's matrix.
+func (ft *fusedTensor) deferTo(m *graph.Model, g *graph.Graph, name string) {
+	t := &pb.TensorProto{Dims: ft.dims, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), Name: proto.String(name)}
+	projs, isVec := ft.projs, ft.isVec
+	write := func(w io.Writer) error {
+		for _, q := range projs {
+			if err := q.writeCanonical(m, w, isVec); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	g.AddInitializer(t)
+	m.SetDeferred(t, graph.DeferredData{Size: ft.size(), Write: write})
+}
+
+// writeCanonical writes the projection's canonical rows (what matrix or
+// vector return) as little-endian float32, reading only its expert's slab.
+func (q *Proj) writeCanonical(m *graph.Model, w io.Writer, isVec bool) error {
+	dt := graph.DataType(q.Init)
+	elem := int64(graph.ElemBits(dt) / 8)
+	d := q.Init.GetDims()
+	if isVec {
+		n := d[len(d)-1]
+		off := int64(0)
+		if q.Expert >= 0 {
+			off = int64(q.Expert) * n
+		}
+		src, err := readFloats(m, q.Init, off*elem, n*elem)
+		if err != nil {
+			return err
+		}
+		var out []float32
+		for _, i := range partRows(q.Part, int(n)) {
+			out = append(out, src[i])
+		}
+		return writeFloats(w, out)
+	}
+	var r, cc int64
+	off := int64(0)
+	if q.Expert >= 0 {
+		r, cc = d[1], d[2]
+		off = int64(q.Expert) * r * cc
+	} else {
+		r, cc = d[0], d[1]
+	}
+	if dt == pb.TensorProto_FLOAT && !q.InOut && q.Part == PartWhole {
+		return m.CopyTensorRange(w, q.Init, 4*off, 4*r*cc)
+	}
+	src, err := readFloats(m, q.Init, off*elem, r*cc*elem)
+	if err != nil {
+		return err
+	}
+	out, _, _ := canonical(src, int(r), int(cc), q.InOut, q.Part)
+	return writeFloats(w, out)
+}
+
+// canonical turns a stored [r, cc] matrix into [out, in] rows (transposing
+// an [in, out] one) and keeps the rows of part.
+func canonical(src []float32, r, cc int, inOut bool, part int) (out []float32, rows, cols int) {
+	if inOut { // stored [in, out]: transpose to [out, in]
+		t := make([]float32, r*cc)
+		for i := 0; i < r; i++ {
+			for j := 0; j < cc; j++ {
+				t[j*r+i] = src[i*cc+j]
+			}
+		}
+		src, r, cc = t, cc, r
+	}
+	sel := partRows(part, r)
+	out = make([]float32, 0, len(sel)*cc)
+	for _, i := range sel {
+		out = append(out, src[i*cc:(i+1)*cc]...)
+	}
+	return out, len(sel), cc
+}
+
+func readFloats(m *graph.Model, t *pb.TensorProto, off, n int64) ([]float32, error) {
+	var buf bytes.Buffer
+	buf.Grow(int(n))
+	if err := m.CopyTensorRange(&buf, t, off, n); err != nil {
+		return nil, err
+	}
+	f, err := graph.DecodeFloat32(graph.DataType(t), buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("initializer %q: %w", t.GetName(), err)
+	}
+	return f, nil
+}
+
+func writeFloats(w io.Writer, v []float32) error {
+	const chunk = 1 << 16
+	buf := make([]byte, 4*min(len(v), chunk))
+	for len(v) > 0 {
+		k := min(len(v), chunk)
+		for i, x := range v[:k] {
+			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+		}
+		if _, err := w.Write(buf[:4*k]); err != nil {
+			return err
+		}
+		v = v[k:]
+	}
+	return nil
+}
