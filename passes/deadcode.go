@@ -114,15 +114,14 @@ func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
 	}
 }
 
-// consumers lists the nodes still in the graph that read v.
-func (d *deadCode) consumers(v string) []*pb.NodeProto {
-	var out []*pb.NodeProto
+// used reports whether a node still in the graph reads v.
+func (d *deadCode) used(v string) bool {
 	for _, c := range d.g.Consumers(v) {
 		if !d.removed[c] {
-			out = append(out, c)
+			return true
 		}
 	}
-	return out
+	return false
 }
 
 // feedsOnly reports whether n has outputs, none a graph output, and every
@@ -135,8 +134,8 @@ func (d *deadCode) feedsOnly(n *pb.NodeProto, drop map[*pb.NodeProto]bool) bool 
 		if d.g.IsOutput(o) {
 			return false
 		}
-		for _, c := range d.consumers(o) {
-			if !drop[c] {
+		for _, c := range d.g.Consumers(o) {
+			if !drop[c] && !d.removed[c] {
 				return false
 			}
 		}
@@ -178,16 +177,48 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 		}
 	} else {
 		// Later, a node can only become a feeder of dropped nodes through a
-		// consumer dropped now: walk up from the dropped nodes.
+		// consumer dropped now: walk up from the dropped nodes, counting for
+		// each producer met the consumer edges not dropped yet.
+		rem := map[*pb.NodeProto]int{}
+		done := map[*pb.NodeProto]bool{}
 		for len(work) > 0 {
 			n := work[len(work)-1]
 			work = work[:len(work)-1]
+			done[n] = true
+			edges := map[*pb.NodeProto]int{}
+			var order []*pb.NodeProto
 			for _, in := range graph.NodeInputs(n) {
 				p := g.Producer(in)
 				if p == nil || in == "" || d.live(p) || drop[p] || d.removed[p] {
 					continue
 				}
-				if d.feedsOnly(p, drop) {
+				if edges[p] == 0 {
+					order = append(order, p)
+				}
+				edges[p]++
+			}
+			for _, p := range order {
+				k, seen := rem[p]
+				if !seen {
+					if len(p.Output) == 0 || d.outputRefs(p) > 0 {
+						rem[p] = -1 // never a feeder
+						continue
+					}
+					k = 0
+					for _, o := range p.Output {
+						for _, c := range g.Consumers(o) {
+							if !d.removed[c] && !done[c] {
+								k++
+							}
+						}
+					}
+				} else if k < 0 {
+					continue
+				} else {
+					k -= edges[p]
+				}
+				rem[p] = k
+				if k == 0 {
 					drop[p] = true
 					work = append(work, p)
 				}
@@ -210,7 +241,7 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 		if d.inits[name] || !readByDropped[name] {
 			continue
 		}
-		if len(d.consumers(name)) == 0 && !g.IsOutput(name) && !g.IsInput(name) {
+		if !d.used(name) && !g.IsOutput(name) && !g.IsInput(name) {
 			inits = append(inits, name)
 			d.inits[name] = true
 			d.last[name] = true
@@ -237,8 +268,11 @@ func (d *deadCode) apply() {
 		g.P.Initializer[i] = nil
 	}
 	g.P.Initializer = kept
-	g.RemoveNodes(d.removed)
-	g.Reindex()
+	if len(d.removed) > 0 {
+		g.RemoveNodes(d.removed) // reindexes
+	} else {
+		g.Reindex()
+	}
 	vi := g.P.ValueInfo[:0]
 	for _, v := range g.P.ValueInfo {
 		if g.Producer(v.GetName()) != nil || g.IsInput(v.GetName()) || g.Initializer(v.GetName()) != nil || d.last[v.GetName()] {
@@ -246,5 +280,4 @@ func (d *deadCode) apply() {
 		}
 	}
 	g.P.ValueInfo = vi
-	g.Reindex()
 }

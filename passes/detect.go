@@ -98,6 +98,11 @@ func Detect(m *graph.Model) (*Detection, error) { return DetectWith(m, DetectOpt
 
 // DetectWith is Detect with options.
 func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
+	return detectIn(m, m.Graph(), opt)
+}
+
+// detectIn is DetectWith over an index g of m's main graph.
+func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, error) {
 	cx := opt.Context
 	if cx == nil {
 		cx = context.Background()
@@ -107,7 +112,7 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 	if tbl == nil {
 		tbl = ep.DefaultTable()
 	}
-	c := &ctx{m: m, g: m.Graph(), restore: opt.RestoreTracedExperts, epTable: tbl}
+	c := &ctx{m: m, g: g, restore: opt.RestoreTracedExperts, epTable: tbl}
 	topo, err := c.g.TopoSort()
 	if err != nil {
 		return nil, &graph.InputError{File: m.Name(), Msg: err.Error(), Err: err}

@@ -94,7 +94,8 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	det, err := DetectWith(m, DetectOptions{RestoreTracedExperts: opt.RestoreTracedExperts, Context: ctx, EPTable: opt.EPTable,
+	g := m.Graph()
+	det, err := detectIn(m, g, DetectOptions{RestoreTracedExperts: opt.RestoreTracedExperts, Context: ctx, EPTable: opt.EPTable,
 		Progress: func(done, total int) { opt.progress("detect", done, total) }})
 	if err != nil {
 		return nil, err
@@ -184,7 +185,6 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		return rep, nil
 	}
 	opset := m.Opset("")
-	g := m.Graph()
 	funcs := map[string]bool{}
 	for _, f := range m.Proto.Functions {
 		if f.GetDomain() == moe.Domain && f.GetName() == moe.OpType {
