@@ -21,6 +21,7 @@ type deadCode struct {
 	removed map[*pb.NodeProto]bool
 	inits   map[string]bool // initializers removed
 	last    map[string]bool // initializers removed by the latest removeDeadIn
+	uses    map[string]int  // initializer -> consumer edges of nodes not removed
 	first   bool
 }
 
@@ -42,6 +43,14 @@ func newDeadCode(g *graph.Graph) *deadCode {
 		if p := g.Producer(v); p != nil && !live[p] {
 			live[p] = true
 			stack = append(stack, graph.NodeInputs(p)...)
+		}
+	}
+	d.uses = map[string]int{}
+	for _, n := range g.P.Node {
+		for _, in := range graph.NodeInputs(n) {
+			if g.Initializer(in) != nil {
+				d.uses[in]++
+			}
 		}
 	}
 	for _, n := range g.P.Node {
@@ -112,16 +121,6 @@ func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
 	if wasLive && d.count[old] == 0 {
 		d.kill(old)
 	}
-}
-
-// used reports whether a node still in the graph reads v.
-func (d *deadCode) used(v string) bool {
-	for _, c := range d.g.Consumers(v) {
-		if !d.removed[c] {
-			return true
-		}
-	}
-	return false
 }
 
 // feedsOnly reports whether n has outputs, none a graph output, and every
@@ -235,13 +234,17 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 	}
 	for n := range drop {
 		d.removed[n] = true
+		for _, in := range graph.NodeInputs(n) {
+			if _, ok := d.uses[in]; ok {
+				d.uses[in]--
+			}
+		}
 	}
-	for _, t := range g.P.Initializer {
-		name := t.GetName()
-		if d.inits[name] || !readByDropped[name] {
+	for name := range readByDropped {
+		if d.inits[name] || g.Initializer(name) == nil {
 			continue
 		}
-		if !d.used(name) && !g.IsOutput(name) && !g.IsInput(name) {
+		if d.uses[name] == 0 && !g.IsOutput(name) && !g.IsInput(name) {
 			inits = append(inits, name)
 			d.inits[name] = true
 			d.last[name] = true
