@@ -332,7 +332,20 @@ func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) er
 	if off < 0 || n < 0 {
 		return fmt.Errorf("initializer %q: bad range %d+%d", t.GetName(), off, n)
 	}
-	if _, ok := m.deferred[t]; ok || !IsExternal(t) {
+	if d, ok := m.deferred[t]; ok {
+		if off+n > d.Size {
+			return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, d.Size)
+		}
+		rw := &rangeWriter{w: w, skip: off, left: n}
+		if err := d.Write(rw); err != nil {
+			return err
+		}
+		if rw.left > 0 {
+			return fmt.Errorf("initializer %q: %w", t.GetName(), io.ErrUnexpectedEOF)
+		}
+		return nil
+	}
+	if !IsExternal(t) {
 		r, size, err := m.TensorReader(t)
 		if err != nil {
 			return err
@@ -376,4 +389,26 @@ func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) er
 		err = fmt.Errorf("initializer %q: %w", t.GetName(), io.ErrUnexpectedEOF)
 	}
 	return err
+}
+
+// rangeWriter passes on the bytes [skip, skip+left) of what is written to
+// it and drops the rest.
+type rangeWriter struct {
+	w          io.Writer
+	skip, left int64
+}
+
+func (r *rangeWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	if r.skip > 0 {
+		k := min(r.skip, int64(len(p)))
+		p, r.skip = p[k:], r.skip-k
+	}
+	if k := min(r.left, int64(len(p))); k > 0 {
+		if _, err := r.w.Write(p[:k]); err != nil {
+			return 0, err
+		}
+		r.left -= k
+	}
+	return n, nil
 }
