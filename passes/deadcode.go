@@ -156,28 +156,20 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 		}
 	}
 	if d.first {
-		// Dead nodes anywhere whose consumers are all dropped (among them
-		// dead nodes nothing reads) go with the first block: consumers come
-		// after producers in topological order, so one reverse pass settles
-		// every node.
+		// Dead nodes that nothing reads go with the first block (and so
+		// do, through the walk below, the dead nodes that only feed them).
 		d.first = false
-		order, err := g.TopoSort()
-		if err != nil {
-			order = g.P.Node
-		}
-		for i := len(order) - 1; i >= 0; i-- {
-			n := order[i]
-			if d.live(n) || drop[n] || d.removed[n] {
-				continue
-			}
-			if d.feedsOnly(n, drop) {
+		for _, n := range g.P.Node {
+			if !d.live(n) && !drop[n] && d.feedsOnly(n, drop) {
 				drop[n] = true
+				work = append(work, n)
 			}
 		}
-	} else {
-		// Later, a node can only become a feeder of dropped nodes through a
-		// consumer dropped now: walk up from the dropped nodes, counting for
-		// each producer met the consumer edges not dropped yet.
+	}
+	{
+		// A node becomes a feeder of dropped nodes only through a consumer
+		// dropped now: walk up from the dropped nodes, counting for each
+		// producer met the consumer edges not dropped yet.
 		rem := map[*pb.NodeProto]int{}
 		done := map[*pb.NodeProto]bool{}
 		for len(work) > 0 {

@@ -1,0 +1,79 @@
+package passes
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/models"
+)
+
+// TestRewriteDeadCodeAccounting rewrites a three-layer unrolled model into
+// which a dangling dead chain was added: every node that disappears must be
+// named in exactly one block's provenance, the dead chain in the first
+// block's, and no dead node may be left behind.
+func TestRewriteDeadCodeAccounting(t *testing.T) {
+	cfg := models.Config{Shape: models.ShapeUnrolled, Layers: 3, Experts: 4, TopK: 2, Hidden: 8, Inter: 8, Router: "softmax", Normalize: true}
+	m, err := models.Build(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gp := m.Proto.Graph
+	in := gp.Input[0].GetName()
+	gp.Node = append(gp.Node,
+		graph.NewNode("Identity", "", "dead_a", []string{in}, []string{"dead_a_out"}),
+		graph.NewNode("Neg", "", "dead_b", []string{"dead_a_out"}, []string{"dead_b_out"}))
+	before := map[string]bool{}
+	for _, n := range gp.Node {
+		before[graph.NodeLabel(n)] = true
+	}
+	rep, err := Rewrite(m, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Fused) != cfg.Layers {
+		t.Fatalf("%d blocks fused, want %d", len(rep.Fused), cfg.Layers)
+	}
+	after := map[string]bool{}
+	for _, n := range m.Proto.Graph.Node {
+		after[graph.NodeLabel(n)] = true
+	}
+	owner := map[string]string{}
+	for i, f := range rep.Fused {
+		v, ok := m.Metadata(ProvenanceKey + f.Node)
+		if !ok {
+			t.Fatalf("no provenance for %s", f.Node)
+		}
+		var p Provenance
+		if err := json.Unmarshal([]byte(v), &p); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Nodes) != f.NodesRemoved {
+			t.Errorf("%s: provenance names %d nodes, report says %d", f.Node, len(p.Nodes), f.NodesRemoved)
+		}
+		for _, n := range p.Nodes {
+			if o, dup := owner[n]; dup {
+				t.Errorf("node %s removed by %s and %s", n, o, f.Node)
+			}
+			owner[n] = f.Node
+			if after[n] {
+				t.Errorf("node %s named as removed by %s is still in the graph", n, f.Node)
+			}
+		}
+		if i == 0 && (owner["dead_a"] != f.Node || owner["dead_b"] != f.Node) {
+			t.Errorf("the dead chain is attributed to %q and %q, want the first block %q", owner["dead_a"], owner["dead_b"], f.Node)
+		}
+	}
+	for n := range before {
+		if !after[n] && owner[n] == "" {
+			t.Errorf("node %s disappeared without provenance", n)
+		}
+	}
+	g := graph.NewGraph(m.Proto.Graph)
+	if errs := g.Validate(); len(errs) > 0 {
+		t.Fatalf("rewritten graph invalid: %v", errs)
+	}
+	if nodes, inits := g.RemoveDeadCode(); nodes != 0 || inits != 0 {
+		t.Errorf("%d dead nodes and %d unused initializers left behind", nodes, inits)
+	}
+}
