@@ -570,7 +570,9 @@ func (c *ctx) isActivated(v string) bool {
 // (a ReduceSum over an inner TopK, DeepSeek-V3) or as each group's best
 // (a ReduceMax, DeepSeek-V2's group_limited_greedy).
 func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
-	back := c.backward(where.Input[0], nil)
+	// The group selection lies between the router linear and the mask: the
+	// walk does not go on through weight matmuls into earlier layers.
+	back := c.backwardTo(where.Input[0], func(n *pb.NodeProto) bool { return c.expertMatMul(n) != nil })
 	groupsRead := false
 	readGroups := func(reshape *pb.NodeProto) {
 		if reshape == nil || reshape.GetOpType() != "Reshape" {

@@ -174,6 +174,24 @@ func (c *ctx) backward(v string, stop map[string]bool) map[*pb.NodeProto]bool {
 	return seen
 }
 
+// backwardTo returns the nodes v depends on, not walking on past the inputs
+// of nodes for which stop holds (those nodes are included).
+func (c *ctx) backwardTo(v string, stop func(*pb.NodeProto) bool) map[*pb.NodeProto]bool {
+	seen := map[*pb.NodeProto]bool{}
+	stack := []string{v}
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if p := c.g.Producer(x); p != nil && !seen[p] {
+			seen[p] = true
+			if !stop(p) {
+				stack = append(stack, graph.NodeInputs(p)...)
+			}
+		}
+	}
+	return seen
+}
+
 // reach answers, lazily, whether a node is in forward(vals...) (within the
 // limit in force when it was made): a node is reached when one of its inputs
 // is one of vals or is produced by a reached node. Only the nodes asked
