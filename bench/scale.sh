@@ -66,7 +66,7 @@ graphs() {
 	for s in $sizes; do
 		L=${s%%:*} E=${s##*:}
 		in="$W/g_${L}_${E}.onnx"
-		"$M" gen --shape unrolled --layers "$L" --experts "$E" --top-k 8 --hidden 16 --inter 16 --json -o "$in" >"$W/gen.json"
+		"$M" gen --quiet --shape unrolled --layers "$L" --experts "$E" --top-k 8 --hidden 16 --inter 16 --json -o "$in" >"$W/gen.json"
 		n=$(nodes_of "$W/gen.json")
 		pb=$(stat -c %s "$in")
 		data=$(stat -c %s "$in.data" 2>/dev/null || echo 0)
@@ -92,7 +92,7 @@ graphs() {
 lower() {
 	local L=${LOWER_LAYERS:-4} E=${LOWER_EXPERTS:-64}
 	local in="$W/lo.onnx"
-	"$M" gen --shape unrolled --layers "$L" --experts "$E" --top-k 8 --hidden 256 --inter 256 -o "$in" >/dev/null
+	"$M" gen --quiet --shape unrolled --layers "$L" --experts "$E" --top-k 8 --hidden 256 --inter 256 -o "$in" >/dev/null
 	"$M" rewrite --no-check "$in" -o "$W/lo_r.onnx" >/dev/null
 	local bytes
 	bytes=$(stat -c %s "$W/lo_r.onnx.data")
@@ -113,7 +113,7 @@ big() {
 	local in="$W/big.onnx"
 	echo "# big: unrolled, $L layers x $E experts, top-8, H=$H I=$I, $W"
 	if [[ ! -f $in || ! -f $in.data ]]; then
-		measure gen "$M" gen --shape unrolled --layers "$L" --experts "$E" --top-k 8 --hidden "$H" --inter "$I" --json -o "$in"
+		measure gen "$M" gen --quiet --shape unrolled --layers "$L" --experts "$E" --top-k 8 --hidden "$H" --inter "$I" --json -o "$in"
 		cp "$W/out.gen" "$W/big.json"
 		echo "gen: ${T_WALL}s"
 	fi
@@ -169,7 +169,7 @@ big() {
 			echo "peak RSS ${x%%:*} $((kb / 1024)) MiB >= 2 GiB + protobuf: FAIL"
 	done
 	# Correctness on the same shape, small: same flags but 2 layers x 16 experts.
-	"$M" gen --shape unrolled --layers 2 --experts 16 --top-k 8 --hidden "$H" --inter "$I" -o "$W/small.onnx" >/dev/null
+	"$M" gen --quiet --shape unrolled --layers 2 --experts 16 --top-k 8 --hidden "$H" --inter "$I" -o "$W/small.onnx" >/dev/null
 	"$M" rewrite --no-check "$W/small.onnx" -o "$W/small_r.onnx" >/dev/null
 	"$M" verify "$W/small.onnx" "$W/small_r.onnx" | head -3
 	[[ ${KEEP:-0} == 1 ]] || rm -f "$W"/r2/out.onnx* "$W"/low.onnx* "$W"/small*.onnx*
