@@ -154,6 +154,8 @@ func TestLowerORTGoldenMore(t *testing.T) {
 		"deepseek_v2_block_torchscript":        {"group-limited top-k"},
 		"dots1_block_dynamo_batched_mm":        {"sigmoid routing", "score-correction bias"},
 		"dots1_block_torchscript":              {"sigmoid routing", "score-correction bias"},
+		"lfm2_moe_block_dynamo_batched_mm":     {"sigmoid routing", "score-correction bias"},
+		"lfm2_moe_block_torchscript":           {"sigmoid routing", "score-correction bias"},
 	}
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".onnx")
