@@ -110,6 +110,14 @@ func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
 	}
 	wasLive := d.live(old)
 	d.count[fused] = refs
+	// The fused node reads initializers too (its new weights, and whatever
+	// else it takes, such as a block input that is a constant): they are
+	// used as long as it is.
+	for _, in := range graph.NodeInputs(fused) {
+		if d.g.Initializer(in) != nil {
+			d.uses[in]++
+		}
+	}
 	if refs > 0 {
 		for _, in := range graph.NodeInputs(fused) {
 			if p := d.g.Producer(in); p != nil && in != "" {
