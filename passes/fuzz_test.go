@@ -138,6 +138,8 @@ func FuzzDetect(f *testing.F) {
 	}
 	seeds, _ := filepath.Glob("../testdata/example/*.onnx")
 	fx, _ := filepath.Glob(filepath.Join(fixtureDir, "*_block_*.onnx"))
+	more, _ := filepath.Glob(filepath.Join(exportedDir, "*_block_*.onnx"))
+	fx = append(fx, more...)
 	for _, p := range append(seeds, fx...) {
 		if b, err := os.ReadFile(p); err == nil {
 			corpus = append(corpus, b)
