@@ -105,6 +105,9 @@ func ORTUnsupported(s *moe.Spec, quant string) []string {
 	if s.Activation == moe.GELU {
 		why = append(why, "the exact-erf GELU expert (the op's gelu is the tanh approximation)")
 	}
+	if s.IOType != "" {
+		why = append(why, fmt.Sprintf("%s hidden states (io_type; this lowering binds float32 activations)", s.IOType))
+	}
 	normalized := s.NormalizeTopK || s.RouterOrder == moe.TopKThenActivation
 	if quant != "" && !normalized {
 		why = append(why, "unnormalised top-k weights (ONNX Runtime 1.30's CPU QMoE always renormalises them)")

@@ -10,7 +10,7 @@ import (
 )
 
 // attrNames are the attributes the fused node may carry.
-var attrNames = []string{"activation", "ep_size", "expert_offset", "gate_up_interleaved", "group_score", "n_group", "normalize_topk",
+var attrNames = []string{"activation", "ep_size", "expert_offset", "gate_up_interleaved", "group_score", "io_type", "n_group", "normalize_topk",
 	"num_experts", "router_activation", "router_order", "routed_scaling_factor", "shared_expert_gated",
 	"sparsemixer_threshold", "swiglu_alpha", "swiglu_limit", "top_k", "topk_group", "weights_on_input"}
 
@@ -88,7 +88,11 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 	b := &Builder{Prefix: "t"}
 	in := InputNames
 	axisLast := graph.IntAttr("axis", -1)
-	x2 := b.Op("Reshape", []string{in[InHidden], b.Ints(-1, int64(s.Hidden))})
+	hidden := in[InHidden]
+	if s.IOType != "" { // half-precision I/O: compute in float32
+		hidden = b.Op("Cast", []string{hidden}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+	}
+	x2 := b.Op("Reshape", []string{hidden, b.Ints(-1, int64(s.Hidden))})
 	linIn := []string{x2, in[InRouterW]}
 	if s.RouterBias {
 		linIn = append(linIn, in[InRouterB])
@@ -197,7 +201,12 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		}
 		y = b.Op("Add", []string{y, sd})
 	}
-	b.Nodes = append(b.Nodes, graph.NewNode("Reshape", "", "", []string{y, b.Op("Shape", []string{in[InHidden]})}, []string{"output"}))
+	if s.IOType != "" {
+		out := b.Op("Reshape", []string{y, b.Op("Shape", []string{in[InHidden]})})
+		b.Nodes = append(b.Nodes, graph.NewNode("Cast", "", "", []string{out}, []string{"output"}, graph.IntAttr("to", int64(s.IOElemType()))))
+	} else {
+		b.Nodes = append(b.Nodes, graph.NewNode("Reshape", "", "", []string{y, b.Op("Shape", []string{in[InHidden]})}, []string{"output"}))
+	}
 	f := &pb.FunctionProto{
 		Name:        proto.String(OpType),
 		Domain:      proto.String(Domain),

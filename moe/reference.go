@@ -23,9 +23,28 @@ type Weights struct {
 // Route computes, for each of T tokens, the selected experts and the weights
 // applied to their outputs, exactly as the spec says.
 func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]float32) {
+	ids, weights, _ = route(s, w, x, T)
+	return ids, weights
+}
+
+// RouteGaps returns, per token, how decisively the router chose: the gap
+// between the k-th chosen expert's selection score and the best unchosen
+// one's, relative to the largest selection score in magnitude (0: a tie;
+// +Inf when every expert is chosen). Selection scores are what the top-k
+// ranks (logits, activated scores, biased or group-masked ones). A graph
+// that rounds its router to half precision can flip tokens whose gap is
+// below that precision.
+func RouteGaps(s *Spec, w *Weights, x []float32, T int) []float64 {
+	_, _, gaps := route(s, w, x, T)
+	return gaps
+}
+
+// route is Route, with RouteGaps' gaps.
+func route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]float32, gaps []float64) {
 	E, H, k := s.NumExperts, s.Hidden, s.TopK
 	ids = make([][]int, T)
 	weights = make([][]float32, T)
+	gaps = make([]float64, T)
 	logits := make([]float32, E)
 	for t := 0; t < T; t++ {
 		xt := x[t*H : (t+1)*H]
@@ -37,6 +56,8 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 		}
 		var sel []int
 		var wt []float32
+		choice := logits // what the top-k ranks
+		groupGap := math.Inf(1)
 		if s.RouterActivation == SparseMixer {
 			sel, wt = sparseMixer(logits, k, s.SparseMixerThreshold)
 		} else if s.RouterOrder == TopKThenActivation {
@@ -62,14 +83,14 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 					scores[i] = Logistic(scores[i])
 				}
 			}
-			choice := append([]float32(nil), scores...)
+			choice = append([]float32(nil), scores...)
 			if w.CorrectionBias != nil {
 				for e := range choice {
 					choice[e] += w.CorrectionBias[e]
 				}
 			}
 			if s.NGroup > 1 {
-				groupLimit(choice, s.NGroup, s.TopKGroup, s.GroupScoreTop())
+				groupGap = groupLimit(choice, s.NGroup, s.TopKGroup, s.GroupScoreTop())
 			}
 			sel = topk(choice, k)
 			wt = make([]float32, k)
@@ -92,8 +113,35 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 			}
 		}
 		ids[t], weights[t] = sel, wt
+		gaps[t] = min(selectionGap(choice, sel), groupGap)
 	}
-	return ids, weights
+	return ids, weights, gaps
+}
+
+// selectionGap is RouteGaps' gap for one token.
+func selectionGap(choice []float32, sel []int) float64 {
+	chosen := make(map[int]bool, len(sel))
+	low, scale := math.Inf(1), 0.0
+	for _, e := range sel {
+		chosen[e] = true
+		low = min(low, float64(choice[e]))
+	}
+	best := math.Inf(-1)
+	for e, v := range choice {
+		if !math.IsInf(float64(v), 0) {
+			scale = max(scale, math.Abs(float64(v)))
+		}
+		if !chosen[e] {
+			best = max(best, float64(v))
+		}
+	}
+	if math.IsInf(best, -1) {
+		return math.Inf(1)
+	}
+	if scale == 0 {
+		return 0
+	}
+	return (low - best) / scale
 }
 
 // sparseMixer is the SparseMixer router on one token's logits: k picks,
@@ -126,7 +174,10 @@ func sparseMixer(z []float32, k int, thr float32) ([]int, []float32) {
 // groupLimit keeps the experts of the topkGroup best groups (a group's score
 // is the sum of its top best experts: two as DeepSeek-V3 does, one, the
 // maximum, as DeepSeek-V2 does) and sets the others to -inf.
-func groupLimit(choice []float32, nGroup, topkGroup, top int) {
+//
+// It returns the relative gap between the weakest kept group's score and
+// the best dropped one's (see RouteGaps).
+func groupLimit(choice []float32, nGroup, topkGroup, top int) float64 {
 	per := len(choice) / nGroup
 	gs := make([]float32, nGroup)
 	for g := 0; g < nGroup; g++ {
@@ -137,9 +188,11 @@ func groupLimit(choice []float32, nGroup, topkGroup, top int) {
 		}
 	}
 	keep := map[int]bool{}
-	for _, g := range topk(gs, topkGroup) {
+	kept := topk(gs, topkGroup)
+	for _, g := range kept {
 		keep[g] = true
 	}
+	gap := selectionGap(gs, kept)
 	for g := 0; g < nGroup; g++ {
 		if !keep[g] {
 			for i := g * per; i < (g+1)*per; i++ {
@@ -147,6 +200,7 @@ func groupLimit(choice []float32, nGroup, topkGroup, top int) {
 			}
 		}
 	}
+	return gap
 }
 
 // topk returns the indices of the k largest values, largest first, ties

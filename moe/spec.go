@@ -124,6 +124,42 @@ type Spec struct {
 	// NumExperts. It is read from the weights' leading dimension, not
 	// written as an attribute.
 	LocalExperts int `json:"local_experts,omitempty"`
+	// IOType is the element type of hidden_states and the output when it is
+	// not float32: IOFloat16 or IOBFloat16 (a half-precision export). The
+	// block computes in float32 with float32 weights between a cast in and
+	// a cast out.
+	IOType string `json:"io_type,omitempty"`
+}
+
+// Half-precision block I/O types (Spec.IOType).
+const (
+	IOFloat16  = "float16"
+	IOBFloat16 = "bfloat16"
+)
+
+// IOElemType returns the ONNX element type of the block's input and output.
+func (s *Spec) IOElemType() pb.TensorProto_DataType {
+	switch s.IOType {
+	case IOFloat16:
+		return pb.TensorProto_FLOAT16
+	case IOBFloat16:
+		return pb.TensorProto_BFLOAT16
+	}
+	return pb.TensorProto_FLOAT
+}
+
+// IOTypeOf returns the Spec.IOType naming an ONNX element type: "" for
+// float32, IOFloat16 or IOBFloat16; ok is false for other types.
+func IOTypeOf(dt pb.TensorProto_DataType) (string, bool) {
+	switch dt {
+	case pb.TensorProto_FLOAT:
+		return "", true
+	case pb.TensorProto_FLOAT16:
+		return IOFloat16, true
+	case pb.TensorProto_BFLOAT16:
+		return IOBFloat16, true
+	}
+	return "", false
 }
 
 // GroupScoreTop returns how many of a group's best scores add up to the
@@ -163,6 +199,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.RouterOrder != ActivationThenTopK && s.RouterOrder != TopKThenActivation {
 		errs = append(errs, fmt.Sprintf("router_order %q", s.RouterOrder))
+	}
+	if s.IOType != "" && s.IOType != IOFloat16 && s.IOType != IOBFloat16 {
+		errs = append(errs, fmt.Sprintf("io_type %q", s.IOType))
 	}
 	if s.GroupScore != "" && s.GroupScore != GroupScoreTop2Sum && s.GroupScore != GroupScoreMax {
 		errs = append(errs, fmt.Sprintf("group_score %q", s.GroupScore))
@@ -230,6 +269,12 @@ func (s *Spec) Variant() string {
 	if s.Shard() {
 		parts = append(parts, "epshard")
 	}
+	switch s.IOType {
+	case IOFloat16:
+		parts = append(parts, "f16io")
+	case IOBFloat16:
+		parts = append(parts, "bf16io")
+	}
 	return strings.Join(parts, "_")
 }
 
@@ -264,6 +309,9 @@ func (s *Spec) Attributes() []*pb.AttributeProto {
 	}
 	if s.NGroup > 1 && s.GroupScore == GroupScoreMax {
 		attrs = append(attrs, graph.StringAttr("group_score", s.GroupScore))
+	}
+	if s.IOType != "" {
+		attrs = append(attrs, graph.StringAttr("io_type", s.IOType))
 	}
 	sort.Slice(attrs, func(i, j int) bool { return attrs[i].GetName() < attrs[j].GetName() })
 	return attrs
@@ -319,6 +367,7 @@ func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
 	if gs := graph.AttrString(n, "group_score", ""); gs != "" && gs != GroupScoreTop2Sum {
 		s.GroupScore = gs
 	}
+	s.IOType = graph.AttrString(n, "io_type", "")
 	has := func(pos int) bool { return pos < len(n.Input) && n.Input[pos] != "" }
 	s.RouterBias = has(InRouterB)
 	s.CorrectionBias = has(InCorrectionBias)

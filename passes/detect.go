@@ -210,6 +210,15 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 		}
 	}
 	det.NearMiss = append(det.NearMiss, c.routerlessExperts(covered)...)
+	kept := det.Blocks[:0]
+	for _, b := range det.Blocks {
+		if err := attempt(func() { setIOType(m, b) }); err != nil {
+			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(b.TopK), Reason: err.Error()})
+			continue
+		}
+		kept = append(kept, b)
+	}
+	det.Blocks = kept
 	for i, b := range det.Blocks {
 		if b.Name == "" {
 			b.Name = fmt.Sprintf("moe_%d", i)

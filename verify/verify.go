@@ -23,6 +23,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
 // SchemaVersion is the version of the Report JSON layout.
@@ -51,6 +52,11 @@ type Options struct {
 	DataDir string
 	// Eval is passed to eval.Run (memory limit, threads, ...).
 	Eval eval.Options
+	// Exact keeps RTol and ATol for half-precision (float16, bfloat16)
+	// outputs too; by default those are compared within 1e-2 (float16) or
+	// 4e-2 (bfloat16) relative and that fraction of the output's largest
+	// magnitude absolute, the precision the type carries.
+	Exact bool
 	// Runner, when set, evaluates both models instead of the reference
 	// interpreter (for example ONNX Runtime, ortrun.RunModel); Eval is then
 	// ignored.
@@ -193,6 +199,10 @@ type OutputCheck struct {
 	MaxRelErr Float `json:"max_rel_err"`
 	// MaxAbsRef is the largest |b| (the reference's scale).
 	MaxAbsRef Float `json:"max_abs_ref"`
+	// RTol and ATol are the tolerances this output was checked with: the
+	// report's, widened for float16/bfloat16 outputs unless Options.Exact.
+	RTol float64 `json:"rtol"`
+	ATol float64 `json:"atol"`
 	// WorstIndex is the flat index of the element furthest past (or, when
 	// all pass, closest to) its tolerance; -1 when nothing was compared.
 	WorstIndex int `json:"worst_index"`
@@ -413,14 +423,6 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 		oc.Message = fmt.Sprintf("shape differs: a is %v, b is %v", a.t.Shape, b.t.Shape)
 		return oc
 	}
-	d, err := eval.Compare(a.t, b.t, opt.RTol, opt.ATol)
-	if err != nil {
-		oc.Message = err.Error()
-		return oc
-	}
-	oc.Elements = b.t.Len()
-	oc.Mismatches = d.Mismatches
-	oc.MaxAbsErr, oc.MaxRelErr = Float(d.MaxAbs), Float(d.MaxRel)
 	peak := 0.0
 	if b.t.Str == nil {
 		for j := 0; j < b.t.Len(); j++ {
@@ -429,6 +431,28 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 			}
 		}
 	}
+	rtol, atol := opt.RTol, opt.ATol
+	if !opt.Exact {
+		// A half-precision output carries 11 (float16) or 8 (bfloat16)
+		// significant bits: a graph that computes in float32 where the
+		// other rounds every step differs by that much, relative to the
+		// output's magnitude.
+		switch b.t.DType {
+		case pb.TensorProto_FLOAT16:
+			rtol, atol = max(rtol, 1e-2), max(atol, 1e-2*peak)
+		case pb.TensorProto_BFLOAT16:
+			rtol, atol = max(rtol, 4e-2), max(atol, 4e-2*peak)
+		}
+	}
+	oc.RTol, oc.ATol = rtol, atol
+	d, err := eval.Compare(a.t, b.t, rtol, atol)
+	if err != nil {
+		oc.Message = err.Error()
+		return oc
+	}
+	oc.Elements = b.t.Len()
+	oc.Mismatches = d.Mismatches
+	oc.MaxAbsErr, oc.MaxRelErr = Float(d.MaxAbs), Float(d.MaxRel)
 	oc.MaxAbsRef = Float(peak)
 	if d.Worst >= 0 {
 		oc.WorstIndex = d.Worst
@@ -440,7 +464,7 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 	oc.Pass = d.OK()
 	if !oc.Pass {
 		oc.Message = fmt.Sprintf("%d of %d elements exceed atol %g + rtol %g*|b|; worst at %v: a=%g b=%g",
-			d.Mismatches, oc.Elements, opt.ATol, opt.RTol, oc.WorstMultiIndex, float64(oc.WorstA), float64(oc.WorstB))
+			d.Mismatches, oc.Elements, atol, rtol, oc.WorstMultiIndex, float64(oc.WorstA), float64(oc.WorstB))
 	}
 	return oc
 }

@@ -1,0 +1,173 @@
+package passes
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+// toHalf turns a float32 model into the half-precision model an exporter
+// writes for a float16 or bfloat16 module: every FLOAT initializer, Constant
+// tensor, declared type and Cast target becomes dt.
+func toHalf(t *testing.T, m *graph.Model, dt pb.TensorProto_DataType) {
+	t.Helper()
+	conv := func(tp *pb.TensorProto) *pb.TensorProto {
+		if graph.DataType(tp) != pb.TensorProto_FLOAT {
+			return tp
+		}
+		x, err := eval.FromProto(tp, m.TensorBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.DType = dt
+		out, err := eval.ToProto(x, tp.GetName())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out.Dims = tp.GetDims()
+		if tp.Name == nil {
+			out.Name = nil
+		}
+		return out
+	}
+	g := m.Proto.Graph
+	for i, tp := range g.Initializer {
+		g.Initializer[i] = conv(tp)
+	}
+	for _, list := range [][]*pb.ValueInfoProto{g.Input, g.Output, g.ValueInfo} {
+		for _, vi := range list {
+			if tt := vi.GetType().GetTensorType(); tt != nil && tt.GetElemType() == int32(pb.TensorProto_FLOAT) {
+				tt.ElemType = proto.Int32(int32(dt))
+			}
+		}
+	}
+	for _, n := range g.Node {
+		for _, a := range n.Attribute {
+			if a.T != nil {
+				a.T = conv(a.T)
+			}
+			if n.GetOpType() == "Cast" && a.GetName() == "to" && a.GetI() == int64(pb.TensorProto_FLOAT) {
+				a.I = proto.Int64(int64(dt))
+			}
+		}
+	}
+}
+
+// TestHalfPrecisionExports: float16 and bfloat16 versions of exported blocks
+// fuse (I/O type recorded in the spec and the overload), and the fused
+// model — through the reference kernel and through its function body —
+// matches the original half-precision model to the precision the type
+// carries, with the output in the original's type.
+func TestHalfPrecisionExports(t *testing.T) {
+	for _, name := range []string{"mixtral_block_dynamo_batched_mm", "deepseek_v3_block_dynamo_batched_mm", "hf4_mixtral_block_torchscript", "gpt_oss_block_dynamo_batched_mm"} {
+		f := filepath.Join(fixtureDir, name+".onnx")
+		for _, dt := range []pb.TensorProto_DataType{pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16} {
+			t.Run(name+"/"+dt.String(), func(t *testing.T) {
+				orig, err := graph.Load(f)
+				if err != nil {
+					t.Skipf("fixture: %v", err)
+				}
+				toHalf(t, orig, dt)
+				fused := &graph.Model{Proto: proto.Clone(orig.Proto).(*pb.ModelProto), Path: "fused", Dir: orig.Dir}
+				rep, err := Rewrite(fused, Options{Check: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				io, _ := moe.IOTypeOf(dt)
+				if len(rep.Fused) != 1 || rep.Fused[0].Block.Spec.IOType != io || !strings.HasSuffix(rep.Fused[0].Variant, "io") {
+					t.Fatalf("fused %d blocks, variant %q, io_type %q; want 1 with io_type %q", len(rep.Fused), rep.Fused[0].Variant, rep.Fused[0].Block.Spec.IOType, io)
+				}
+				rng := rand.New(rand.NewPCG(7, uint64(dt)))
+				x := eval.New(dt, []int{2, 8, 64})
+				for i := range x.F32 {
+					x.F32[i] = float32(rng.NormFloat64())
+				}
+				for i, v := range x.F32 {
+					if dt == pb.TensorProto_FLOAT16 {
+						x.F32[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
+					} else {
+						x.F32[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
+					}
+				}
+				feeds := map[string]*eval.Tensor{orig.Proto.Graph.Input[0].GetName(): x}
+				want, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := orig.Proto.Graph.Output[0].GetName()
+				w := want[out]
+				peak := 0.0
+				for _, v := range w.F32 {
+					peak = max(peak, math.Abs(float64(v)))
+				}
+				rtol, atol, _ := checkTolerance(dt, peak)
+				// Tokens whose routing is a near-tie at this precision may
+				// go to other experts in the rounded original.
+				spec := rep.Fused[0].Block.Spec
+				gaps := moe.RouteGaps(&spec, routerWeights(t, fused), x.F32, 16)
+				skipped := 0
+				skip := func(tok int) bool {
+					if gaps[tok] < nearTie(dt) {
+						skipped++
+						return true
+					}
+					return false
+				}
+				defer func() {
+					// 16 tokens, two runs: some near-ties (the tiny random routers
+					// of the fixtures have close scores), but most tokens compared.
+					if skipped > 16 {
+						t.Errorf("%d of 32 token comparisons skipped as near-ties", skipped)
+					}
+					t.Logf("%d of 32 token comparisons skipped as near-ties", skipped)
+				}()
+				for _, body := range []bool{false, true} {
+					got, err := eval.Run(context.Background(), fused, feeds, eval.Options{PreferFunctions: body})
+					if err != nil {
+						t.Fatalf("function body %v: %v", body, err)
+					}
+					g := got[out]
+					if g.DType != dt {
+						t.Fatalf("function body %v: output is %s, want %s", body, g.DType, dt)
+					}
+					off, worst, at := tokensOff(g.F32, w.F32, 64, rtol, atol, skip)
+					if off > 0 {
+						t.Errorf("function body %v: %d of 16 tokens off, worst %.3g at %d (peak %.3g)", body, off, worst, at, peak)
+					}
+				}
+			})
+		}
+	}
+}
+
+// routerWeights reads the router inputs of m's fused node.
+func routerWeights(t *testing.T, m *graph.Model) *moe.Weights {
+	t.Helper()
+	g := m.Graph()
+	read := func(n *pb.NodeProto, pos int) []float32 {
+		if pos >= len(n.Input) || n.Input[pos] == "" {
+			return nil
+		}
+		x, err := eval.FromProto(g.Initializer(n.Input[pos]), m.TensorBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x.F32
+	}
+	for _, n := range m.Proto.Graph.Node {
+		if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType {
+			return &moe.Weights{RouterW: read(n, moe.InRouterW), RouterB: read(n, moe.InRouterB), CorrectionBias: read(n, moe.InCorrectionBias)}
+		}
+	}
+	t.Fatal("no fused node")
+	return nil
+}
