@@ -171,3 +171,52 @@ func routerWeights(t *testing.T, m *graph.Model) *moe.Weights {
 	t.Fatal("no fused node")
 	return nil
 }
+
+// TestHalfPrecisionCheckCatches: the half-precision numerical check, with
+// its wider tolerance and skipped near-ties, still refuses wrong semantics
+// (the renormalisation flipped, or experts 0 and 1 swapped) and passes the
+// right ones.
+func TestHalfPrecisionCheckCatches(t *testing.T) {
+	f := filepath.Join(fixtureDir, "mixtral_block_dynamo_batched_mm.onnx")
+	for _, dt := range []pb.TensorProto_DataType{pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16} {
+		for _, tc := range []struct {
+			name   string
+			break_ func(s *moe.Spec, w *moe.Weights)
+			fail   bool
+		}{
+			{"right semantics", func(*moe.Spec, *moe.Weights) {}, false},
+			{"renormalisation flipped", func(s *moe.Spec, _ *moe.Weights) { s.NormalizeTopK = !s.NormalizeTopK }, true},
+			{"experts 0 and 1 swapped", func(s *moe.Spec, w *moe.Weights) {
+				per := len(w.Down) / s.NumExperts
+				for j := 0; j < per; j++ {
+					w.Down[j], w.Down[per+j] = w.Down[per+j], w.Down[j]
+				}
+			}, true},
+		} {
+			t.Run(dt.String()+"/"+tc.name, func(t *testing.T) {
+				m, err := graph.Load(f)
+				if err != nil {
+					t.Skipf("fixture: %v", err)
+				}
+				toHalf(t, m, dt)
+				det, err := Detect(m)
+				if err != nil || len(det.Blocks) != 1 {
+					t.Fatalf("detect: %v, %d blocks", err, len(det.Blocks))
+				}
+				b := det.Blocks[0]
+				w, err := b.W.Materialize(m, &b.Spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.break_(&b.Spec, w)
+				errs, err := numericCheck(context.Background(), m, []*Block{b}, []*moe.Weights{w}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if (errs[0] != nil) != tc.fail {
+					t.Fatalf("check error %v, want failure %v", errs[0], tc.fail)
+				}
+			})
+		}
+	}
+}
