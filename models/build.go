@@ -40,6 +40,17 @@ type builder struct {
 	consts map[string]string // constant key -> initializer name
 }
 
+// residual adds layer l's block output y to its input h (h + MoE(h)) and
+// returns the sum's name: the graph output after the last layer.
+func (b *builder) residual(prefix string, l int, h, y string) string {
+	out := prefix + "residual"
+	if l == b.cfg.Layers-1 {
+		out = OutputName
+	}
+	b.node("Add", out, []string{h, y})
+	return out
+}
+
 // newBuilder starts an empty model (IR IRVersion, default opset Opset)
 // with one graph named graphName.
 func newBuilder(cfg Config, graphName string) *builder {
@@ -90,12 +101,7 @@ func Build(cfg Config) (*graph.Model, error) {
 		case ShapeORT:
 			y = b.ort(l, p, h)
 		}
-		out := p + "residual"
-		if l == cfg.Layers-1 {
-			out = OutputName
-		}
-		b.node("Add", out, []string{h, y})
-		h = out
+		h = b.residual(p, l, h, y)
 	}
 	return b.m, nil
 }

@@ -175,12 +175,7 @@ func BuildRank(c EPConfig, rank int) (*graph.Model, error) {
 		default:
 			y = b.deepEP(c, rank, l, p, h)
 		}
-		out := p + "residual"
-		if l == c.Layers-1 {
-			out = OutputName
-		}
-		b.node("Add", out, []string{h, y})
-		h = out
+		h = b.residual(p, l, h, y)
 	}
 	return b.m, nil
 }
