@@ -24,7 +24,8 @@ const maxCheckErrors = 20
 // file and listing the problems, each naming its node or tensor.
 func (m *Model) Check() error {
 	var errs []error
-	for _, e := range m.Graph().Validate() {
+	g := m.Graph()
+	for _, e := range g.Validate() {
 		errs = append(errs, e)
 	}
 	opset := m.Opset("")
@@ -46,6 +47,8 @@ func (m *Model) Check() error {
 		}
 	}
 	if len(errs) == 0 {
+		// Nothing was edited: the next Graph call can use this index.
+		m.spare, m.spareSig = g, sigOf(m.Proto.Graph)
 		return nil
 	}
 	if len(errs) > maxCheckErrors {

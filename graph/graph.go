@@ -18,13 +18,21 @@ type Graph struct {
 	// P is the underlying graph message.
 	P *pb.GraphProto
 
-	producer  map[string]*pb.NodeProto
-	consumers map[string][]*pb.NodeProto
-	inits     map[string]*pb.TensorProto
-	inputs    map[string]bool
-	outputs   map[string]bool
-	byOp      map[string][]*pb.NodeProto
-	names     map[string]bool
+	// ids numbers every value name the graph knows (produced, read, or an
+	// initializer); prod, cons and init are indexed by that number, so
+	// that one map lookup answers Producer, Consumers and Initializer.
+	ids     map[string]int32
+	prod    []*pb.NodeProto
+	cons    [][]*pb.NodeProto
+	init    []*pb.TensorProto
+	inputs  map[string]bool
+	outputs map[string]bool
+	byOp    map[string][]*pb.NodeProto
+	// nodeNames holds the names of indexed nodes and reserved those
+	// UniqueName handed out; with the values, initializers and inputs they
+	// are the set of names in use.
+	nodeNames map[string]bool
+	reserved  map[string]bool
 	dupOut    []string
 }
 
@@ -35,52 +43,120 @@ func NewGraph(gp *pb.GraphProto) *Graph {
 	return g
 }
 
+// id returns v's number, assigning the next one if v is new.
+func (g *Graph) id(v string) int32 {
+	if i, ok := g.ids[v]; ok {
+		return i
+	}
+	i := int32(len(g.prod))
+	g.ids[v] = i
+	g.prod = append(g.prod, nil)
+	g.cons = append(g.cons, nil)
+	g.init = append(g.init, nil)
+	return i
+}
+
 // Reindex rebuilds every index from the GraphProto.
 func (g *Graph) Reindex() {
 	n := len(g.P.Node)
-	g.producer = make(map[string]*pb.NodeProto, 2*n)
-	g.consumers = make(map[string][]*pb.NodeProto, 2*n)
-	g.inits = make(map[string]*pb.TensorProto, len(g.P.Initializer))
-	g.inputs = map[string]bool{}
-	g.outputs = map[string]bool{}
+	edges, outs := 0, 0
+	for _, nd := range g.P.Node {
+		edges += len(nd.Input)
+		outs += len(nd.Output)
+	}
+	vals := outs + len(g.P.Initializer) + len(g.P.Input)
+	g.ids = make(map[string]int32, vals)
+	g.prod = make([]*pb.NodeProto, 0, vals)
+	g.cons = make([][]*pb.NodeProto, 0, vals)
+	g.init = make([]*pb.TensorProto, 0, vals)
+	g.inputs = make(map[string]bool, len(g.P.Input))
+	g.outputs = make(map[string]bool, len(g.P.Output))
 	g.byOp = map[string][]*pb.NodeProto{}
-	g.names = make(map[string]bool, 3*n)
+	g.nodeNames = make(map[string]bool, n)
+	g.reserved = map[string]bool{}
 	g.dupOut = nil
 	for _, t := range g.P.Initializer {
-		g.inits[t.GetName()] = t
-		g.names[t.GetName()] = true
+		g.init[g.id(t.GetName())] = t
 	}
 	for _, v := range g.P.Input {
 		g.inputs[v.GetName()] = true
-		g.names[v.GetName()] = true
 	}
 	for _, v := range g.P.Output {
 		g.outputs[v.GetName()] = true
 	}
-	for _, nd := range g.P.Node {
-		g.index(nd)
+	// Number the values read, edge by edge, and count each one's
+	// consumers, so that every consumer list can be a window of one
+	// backing array (capped, so that appending to one copies it).
+	edgeIDs := make([]int32, 0, edges)
+	var caps [][]string
+	for i, nd := range g.P.Node {
+		ins := NodeInputs(nd)
+		if len(ins) != len(nd.Input) {
+			if caps == nil {
+				caps = make([][]string, n)
+			}
+			caps[i] = ins
+		}
+		for _, in := range ins {
+			if in != "" {
+				edgeIDs = append(edgeIDs, g.id(in))
+			}
+		}
+	}
+	count := make([]int32, len(g.prod))
+	for _, j := range edgeIDs {
+		count[j]++
+	}
+	buf := make([]*pb.NodeProto, len(edgeIDs))
+	off := 0
+	for j, k := range count {
+		if k > 0 {
+			g.cons[j] = buf[off : off : off+int(k)]
+			off += int(k)
+		}
+	}
+	e := 0
+	for i, nd := range g.P.Node {
+		ins := nd.Input
+		if caps != nil && caps[i] != nil {
+			ins = caps[i]
+		}
+		for _, in := range ins {
+			if in != "" {
+				j := edgeIDs[e]
+				e++
+				g.cons[j] = append(g.cons[j], nd)
+			}
+		}
+		g.indexNode(nd)
 	}
 }
 
 func (g *Graph) index(nd *pb.NodeProto) {
-	g.byOp[nd.GetOpType()] = append(g.byOp[nd.GetOpType()], nd)
-	if nd.GetName() != "" {
-		g.names[nd.GetName()] = true
-	}
 	for _, in := range NodeInputs(nd) {
 		if in != "" {
-			g.consumers[in] = append(g.consumers[in], nd)
+			j := g.id(in)
+			g.cons[j] = append(g.cons[j], nd)
 		}
+	}
+	g.indexNode(nd)
+}
+
+// indexNode indexes nd's op type, name and outputs (not its inputs).
+func (g *Graph) indexNode(nd *pb.NodeProto) {
+	g.byOp[nd.GetOpType()] = append(g.byOp[nd.GetOpType()], nd)
+	if nd.GetName() != "" {
+		g.nodeNames[nd.GetName()] = true
 	}
 	for _, out := range nd.Output {
 		if out == "" {
 			continue
 		}
-		if _, dup := g.producer[out]; dup {
+		j := g.id(out)
+		if g.prod[j] != nil {
 			g.dupOut = append(g.dupOut, out)
 		}
-		g.producer[out] = nd
-		g.names[out] = true
+		g.prod[j] = nd
 	}
 }
 
@@ -137,13 +213,28 @@ func freeVars(g *pb.GraphProto) []string {
 }
 
 // Producer returns the node that outputs v, or nil (graph input, initializer, or unknown).
-func (g *Graph) Producer(v string) *pb.NodeProto { return g.producer[v] }
+func (g *Graph) Producer(v string) *pb.NodeProto {
+	if j, ok := g.ids[v]; ok {
+		return g.prod[j]
+	}
+	return nil
+}
 
 // Consumers returns the nodes that read v (including subgraph captures).
-func (g *Graph) Consumers(v string) []*pb.NodeProto { return g.consumers[v] }
+func (g *Graph) Consumers(v string) []*pb.NodeProto {
+	if j, ok := g.ids[v]; ok {
+		return g.cons[j]
+	}
+	return nil
+}
 
 // Initializer returns the initializer named v, or nil.
-func (g *Graph) Initializer(v string) *pb.TensorProto { return g.inits[v] }
+func (g *Graph) Initializer(v string) *pb.TensorProto {
+	if j, ok := g.ids[v]; ok {
+		return g.init[j]
+	}
+	return nil
+}
 
 // IsInput reports whether v is a graph input.
 func (g *Graph) IsInput(v string) bool { return g.inputs[v] }
@@ -158,11 +249,20 @@ func (g *Graph) NodesByOp(op string) []*pb.NodeProto { return g.byOp[op] }
 // initializer in the graph uses yet, and reserves it.
 func (g *Graph) UniqueName(prefix string) string {
 	name := prefix
-	for i := 1; g.names[name]; i++ {
+	for i := 1; g.used(name); i++ {
 		name = prefix + "_" + strconv.Itoa(i)
 	}
-	g.names[name] = true
+	g.reserved[name] = true
 	return name
+}
+
+// used reports whether name is a value, node or initializer name of the
+// graph, or was reserved by UniqueName.
+func (g *Graph) used(name string) bool {
+	if j, ok := g.ids[name]; ok && (g.prod[j] != nil || g.init[j] != nil) {
+		return true
+	}
+	return g.inputs[name] || g.nodeNames[name] || g.reserved[name]
 }
 
 // AddNode appends n to the graph and indexes it.
@@ -174,8 +274,7 @@ func (g *Graph) AddNode(n *pb.NodeProto) {
 // AddInitializer appends t to the graph's initializers.
 func (g *Graph) AddInitializer(t *pb.TensorProto) {
 	g.P.Initializer = append(g.P.Initializer, t)
-	g.inits[t.GetName()] = t
-	g.names[t.GetName()] = true
+	g.init[g.id(t.GetName())] = t
 }
 
 // RemoveNodes deletes the given nodes and reindexes.
@@ -199,15 +298,18 @@ func (g *Graph) RemoveNodes(drop map[*pb.NodeProto]bool) {
 // ReplaceAllUses rewires every consumer of old (and graph outputs named old)
 // to read repl instead.
 func (g *Graph) ReplaceAllUses(old, repl string) {
-	for _, n := range g.consumers[old] {
+	for _, n := range g.Consumers(old) {
 		for i, in := range n.Input {
 			if in == old {
 				n.Input[i] = repl
 			}
 		}
-		g.consumers[repl] = append(g.consumers[repl], n)
+		j := g.id(repl)
+		g.cons[j] = append(g.cons[j], n)
 	}
-	delete(g.consumers, old)
+	if j, ok := g.ids[old]; ok {
+		g.cons[j] = nil
+	}
 	for _, v := range g.P.Output {
 		if v.GetName() == old {
 			v.Name = &repl
@@ -241,15 +343,30 @@ func (g *Graph) TopoSort() ([]*pb.NodeProto, error) {
 	for i, n := range nodes {
 		pos[n] = i
 	}
+	// Exported graphs are usually in order already: when every producer
+	// comes before its consumers, the file order is the answer.
+	sorted := true
+check:
+	for i, n := range nodes {
+		for _, in := range NodeInputs(n) {
+			if p := g.Producer(in); p != nil && in != "" && pos[p] >= i {
+				sorted = false
+				break check
+			}
+		}
+	}
+	if sorted {
+		return append([]*pb.NodeProto(nil), nodes...), nil
+	}
 	indeg := make([]int, len(nodes))
 	succ := make([][]int, len(nodes))
+	seen := make([]int, len(nodes)) // seen[j] == i+1: edge j -> i recorded
 	for i, n := range nodes {
-		seen := map[int]bool{}
 		for _, in := range NodeInputs(n) {
-			if p, ok := g.producer[in]; ok && in != "" {
+			if p := g.Producer(in); p != nil && in != "" {
 				j := pos[p]
-				if !seen[j] {
-					seen[j] = true
+				if seen[j] != i+1 {
+					seen[j] = i + 1
 					succ[j] = append(succ[j], i)
 					indeg[i]++
 				}
@@ -311,7 +428,7 @@ func (g *Graph) RemoveDeadCode() (nodes, inits int) {
 			continue
 		}
 		usedVal[v] = true
-		if p := g.producer[v]; p != nil && !live[p] {
+		if p := g.Producer(v); p != nil && !live[p] {
 			live[p] = true
 			stack = append(stack, NodeInputs(p)...)
 		}
@@ -339,7 +456,7 @@ func (g *Graph) RemoveDeadCode() (nodes, inits int) {
 	}
 	vi := g.P.ValueInfo[:0]
 	for _, v := range g.P.ValueInfo {
-		if g.producer[v.GetName()] != nil || g.inputs[v.GetName()] || g.inits[v.GetName()] != nil {
+		if g.Producer(v.GetName()) != nil || g.inputs[v.GetName()] || g.Initializer(v.GetName()) != nil {
 			vi = append(vi, v)
 		}
 	}
@@ -352,23 +469,23 @@ func (g *Graph) RemoveDeadCode() (nodes, inits int) {
 func (g *Graph) Validate() []error {
 	var errs []error
 	for _, v := range g.dupOut {
-		errs = append(errs, fmt.Errorf("value %q is produced by more than one node (second: %q)", v, NodeLabel(g.producer[v])))
+		errs = append(errs, fmt.Errorf("value %q is produced by more than one node (second: %q)", v, NodeLabel(g.Producer(v))))
 	}
 	for _, t := range g.P.Initializer {
-		if g.producer[t.GetName()] != nil {
-			errs = append(errs, fmt.Errorf("value %q is both an initializer and the output of node %q", t.GetName(), NodeLabel(g.producer[t.GetName()])))
+		if p := g.Producer(t.GetName()); p != nil {
+			errs = append(errs, fmt.Errorf("value %q is both an initializer and the output of node %q", t.GetName(), NodeLabel(p)))
 		}
 	}
 	for _, n := range g.P.Node {
 		for _, in := range NodeInputs(n) {
-			if in == "" || g.producer[in] != nil || g.inits[in] != nil || g.inputs[in] {
+			if in == "" || g.Producer(in) != nil || g.Initializer(in) != nil || g.inputs[in] {
 				continue
 			}
 			errs = append(errs, fmt.Errorf("node %q (%s) reads %q, which no node, input or initializer defines", NodeLabel(n), n.GetOpType(), in))
 		}
 	}
 	for _, v := range g.P.Output {
-		if n := v.GetName(); g.producer[n] == nil && g.inits[n] == nil && !g.inputs[n] {
+		if n := v.GetName(); g.Producer(n) == nil && g.Initializer(n) == nil && !g.inputs[n] {
 			errs = append(errs, fmt.Errorf("graph output %q is not defined", n))
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"unsafe"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"google.golang.org/protobuf/proto"
@@ -34,6 +35,28 @@ type Model struct {
 
 	ext      *externalStore
 	deferred map[*pb.TensorProto]DeferredData
+	// spare is the index Check built, handed to the next Graph call (see
+	// Graph) when the graph's node, initializer, input and output lists
+	// are still the ones it indexed.
+	spare    *Graph
+	spareSig graphSig
+}
+
+// graphSig identifies the lists of a GraphProto: its message and the
+// backing arrays and lengths of its node, initializer, input and output
+// lists.
+type graphSig struct {
+	gp                 *pb.GraphProto
+	node, init, in, out uintptr
+	nNode, nInit       int
+	nIn, nOut          int
+}
+
+func sigOf(gp *pb.GraphProto) graphSig {
+	return graphSig{gp: gp,
+		node: uintptr(unsafe.Pointer(unsafe.SliceData(gp.Node))), init: uintptr(unsafe.Pointer(unsafe.SliceData(gp.Initializer))),
+		in: uintptr(unsafe.Pointer(unsafe.SliceData(gp.Input))), out: uintptr(unsafe.Pointer(unsafe.SliceData(gp.Output))),
+		nNode: len(gp.Node), nInit: len(gp.Initializer), nIn: len(gp.Input), nOut: len(gp.Output)}
 }
 
 // DeferredData produces the raw little-endian bytes of an initializer at
@@ -89,8 +112,20 @@ func (m *Model) Close() error {
 	return m.ext.close()
 }
 
-// Graph returns a mutable index over the model's main graph.
-func (m *Model) Graph() *Graph { return NewGraph(m.Proto.Graph) }
+// Graph returns a mutable index over the model's main graph. The first call
+// after a successful Check returns the index Check built instead of a new
+// one, provided the graph's node, initializer, input and output lists were
+// not replaced or resized in between (edit a loaded model through the
+// returned index, or call Reindex on it after editing the message).
+func (m *Model) Graph() *Graph {
+	if g := m.spare; g != nil {
+		m.spare = nil
+		if g.P == m.Proto.Graph && m.spareSig == sigOf(m.Proto.Graph) {
+			return g
+		}
+	}
+	return NewGraph(m.Proto.Graph)
+}
 
 // SetDeferred registers a tensor whose bytes are produced at save time.
 // The tensor must carry dims and data_type but no data.
