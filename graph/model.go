@@ -46,10 +46,10 @@ type Model struct {
 // backing arrays and lengths of its node, initializer, input and output
 // lists.
 type graphSig struct {
-	gp                 *pb.GraphProto
+	gp                  *pb.GraphProto
 	node, init, in, out uintptr
-	nNode, nInit       int
-	nIn, nOut          int
+	nNode, nInit        int
+	nIn, nOut           int
 }
 
 func sigOf(gp *pb.GraphProto) graphSig {
