@@ -20,22 +20,36 @@ import (
 type externalStore struct {
 	dir, model string
 	mu         sync.Mutex
-	files      map[string]*os.File
+	files      map[string]*sideFile
 	// BytesRead counts bytes read from side files (for tests and reports).
 	bytesRead int64
 }
 
+// sideFile is one opened side file: the shared handle for positional reads,
+// its resolved path and size (taken when it was opened), and spare handles
+// of its own for kernel copies, which read from the file position.
+type sideFile struct {
+	loc   string
+	f     *os.File
+	path  string
+	size  int64
+	spare []*os.File
+}
+
 func newExternalStore(dir, model string) *externalStore {
-	return &externalStore{dir: dir, model: model, files: map[string]*os.File{}}
+	return &externalStore{dir: dir, model: model, files: map[string]*sideFile{}}
 }
 
 func (s *externalStore) close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var first error
-	for k, f := range s.files {
-		if err := f.Close(); err != nil && first == nil {
+	for k, sf := range s.files {
+		if err := sf.f.Close(); err != nil && first == nil {
 			first = err
+		}
+		for _, f := range sf.spare {
+			f.Close()
 		}
 		delete(s.files, k)
 	}
@@ -105,11 +119,11 @@ func (s *externalStore) resolve(loc string) (string, error) {
 	return realP, nil
 }
 
-func (s *externalStore) open(loc string) (*os.File, error) {
+func (s *externalStore) open(loc string) (*sideFile, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f, ok := s.files[loc]; ok {
-		return f, nil
+	if sf, ok := s.files[loc]; ok {
+		return sf, nil
 	}
 	p, err := s.resolve(loc)
 	if err != nil {
@@ -119,42 +133,81 @@ func (s *externalStore) open(loc string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.files[loc] = f
-	return f, nil
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cannot stat external data: %w", err)
+	}
+	sf := &sideFile{loc: loc, f: f, path: p, size: st.Size()}
+	s.files[loc] = sf
+	return sf, nil
+}
+
+// handle returns a handle of sf's file with a file position of its own,
+// to give back with release.
+func (s *externalStore) handle(sf *sideFile) (*os.File, error) {
+	s.mu.Lock()
+	if n := len(sf.spare); n > 0 {
+		f := sf.spare[n-1]
+		sf.spare = sf.spare[:n-1]
+		s.mu.Unlock()
+		return f, nil
+	}
+	s.mu.Unlock()
+	return os.Open(sf.path)
+}
+
+// release gives back a handle from handle; it is kept for the next copy,
+// or closed if the store was closed meanwhile.
+func (s *externalStore) release(sf *sideFile, f *os.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.files[sf.loc] != sf {
+		f.Close()
+		return
+	}
+	sf.spare = append(sf.spare, f)
 }
 
 // tensorSection returns a reader over the side-file bytes of an external
 // tensor, after checking that offset and length lie inside the file and that
 // the length matches the tensor's dims.
 func (m *Model) tensorSection(t *pb.TensorProto) (*io.SectionReader, error) {
-	obj := fmt.Sprintf("initializer %q", t.GetName())
+	sf, off, length, err := m.section(t)
+	if err != nil {
+		return nil, err
+	}
+	return io.NewSectionReader(sf.f, off, length), nil
+}
+
+// section is tensorSection's check: the side file, offset and length of
+// an external tensor's bytes.
+func (m *Model) section(t *pb.TensorProto) (*sideFile, int64, int64, error) {
+	obj := func() string { return fmt.Sprintf("initializer %q", t.GetName()) }
 	ref, err := External(t)
 	if err != nil {
-		return nil, &InputError{File: m.Name(), Object: obj, Msg: "bad external data", Err: err}
+		return nil, 0, 0, &InputError{File: m.Name(), Object: obj(), Msg: "bad external data", Err: err}
 	}
-	f, err := m.ext.open(ref.Location)
+	sf, err := m.ext.open(ref.Location)
 	if err != nil {
-		return nil, &InputError{File: m.Name(), Object: obj, Msg: "cannot open external data", Err: err}
+		return nil, 0, 0, &InputError{File: m.Name(), Object: obj(), Msg: "cannot open external data", Err: err}
 	}
-	st, err := f.Stat()
-	if err != nil {
-		return nil, &InputError{File: m.Name(), Object: obj, Msg: "cannot stat external data", Err: err}
-	}
+	size := sf.size
 	want, err := ByteSize(DataType(t), t.GetDims())
 	if err != nil {
-		return nil, &InputError{File: m.Name(), Object: obj, Msg: err.Error()}
+		return nil, 0, 0, &InputError{File: m.Name(), Object: obj(), Msg: err.Error()}
 	}
 	length := ref.Length
 	if length < 0 {
-		length = st.Size() - ref.Offset
+		length = size - ref.Offset
 	}
-	if ref.Offset > st.Size() || length > st.Size()-ref.Offset {
-		return nil, badInput(m.Name(), obj, "external data offset %d + length %d is past the end of %q (%d bytes)", ref.Offset, length, ref.Location, st.Size())
+	if ref.Offset > size || length > size-ref.Offset {
+		return nil, 0, 0, badInput(m.Name(), obj(), "external data offset %d + length %d is past the end of %q (%d bytes)", ref.Offset, length, ref.Location, size)
 	}
 	if length != want {
-		return nil, badInput(m.Name(), obj, "external data length %d does not match dims %v of %s (%d bytes)", length, t.GetDims(), DataType(t), want)
+		return nil, 0, 0, badInput(m.Name(), obj(), "external data length %d does not match dims %v of %s (%d bytes)", length, t.GetDims(), DataType(t), want)
 	}
-	return io.NewSectionReader(f, ref.Offset, length), nil
+	return sf, ref.Offset, length, nil
 }
 
 // MaxTensorBytes bounds the bytes TensorBytes loads into memory for one
@@ -359,25 +412,19 @@ func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) er
 		_, err = io.CopyN(w, r, n)
 		return err
 	}
-	sec, err := m.tensorSection(t)
+	sf, base, size, err := m.section(t)
 	if err != nil {
 		return err
 	}
-	if off+n > sec.Size() {
-		return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, sec.Size())
-	}
-	_, base, _ := sec.Outer()
-	ref, _ := External(t)
-	p, err := m.ext.resolve(ref.Location)
-	if err != nil {
-		return err
+	if off+n > size {
+		return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, size)
 	}
 	// A handle of its own: the kernel copy reads from the file position.
-	f, err := os.Open(p)
+	f, err := m.ext.handle(sf)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer m.ext.release(sf, f)
 	if _, err := f.Seek(base+off, io.SeekStart); err != nil {
 		return err
 	}

@@ -250,10 +250,11 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if sz := proto.Size(m.Proto); int64(sz) > MaxProtoSize {
+	sz := proto.Size(m.Proto)
+	if int64(sz) > MaxProtoSize {
 		return fmt.Errorf("%s: %w (%d bytes)", path, ErrTooLarge, sz)
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m.Proto)
+	b, err := marshalSized(m.Proto, sz)
 	if err != nil {
 		return fmt.Errorf("encoding %s: %w", path, err)
 	}
@@ -310,6 +311,18 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	}
 	syncDir(dir)
 	return nil
+}
+
+// marshalSized encodes mp deterministically into a buffer of the size
+// proto.Size just returned for it, reusing the sizes that call cached
+// instead of walking the model a second time to compute them again.
+func marshalSized(mp *pb.ModelProto, sz int) ([]byte, error) {
+	b, err := proto.MarshalOptions{Deterministic: true, UseCachedSize: true}.MarshalAppend(make([]byte, 0, sz), mp)
+	if err == nil && len(b) != sz {
+		// Not expected (nothing edits the model in between); encode afresh.
+		return proto.MarshalOptions{Deterministic: true}.Marshal(mp)
+	}
+	return b, err
 }
 
 // ErrNeedsSideFile is wrapped by the error Encode returns for a model whose
@@ -370,10 +383,11 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if sz := proto.Size(m.Proto); int64(sz) > MaxProtoSize {
+	sz := proto.Size(m.Proto)
+	if int64(sz) > MaxProtoSize {
 		return fmt.Errorf("%w (%d bytes)", ErrTooLarge, sz)
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m.Proto)
+	b, err := marshalSized(m.Proto, sz)
 	if err != nil {
 		return fmt.Errorf("encoding %s: %w", m.Name(), err)
 	}

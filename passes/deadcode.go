@@ -26,9 +26,10 @@ type deadCode struct {
 }
 
 func newDeadCode(g *graph.Graph) *deadCode {
-	d := &deadCode{g: g, count: map[*pb.NodeProto]int{}, removed: map[*pb.NodeProto]bool{}, inits: map[string]bool{}, first: true}
-	live := map[*pb.NodeProto]bool{}
-	used := map[string]bool{}
+	n := len(g.P.Node)
+	d := &deadCode{g: g, count: make(map[*pb.NodeProto]int, n), removed: make(map[*pb.NodeProto]bool, n), inits: map[string]bool{}, first: true}
+	live := make(map[*pb.NodeProto]bool, n)
+	used := make(map[string]bool, 2*n)
 	var stack []string
 	for _, v := range g.P.Output {
 		stack = append(stack, v.GetName())
@@ -45,7 +46,7 @@ func newDeadCode(g *graph.Graph) *deadCode {
 			stack = append(stack, graph.NodeInputs(p)...)
 		}
 	}
-	d.uses = map[string]int{}
+	d.uses = make(map[string]int, len(g.P.Initializer))
 	for _, n := range g.P.Node {
 		for _, in := range graph.NodeInputs(n) {
 			if g.Initializer(in) != nil {
@@ -155,8 +156,8 @@ func (d *deadCode) feedsOnly(n *pb.NodeProto, drop map[*pb.NodeProto]bool) bool 
 // It returns the names of what it removed, sorted.
 func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []string) {
 	g := d.g
-	drop := map[*pb.NodeProto]bool{}
-	var work []*pb.NodeProto
+	drop := make(map[*pb.NodeProto]bool, len(region))
+	work := make([]*pb.NodeProto, 0, len(region))
 	for n := range region {
 		if !d.removed[n] && !d.live(n) {
 			drop[n] = true
@@ -178,23 +179,43 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 		// A node becomes a feeder of dropped nodes only through a consumer
 		// dropped now: walk up from the dropped nodes, counting for each
 		// producer met the consumer edges not dropped yet.
-		rem := map[*pb.NodeProto]int{}
-		done := map[*pb.NodeProto]bool{}
+		rem := make(map[*pb.NodeProto]int, len(region))
+		done := make(map[*pb.NodeProto]bool, len(region))
+		// order lists n's distinct dead producers in input order, edges
+		// how many of n's inputs each feeds (nodes have few inputs: a
+		// linear scan beats a map per node).
+		var order []*pb.NodeProto
+		var edges []int
+		edgesOf := func(p *pb.NodeProto) int {
+			for i, q := range order {
+				if q == p {
+					return edges[i]
+				}
+			}
+			return 0
+		}
 		for len(work) > 0 {
 			n := work[len(work)-1]
 			work = work[:len(work)-1]
 			done[n] = true
-			edges := map[*pb.NodeProto]int{}
-			var order []*pb.NodeProto
+			order, edges = order[:0], edges[:0]
 			for _, in := range graph.NodeInputs(n) {
 				p := g.Producer(in)
 				if p == nil || in == "" || d.live(p) || drop[p] || d.removed[p] {
 					continue
 				}
-				if edges[p] == 0 {
-					order = append(order, p)
+				found := false
+				for i, q := range order {
+					if q == p {
+						edges[i]++
+						found = true
+						break
+					}
 				}
-				edges[p]++
+				if !found {
+					order = append(order, p)
+					edges = append(edges, 1)
+				}
 			}
 			for _, p := range order {
 				k, seen := rem[p]
@@ -214,7 +235,7 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 				} else if k < 0 {
 					continue
 				} else {
-					k -= edges[p]
+					k -= edgesOf(p)
 				}
 				rem[p] = k
 				if k == 0 {
@@ -225,7 +246,7 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 		}
 	}
 	d.last = map[string]bool{}
-	readByDropped := map[string]bool{}
+	readByDropped := make(map[string]bool, 2*len(drop))
 	for n := range drop {
 		nodes = append(nodes, graph.NodeLabel(n))
 		for _, in := range graph.NodeInputs(n) {
