@@ -34,6 +34,8 @@ type Graph struct {
 	nodeNames map[string]bool
 	reserved  map[string]bool
 	dupOut    []string
+	// topo caches TopoSort's order until the index changes.
+	topo []*pb.NodeProto
 }
 
 // NewGraph indexes gp.
@@ -75,6 +77,7 @@ func (g *Graph) Reindex() {
 	g.nodeNames = make(map[string]bool, n)
 	g.reserved = map[string]bool{}
 	g.dupOut = nil
+	g.topo = nil
 	for _, t := range g.P.Initializer {
 		g.init[g.id(t.GetName())] = t
 	}
@@ -133,6 +136,7 @@ func (g *Graph) Reindex() {
 }
 
 func (g *Graph) index(nd *pb.NodeProto) {
+	g.topo = nil
 	for _, in := range NodeInputs(nd) {
 		if in != "" {
 			j := g.id(in)
@@ -298,6 +302,7 @@ func (g *Graph) RemoveNodes(drop map[*pb.NodeProto]bool) {
 // ReplaceAllUses rewires every consumer of old (and graph outputs named old)
 // to read repl instead.
 func (g *Graph) ReplaceAllUses(old, repl string) {
+	g.topo = nil
 	for _, n := range g.Consumers(old) {
 		for i, in := range n.Input {
 			if in == old {
@@ -338,6 +343,18 @@ func NodeLabel(n *pb.NodeProto) string {
 // TopoSort returns the nodes in an order where every producer comes before
 // its consumers, stable with respect to the file order, or a CycleError.
 func (g *Graph) TopoSort() ([]*pb.NodeProto, error) {
+	if g.topo != nil && len(g.topo) == len(g.P.Node) {
+		return append([]*pb.NodeProto(nil), g.topo...), nil
+	}
+	out, err := g.topoSort()
+	if err == nil {
+		g.topo = out
+		out = append([]*pb.NodeProto(nil), out...)
+	}
+	return out, err
+}
+
+func (g *Graph) topoSort() ([]*pb.NodeProto, error) {
 	nodes := g.P.Node
 	pos := make(map[*pb.NodeProto]int, len(nodes))
 	for i, n := range nodes {

@@ -122,6 +122,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	for i, n := range topo {
 		c.order[n] = i
 	}
+	c.preds = make([][]*pb.NodeProto, len(topo))
 	det := &Detection{}
 	claimed := map[*pb.NodeProto]bool{}
 	var missed []*pb.NodeProto // TopK candidates reported as near-misses
@@ -634,8 +635,7 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 		if anc[n] {
 			return false
 		}
-		for _, in := range graph.NodeInputs(n) {
-			p := c.g.Producer(in)
+		for _, p := range c.predsOf(n, graph.NodeInputs(n)) {
 			if p == nil {
 				continue
 			}

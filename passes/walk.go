@@ -42,6 +42,29 @@ type ctx struct {
 	ancRoot *pb.NodeProto
 	auxTopK map[*pb.NodeProto]bool // nodes from which a TopK is reached without crossing a MatMul/Gemm
 	idxDeps *reach                 // per block: what the top-k indices reach (see branchExpert)
+	// preds caches, per topological position, the producers of the
+	// node's NodeInputs (see predsOf).
+	preds [][]*pb.NodeProto
+}
+
+// predsOf returns the producers of n's NodeInputs, aligned with them (nil
+// where a value has none), cached for nodes of the topological order: the
+// detector walks each block's nodes back several times.
+func (c *ctx) predsOf(n *pb.NodeProto, ins []string) []*pb.NodeProto {
+	pos, ok := c.order[n]
+	if ok && pos < len(c.preds) && c.preds[pos] != nil {
+		return c.preds[pos]
+	}
+	ps := make([]*pb.NodeProto, len(ins))
+	for i, in := range ins {
+		if in != "" {
+			ps[i] = c.g.Producer(in)
+		}
+	}
+	if ok && pos < len(c.preds) {
+		c.preds[pos] = ps
+	}
+	return ps
 }
 
 // through walks back from v over noise ops and returns the first value not
@@ -159,16 +182,24 @@ func (c *ctx) forward(vals ...string) map[*pb.NodeProto]bool {
 // backward returns the nodes v depends on, stopping at values in stop.
 func (c *ctx) backward(v string, stop map[string]bool) map[*pb.NodeProto]bool {
 	seen := map[*pb.NodeProto]bool{}
-	stack := []string{v}
+	if stop[v] {
+		return seen
+	}
+	p := c.g.Producer(v)
+	if p == nil {
+		return seen
+	}
+	seen[p] = true
+	stack := []*pb.NodeProto{p}
 	for len(stack) > 0 {
-		x := stack[len(stack)-1]
+		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if stop[x] {
-			continue
-		}
-		if p := c.g.Producer(x); p != nil && !seen[p] {
-			seen[p] = true
-			stack = append(stack, graph.NodeInputs(p)...)
+		ins := graph.NodeInputs(n)
+		for i, q := range c.predsOf(n, ins) {
+			if q != nil && !seen[q] && !stop[ins[i]] {
+				seen[q] = true
+				stack = append(stack, q)
+			}
 		}
 	}
 	return seen
@@ -178,14 +209,22 @@ func (c *ctx) backward(v string, stop map[string]bool) map[*pb.NodeProto]bool {
 // of nodes for which stop holds (those nodes are included).
 func (c *ctx) backwardTo(v string, stop func(*pb.NodeProto) bool) map[*pb.NodeProto]bool {
 	seen := map[*pb.NodeProto]bool{}
-	stack := []string{v}
+	p := c.g.Producer(v)
+	if p == nil {
+		return seen
+	}
+	seen[p] = true
+	stack := []*pb.NodeProto{p}
 	for len(stack) > 0 {
-		x := stack[len(stack)-1]
+		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if p := c.g.Producer(x); p != nil && !seen[p] {
-			seen[p] = true
-			if !stop(p) {
-				stack = append(stack, graph.NodeInputs(p)...)
+		if stop(n) {
+			continue
+		}
+		for _, q := range c.predsOf(n, graph.NodeInputs(n)) {
+			if q != nil && !seen[q] {
+				seen[q] = true
+				stack = append(stack, q)
 			}
 		}
 	}
@@ -235,7 +274,9 @@ func (r *reach) has(n *pb.NodeProto) bool {
 		return false
 	}
 	r.memo[n] = false // the graph is acyclic; this only guards against malformed input
-	for _, in := range graph.NodeInputs(n) {
+	ins := graph.NodeInputs(n)
+	ps := r.c.predsOf(n, ins)
+	for i, in := range ins {
 		if in == "" {
 			continue
 		}
@@ -243,7 +284,7 @@ func (r *reach) has(n *pb.NodeProto) bool {
 			r.memo[n] = true
 			return true
 		}
-		if p := r.c.g.Producer(in); p != nil && r.has(p) {
+		if p := ps[i]; p != nil && r.has(p) {
 			r.memo[n] = true
 			return true
 		}
@@ -285,8 +326,8 @@ func (c *ctx) ancestors(v string) map[*pb.NodeProto]bool {
 			}
 			seen[n] = true
 			added = append(added, n)
-			for _, in := range graph.NodeInputs(n) {
-				if p := c.g.Producer(in); p != nil {
+			for _, p := range c.predsOf(n, graph.NodeInputs(n)) {
+				if p != nil {
 					stack = append(stack, p)
 				}
 			}
