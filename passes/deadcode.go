@@ -16,55 +16,130 @@ import (
 // each block gives: the same nodes and initializers, attributed to the same
 // block.
 type deadCode struct {
-	g       *graph.Graph
-	count   map[*pb.NodeProto]int
-	removed map[*pb.NodeProto]bool
+	g *graph.Graph
+	// Nodes are numbered (id): nodes, ins and preds are indexed by that
+	// number, preds holding the number of the producer of each of the
+	// node's NodeInputs (-1: none), kept current when a fused node takes
+	// over a value.
+	ids     map[*pb.NodeProto]int32
+	nodes   []*pb.NodeProto
+	ins     [][]string
+	preds   [][]int32
+	count   []int32 // live consumer edges + graph outputs produced
+	removed []bool
 	inits   map[string]bool // initializers removed
 	last    map[string]bool // initializers removed by the latest removeDeadIn
 	uses    map[string]int  // initializer -> consumer edges of nodes not removed
 	first   bool
+	// scratch for removeDeadIn, valid where mark[i] == epoch
+	epoch     int32
+	dropMark  []int32
+	doneMark  []int32
+	remMark   []int32
+	rem       []int32
+	consCache [][]int32
 }
 
 func newDeadCode(g *graph.Graph) *deadCode {
 	n := len(g.P.Node)
-	d := &deadCode{g: g, count: make(map[*pb.NodeProto]int, n), removed: make(map[*pb.NodeProto]bool, n), inits: map[string]bool{}, first: true}
-	live := make(map[*pb.NodeProto]bool, n)
-	used := make(map[string]bool, 2*n)
-	var stack []string
-	for _, v := range g.P.Output {
-		stack = append(stack, v.GetName())
+	d := &deadCode{g: g, ids: make(map[*pb.NodeProto]int32, n), inits: map[string]bool{}, first: true}
+	d.nodes = make([]*pb.NodeProto, 0, n)
+	d.ins = make([][]string, 0, n)
+	d.preds = make([][]int32, 0, n)
+	for _, nd := range g.P.Node {
+		d.add(nd)
 	}
-	for len(stack) > 0 {
-		v := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		if used[v] {
+	for i := range d.nodes {
+		d.setPreds(int32(i))
+	}
+	live := make([]bool, len(d.nodes))
+	used := make(map[string]bool, len(g.P.Output))
+	var stack []int32
+	for _, v := range g.P.Output {
+		name := v.GetName()
+		if used[name] {
 			continue
 		}
-		used[v] = true
-		if p := g.Producer(v); p != nil && !live[p] {
-			live[p] = true
-			stack = append(stack, graph.NodeInputs(p)...)
+		used[name] = true
+		if p := g.Producer(name); p != nil {
+			if i := d.id(p); !live[i] {
+				live[i] = true
+				stack = append(stack, i)
+			}
+		}
+	}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, j := range d.preds[i] {
+			if j >= 0 && !live[j] {
+				live[j] = true
+				stack = append(stack, j)
+			}
 		}
 	}
 	d.uses = make(map[string]int, len(g.P.Initializer))
-	for _, n := range g.P.Node {
-		for _, in := range graph.NodeInputs(n) {
+	for i := range d.nodes {
+		for _, in := range d.ins[i] {
 			if g.Initializer(in) != nil {
 				d.uses[in]++
 			}
 		}
 	}
-	for _, n := range g.P.Node {
-		if live[n] {
-			d.count[n] += d.outputRefs(n)
-			for _, in := range graph.NodeInputs(n) {
-				if p := g.Producer(in); p != nil && in != "" {
-					d.count[p]++
+	for i, nd := range d.nodes {
+		if live[i] {
+			d.count[i] += int32(d.outputRefs(nd))
+			for _, j := range d.preds[i] {
+				if j >= 0 {
+					d.count[j]++
 				}
 			}
 		}
 	}
 	return d
+}
+
+// add numbers nd (its producers are set by setPreds).
+func (d *deadCode) add(nd *pb.NodeProto) int32 {
+	i := int32(len(d.nodes))
+	d.ids[nd] = i
+	d.nodes = append(d.nodes, nd)
+	d.ins = append(d.ins, graph.NodeInputs(nd))
+	d.preds = append(d.preds, nil)
+	d.count = append(d.count, 0)
+	d.removed = append(d.removed, false)
+	d.dropMark = append(d.dropMark, 0)
+	d.doneMark = append(d.doneMark, 0)
+	d.remMark = append(d.remMark, 0)
+	d.rem = append(d.rem, 0)
+	d.consCache = append(d.consCache, nil)
+	return i
+}
+
+// setPreds looks up the producers of node i's inputs.
+func (d *deadCode) setPreds(i int32) {
+	ins := d.ins[i]
+	ps := make([]int32, len(ins))
+	for k, in := range ins {
+		ps[k] = -1
+		if in == "" {
+			continue
+		}
+		if p := d.g.Producer(in); p != nil {
+			ps[k] = d.id(p)
+		}
+	}
+	d.preds[i] = ps
+}
+
+// id returns nd's number, numbering it (and its producers) if it is new.
+func (d *deadCode) id(nd *pb.NodeProto) int32 {
+	if i, ok := d.ids[nd]; ok {
+		return i
+	}
+	i := d.add(nd)
+	d.setPreds(i)
+	return i
 }
 
 // outputRefs counts the graph outputs among n's outputs.
@@ -78,16 +153,16 @@ func (d *deadCode) outputRefs(n *pb.NodeProto) int {
 	return k
 }
 
-func (d *deadCode) live(n *pb.NodeProto) bool { return d.count[n] > 0 }
+func (d *deadCode) live(i int32) bool { return d.count[i] > 0 }
 
-// kill records that n lost its last live reference and releases its inputs.
-func (d *deadCode) kill(n *pb.NodeProto) {
-	stack := []*pb.NodeProto{n}
+// kill records that node i lost its last live reference and releases its inputs.
+func (d *deadCode) kill(i int32) {
+	stack := []int32{i}
 	for len(stack) > 0 {
 		x := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		for _, in := range graph.NodeInputs(x) {
-			if p := d.g.Producer(in); p != nil && in != "" {
+		for _, p := range d.preds[x] {
+			if p >= 0 {
 				d.count[p]--
 				if d.count[p] == 0 {
 					stack = append(stack, p)
@@ -97,44 +172,80 @@ func (d *deadCode) kill(n *pb.NodeProto) {
 	}
 }
 
+// consumers returns the numbers of the nodes reading n's outputs, one per
+// edge as the index lists them.
+func (d *deadCode) consumers(i int32) []int32 {
+	if c := d.consCache[i]; c != nil {
+		return c
+	}
+	c := []int32{}
+	for _, o := range d.nodes[i].Output {
+		for _, x := range d.g.Consumers(o) {
+			c = append(c, d.id(x))
+		}
+	}
+	d.consCache[i] = c
+	return c
+}
+
 // replaced moves value v from old's outputs (old now writes a fresh,
 // unread name) to fused, which the index already lists as v's producer.
 func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
-	refs := 0
+	oi := d.id(old)
+	fi := d.id(fused)
+	// v's readers now read fused's output.
+	for _, c := range d.g.Consumers(v) {
+		ci := d.id(c)
+		for k, in := range d.ins[ci] {
+			if in == v {
+				d.preds[ci][k] = fi
+			}
+		}
+	}
+	// The fused node reads its inputs: their producers gain a reader.
+	for _, in := range d.ins[fi] {
+		if p := d.g.Producer(in); p != nil && in != "" {
+			d.consCache[d.id(p)] = nil
+		}
+	}
+	d.consCache[oi] = nil
+	refs := int32(0)
 	if d.g.IsOutput(v) {
 		refs++
 	}
 	for _, c := range d.g.Consumers(v) {
-		if c != fused && !d.removed[c] && d.live(c) {
+		ci := d.id(c)
+		if c != fused && !d.removed[ci] && d.live(ci) {
 			refs++
 		}
 	}
-	wasLive := d.live(old)
-	d.count[fused] = refs
+	wasLive := d.live(oi)
+	d.count[fi] = refs
 	// The fused node reads initializers too (its new weights, and whatever
 	// else it takes, such as a block input that is a constant): they are
 	// used as long as it is.
-	for _, in := range graph.NodeInputs(fused) {
+	for _, in := range d.ins[fi] {
 		if d.g.Initializer(in) != nil {
 			d.uses[in]++
 		}
 	}
 	if refs > 0 {
-		for _, in := range graph.NodeInputs(fused) {
-			if p := d.g.Producer(in); p != nil && in != "" {
+		for _, p := range d.preds[fi] {
+			if p >= 0 {
 				d.count[p]++
 			}
 		}
 	}
-	d.count[old] -= refs
-	if wasLive && d.count[old] == 0 {
-		d.kill(old)
+	d.count[oi] -= refs
+	if wasLive && d.count[oi] == 0 {
+		d.kill(oi)
 	}
 }
 
-// feedsOnly reports whether n has outputs, none a graph output, and every
-// consumer still in the graph is in drop.
-func (d *deadCode) feedsOnly(n *pb.NodeProto, drop map[*pb.NodeProto]bool) bool {
+// feedsOnly reports whether node i has outputs, none a graph output, and
+// every consumer still in the graph is dropped now.
+func (d *deadCode) feedsOnly(i int32) bool {
+	n := d.nodes[i]
 	if len(n.Output) == 0 {
 		return false
 	}
@@ -142,10 +253,10 @@ func (d *deadCode) feedsOnly(n *pb.NodeProto, drop map[*pb.NodeProto]bool) bool 
 		if d.g.IsOutput(o) {
 			return false
 		}
-		for _, c := range d.g.Consumers(o) {
-			if !drop[c] && !d.removed[c] {
-				return false
-			}
+	}
+	for _, c := range d.consumers(i) {
+		if d.dropMark[c] != d.epoch && !d.removed[c] {
+			return false
 		}
 	}
 	return true
@@ -156,22 +267,30 @@ func (d *deadCode) feedsOnly(n *pb.NodeProto, drop map[*pb.NodeProto]bool) bool 
 // It returns the names of what it removed, sorted.
 func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []string) {
 	g := d.g
-	drop := make(map[*pb.NodeProto]bool, len(region))
-	work := make([]*pb.NodeProto, 0, len(region))
+	d.epoch++
+	ep := d.epoch
+	drop := make([]int32, 0, len(region))
 	for n := range region {
-		if !d.removed[n] && !d.live(n) {
-			drop[n] = true
-			work = append(work, n)
+		i := d.id(n)
+		if !d.removed[i] && !d.live(i) && d.dropMark[i] != ep {
+			d.dropMark[i] = ep
+			drop = append(drop, i)
 		}
 	}
+	work := append([]int32(nil), drop...)
 	if d.first {
 		// Dead nodes that nothing reads go with the first block (and so
 		// do, through the walk below, the dead nodes that only feed them).
 		d.first = false
-		for _, n := range g.P.Node {
-			if !d.live(n) && !drop[n] && d.feedsOnly(n, drop) {
-				drop[n] = true
-				work = append(work, n)
+		for k, n := range g.P.Node {
+			i := int32(k)
+			if k >= len(d.nodes) || d.nodes[k] != n {
+				i = d.id(n)
+			}
+			if !d.live(i) && d.dropMark[i] != ep && d.feedsOnly(i) {
+				d.dropMark[i] = ep
+				drop = append(drop, i)
+				work = append(work, i)
 			}
 		}
 	}
@@ -179,35 +298,20 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 		// A node becomes a feeder of dropped nodes only through a consumer
 		// dropped now: walk up from the dropped nodes, counting for each
 		// producer met the consumer edges not dropped yet.
-		rem := make(map[*pb.NodeProto]int, len(region))
-		done := make(map[*pb.NodeProto]bool, len(region))
-		// order lists n's distinct dead producers in input order, edges
-		// how many of n's inputs each feeds (nodes have few inputs: a
-		// linear scan beats a map per node).
-		var order []*pb.NodeProto
-		var edges []int
-		edgesOf := func(p *pb.NodeProto) int {
-			for i, q := range order {
-				if q == p {
-					return edges[i]
-				}
-			}
-			return 0
-		}
+		var order, edges []int32
 		for len(work) > 0 {
 			n := work[len(work)-1]
 			work = work[:len(work)-1]
-			done[n] = true
+			d.doneMark[n] = ep
 			order, edges = order[:0], edges[:0]
-			for _, in := range graph.NodeInputs(n) {
-				p := g.Producer(in)
-				if p == nil || in == "" || d.live(p) || drop[p] || d.removed[p] {
+			for _, p := range d.preds[n] {
+				if p < 0 || d.live(p) || d.dropMark[p] == ep || d.removed[p] {
 					continue
 				}
 				found := false
-				for i, q := range order {
+				for k, q := range order {
 					if q == p {
-						edges[i]++
+						edges[k]++
 						found = true
 						break
 					}
@@ -217,29 +321,28 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 					edges = append(edges, 1)
 				}
 			}
-			for _, p := range order {
-				k, seen := rem[p]
-				if !seen {
-					if len(p.Output) == 0 || d.outputRefs(p) > 0 {
-						rem[p] = -1 // never a feeder
+			for k, p := range order {
+				var r int32
+				if d.remMark[p] != ep {
+					d.remMark[p] = ep
+					if len(d.nodes[p].Output) == 0 || d.outputRefs(d.nodes[p]) > 0 {
+						d.rem[p] = -1 // never a feeder
 						continue
 					}
-					k = 0
-					for _, o := range p.Output {
-						for _, c := range g.Consumers(o) {
-							if !d.removed[c] && !done[c] {
-								k++
-							}
+					for _, c := range d.consumers(p) {
+						if !d.removed[c] && d.doneMark[c] != ep {
+							r++
 						}
 					}
-				} else if k < 0 {
+				} else if d.rem[p] < 0 {
 					continue
 				} else {
-					k -= edgesOf(p)
+					r = d.rem[p] - edges[k]
 				}
-				rem[p] = k
-				if k == 0 {
-					drop[p] = true
+				d.rem[p] = r
+				if r == 0 {
+					d.dropMark[p] = ep
+					drop = append(drop, p)
 					work = append(work, p)
 				}
 			}
@@ -247,15 +350,15 @@ func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []s
 	}
 	d.last = map[string]bool{}
 	readByDropped := make(map[string]bool, 2*len(drop))
-	for n := range drop {
-		nodes = append(nodes, graph.NodeLabel(n))
-		for _, in := range graph.NodeInputs(n) {
+	for _, i := range drop {
+		nodes = append(nodes, graph.NodeLabel(d.nodes[i]))
+		for _, in := range d.ins[i] {
 			readByDropped[in] = true
 		}
 	}
-	for n := range drop {
-		d.removed[n] = true
-		for _, in := range graph.NodeInputs(n) {
+	for _, i := range drop {
+		d.removed[i] = true
+		for _, in := range d.ins[i] {
 			if _, ok := d.uses[in]; ok {
 				d.uses[in]--
 			}
@@ -292,8 +395,14 @@ func (d *deadCode) apply() {
 		g.P.Initializer[i] = nil
 	}
 	g.P.Initializer = kept
-	if len(d.removed) > 0 {
-		g.RemoveNodes(d.removed) // reindexes
+	removed := map[*pb.NodeProto]bool{}
+	for i, r := range d.removed {
+		if r {
+			removed[d.nodes[i]] = true
+		}
+	}
+	if len(removed) > 0 {
+		g.RemoveNodes(removed) // reindexes
 	} else {
 		g.Reindex()
 	}
