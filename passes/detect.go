@@ -6,7 +6,6 @@ import (
 	"maps"
 	"math"
 	"runtime"
-	"sort"
 	"strings"
 
 	"github.com/mokopt/mokopt/ep"
@@ -752,7 +751,7 @@ func (c *ctx) regionWhere(x0, y string, dependsOnX0 func(*pb.NodeProto) bool) []
 			out = append(out, n)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return c.order[out[i]] < c.order[out[j]] })
+	c.sortByOrder(out)
 	return out
 }
 
@@ -786,7 +785,7 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion
 			nodes = append(nodes, n)
 		}
 	}
-	sort.Slice(nodes, func(i, j int) bool { return c.order[nodes[i]] < c.order[nodes[j]] })
+	c.sortByOrder(nodes)
 	for _, n := range nodes {
 		switch n.GetOpType() {
 		case "MatMul", "Gemm":

@@ -2,7 +2,6 @@ package passes
 
 import (
 	"fmt"
-	"sort"
 	"strconv"
 
 	"github.com/mokopt/mokopt/ep"
@@ -70,7 +69,7 @@ func (c *ctx) reachCollectives(cols map[*pb.NodeProto]ep.Op, vals ...string) []*
 			stack = append(stack, n.Output...)
 		}
 	}
-	sort.Slice(hit, func(i, j int) bool { return c.order[hit[i]] < c.order[hit[j]] })
+	c.sortByOrder(hit)
 	return hit
 }
 
@@ -123,7 +122,7 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 			disp = append(disp, n)
 		}
 	}
-	sort.Slice(disp, func(i, j int) bool { return c.order[disp[i]] < c.order[disp[j]] })
+	c.sortByOrder(disp)
 	var dOuts []string
 	group := -1
 	kindOf := func(n *pb.NodeProto) string { return cols[n].Kind }

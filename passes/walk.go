@@ -7,6 +7,7 @@ package passes
 import (
 	"encoding/binary"
 	"math"
+	"sort"
 
 	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
@@ -52,7 +53,9 @@ type ctx struct {
 // detector walks each block's nodes back several times.
 func (c *ctx) predsOf(n *pb.NodeProto, ins []string) []*pb.NodeProto {
 	pos, ok := c.order[n]
-	if ok && pos < len(c.preds) && c.preds[pos] != nil {
+	// Synthetic nodes (sparsemixer selections) share a real node's position.
+	ok = ok && pos < len(c.preds) && c.topo[pos] == n
+	if ok && c.preds[pos] != nil {
 		return c.preds[pos]
 	}
 	ps := make([]*pb.NodeProto, len(ins))
@@ -61,7 +64,7 @@ func (c *ctx) predsOf(n *pb.NodeProto, ins []string) []*pb.NodeProto {
 			ps[i] = c.g.Producer(in)
 		}
 	}
-	if ok && pos < len(c.preds) {
+	if ok {
 		c.preds[pos] = ps
 	}
 	return ps
@@ -177,6 +180,24 @@ func (c *ctx) forward(vals ...string) map[*pb.NodeProto]bool {
 		}
 	}
 	return seen
+}
+
+// sortByOrder sorts nodes by topological position, looking each position
+// up once (sort.Slice on the positions makes the same moves as sorting the
+// nodes with a comparator that looks them up).
+func (c *ctx) sortByOrder(nodes []*pb.NodeProto) {
+	type posNode struct {
+		pos int
+		n   *pb.NodeProto
+	}
+	ps := make([]posNode, len(nodes))
+	for i, n := range nodes {
+		ps[i] = posNode{c.order[n], n}
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i].pos < ps[j].pos })
+	for i := range ps {
+		nodes[i] = ps[i].n
+	}
 }
 
 // backward returns the nodes v depends on, stopping at values in stop.
