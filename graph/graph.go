@@ -36,6 +36,9 @@ type Graph struct {
 	dupOut    []string
 	// topo caches TopoSort's order until the index changes.
 	topo []*pb.NodeProto
+	// ordered: at the last Reindex every node came after the producers of
+	// its inputs (then the file order is the topological order).
+	ordered bool
 }
 
 // NewGraph indexes gp.
@@ -119,6 +122,7 @@ func (g *Graph) Reindex() {
 		}
 	}
 	e := 0
+	var early []int32 // values read before (or without) being produced
 	for i, nd := range g.P.Node {
 		ins := nd.Input
 		if caps != nil && caps[i] != nil {
@@ -129,14 +133,24 @@ func (g *Graph) Reindex() {
 				j := edgeIDs[e]
 				e++
 				g.cons[j] = append(g.cons[j], nd)
+				if g.prod[j] == nil {
+					early = append(early, j)
+				}
 			}
 		}
 		g.indexNode(nd)
 	}
+	g.ordered = len(g.dupOut) == 0
+	for _, j := range early {
+		if g.prod[j] != nil {
+			g.ordered = false
+			break
+		}
+	}
 }
 
 func (g *Graph) index(nd *pb.NodeProto) {
-	g.topo = nil
+	g.topo, g.ordered = nil, false
 	for _, in := range NodeInputs(nd) {
 		if in != "" {
 			j := g.id(in)
@@ -302,7 +316,7 @@ func (g *Graph) RemoveNodes(drop map[*pb.NodeProto]bool) {
 // ReplaceAllUses rewires every consumer of old (and graph outputs named old)
 // to read repl instead.
 func (g *Graph) ReplaceAllUses(old, repl string) {
-	g.topo = nil
+	g.topo, g.ordered = nil, false
 	for _, n := range g.Consumers(old) {
 		for i, in := range n.Input {
 			if in == old {
@@ -322,6 +336,15 @@ func (g *Graph) ReplaceAllUses(old, repl string) {
 			g.outputs[repl] = true
 		}
 	}
+}
+
+// defined reports whether v is produced by a node, an initializer or a
+// graph input.
+func (g *Graph) defined(v string) bool {
+	if j, ok := g.ids[v]; ok && (g.prod[j] != nil || g.init[j] != nil) {
+		return true
+	}
+	return g.inputs[v]
 }
 
 // CycleError reports a cycle through the named node.
@@ -345,6 +368,11 @@ func NodeLabel(n *pb.NodeProto) string {
 func (g *Graph) TopoSort() ([]*pb.NodeProto, error) {
 	if g.topo != nil && len(g.topo) == len(g.P.Node) {
 		return append([]*pb.NodeProto(nil), g.topo...), nil
+	}
+	if g.ordered {
+		// Nothing changed since Reindex found the file order topological.
+		g.topo = append([]*pb.NodeProto(nil), g.P.Node...)
+		return append([]*pb.NodeProto(nil), g.P.Node...), nil
 	}
 	out, err := g.topoSort()
 	if err == nil {
@@ -495,7 +523,7 @@ func (g *Graph) Validate() []error {
 	}
 	for _, n := range g.P.Node {
 		for _, in := range NodeInputs(n) {
-			if in == "" || g.Producer(in) != nil || g.Initializer(in) != nil || g.inputs[in] {
+			if in == "" || g.defined(in) {
 				continue
 			}
 			errs = append(errs, fmt.Errorf("node %q (%s) reads %q, which no node, input or initializer defines", NodeLabel(n), n.GetOpType(), in))
