@@ -46,11 +46,24 @@ func newDeadCode(g *graph.Graph) *deadCode {
 	d.nodes = make([]*pb.NodeProto, 0, n)
 	d.ins = make([][]string, 0, n)
 	d.preds = make([][]int32, 0, n)
+	d.count = make([]int32, 0, n)
+	d.removed = make([]bool, 0, n)
+	d.dropMark = make([]int32, 0, n)
+	d.doneMark = make([]int32, 0, n)
+	d.remMark = make([]int32, 0, n)
+	d.rem = make([]int32, 0, n)
+	d.consCache = make([][]int32, 0, n)
+	edges := 0
 	for _, nd := range g.P.Node {
 		d.add(nd)
+		edges += len(d.ins[len(d.ins)-1])
 	}
-	for i := range d.nodes {
-		d.setPreds(int32(i))
+	// The producers of all nodes' inputs, in one array.
+	buf := make([]int32, edges)
+	for i := range g.P.Node {
+		k := len(d.ins[i])
+		d.preds[i], buf = buf[:k:k], buf[k:]
+		d.fillPreds(int32(i))
 	}
 	live := make([]bool, len(d.nodes))
 	used := make(map[string]bool, len(g.P.Output))
@@ -118,8 +131,14 @@ func (d *deadCode) add(nd *pb.NodeProto) int32 {
 
 // setPreds looks up the producers of node i's inputs.
 func (d *deadCode) setPreds(i int32) {
-	ins := d.ins[i]
-	ps := make([]int32, len(ins))
+	d.preds[i] = make([]int32, len(d.ins[i]))
+	d.fillPreds(i)
+}
+
+// fillPreds fills d.preds[i] (of the right length) with the producers of
+// node i's inputs.
+func (d *deadCode) fillPreds(i int32) {
+	ins, ps := d.ins[i], d.preds[i]
 	for k, in := range ins {
 		ps[k] = -1
 		if in == "" {
@@ -129,7 +148,6 @@ func (d *deadCode) setPreds(i int32) {
 			ps[k] = d.id(p)
 		}
 	}
-	d.preds[i] = ps
 }
 
 // id returns nd's number, numbering it (and its producers) if it is new.
