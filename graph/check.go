@@ -115,7 +115,7 @@ func checkArity(n *pb.NodeProto, opset int64) error {
 
 // checkTensor checks one initializer's declared size against its data.
 func (m *Model) checkTensor(t *pb.TensorProto) error {
-	obj := fmt.Sprintf("initializer %q", t.GetName())
+	obj := tensorObj{t}
 	dt := DataType(t)
 	if t.Segment != nil {
 		return fmt.Errorf("%s: segmented tensors are not supported", obj)
@@ -162,6 +162,12 @@ func (m *Model) checkTensor(t *pb.TensorProto) error {
 	}
 	return nil
 }
+
+// tensorObj names an initializer in messages ("initializer \"w\""),
+// formatted only when a message is.
+type tensorObj struct{ t *pb.TensorProto }
+
+func (o tensorObj) String() string { return fmt.Sprintf("initializer %q", o.t.GetName()) }
 
 // typedFieldLen returns the number of raw bytes t's typed repeated fields
 // hold, without converting them; ok is false for types without a raw form.
