@@ -14,6 +14,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"sync"
 	"unsafe"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -86,6 +88,13 @@ func Load(path string) (*Model, error) {
 // when it is a file path, to resolve external data.
 func Parse(b []byte, name string) (*Model, error) {
 	mp := &pb.ModelProto{}
+	// Nearly everything decoding allocates is the model itself, which stays
+	// live: collecting meanwhile would only mark it again and again (three
+	// or four cycles for a big graph). The collector resumes, and catches
+	// up once, when decoding is done; a memory limit still applies.
+	if len(b) >= 1<<20 {
+		defer pauseGC()()
+	}
 	if err := (proto.UnmarshalOptions{}).Unmarshal(b, mp); err != nil {
 		return nil, &InputError{File: name, Msg: "not a valid ONNX protobuf (truncated or corrupt)", Err: err}
 	}
@@ -102,6 +111,32 @@ func Parse(b []byte, name string) (*Model, error) {
 	m := &Model{Proto: mp, Path: name, Dir: dir}
 	m.ext = newExternalStore(dir, name)
 	return m, nil
+}
+
+// gcPause counts the decodings in progress that paused the collector, so
+// that concurrent ones restore the setting found by the first only when the
+// last is done.
+var gcPause struct {
+	sync.Mutex
+	n    int
+	prev int
+}
+
+// pauseGC turns the collector off until the returned function is called.
+func pauseGC() func() {
+	gcPause.Lock()
+	if gcPause.n == 0 {
+		gcPause.prev = debug.SetGCPercent(-1)
+	}
+	gcPause.n++
+	gcPause.Unlock()
+	return func() {
+		gcPause.Lock()
+		if gcPause.n--; gcPause.n == 0 {
+			debug.SetGCPercent(gcPause.prev)
+		}
+		gcPause.Unlock()
+	}
 }
 
 // Close releases the side files opened for external data.
