@@ -283,12 +283,12 @@ func (d *deadCode) feedsOnly(i int32) bool {
 // removeDeadIn deletes nodes of region (plus constant-only feeders) whose
 // outputs reach no graph output any more, and initializers nothing reads.
 // It returns the names of what it removed, sorted.
-func (d *deadCode) removeDeadIn(region map[*pb.NodeProto]bool) (nodes, inits []string) {
+func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) {
 	g := d.g
 	d.epoch++
 	ep := d.epoch
 	drop := make([]int32, 0, len(region))
-	for n := range region {
+	for _, n := range region {
 		i := d.id(n)
 		if !d.removed[i] && !d.live(i) && d.dropMark[i] != ep {
 			d.dropMark[i] = ep

@@ -275,11 +275,7 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights
 		funcs[s.Variant()] = true
 	}
 	// Remove the region's nodes that are now dead, and the initializers only they read.
-	region := map[*pb.NodeProto]bool{}
-	for _, n := range b.Region {
-		region[n] = true
-	}
-	removedNodes, removedInits := dc.removeDeadIn(region)
+	removedNodes, removedInits := dc.removeDeadIn(b.Region)
 	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s, TracedExperts: b.TracedExperts}
 	js, _ := json.Marshal(prov)
 	m.SetMetadata(ProvenanceKey+name, string(js))
