@@ -85,7 +85,10 @@ func Load(path string) (*Model, error) {
 }
 
 // Parse decodes a serialized ModelProto. name is used in error messages and,
-// when it is a file path, to resolve external data.
+// when it is a file path, to resolve external data. While a model of 1 MiB
+// or more is decoded the garbage collector is paused (process-wide, as
+// debug.SetGCPercent(-1); a memory limit still applies) and the previous
+// setting is restored afterwards.
 func Parse(b []byte, name string) (*Model, error) {
 	mp := &pb.ModelProto{}
 	// Nearly everything decoding allocates is the model itself, which stays
