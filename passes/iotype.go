@@ -1,7 +1,10 @@
 package passes
 
 import (
+	"math"
+
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
 )
@@ -49,11 +52,8 @@ func setIOType(m *graph.Model, b *Block) {
 // compare with a tolerance scaled to the output's magnitude and skip the
 // tokens whose routing is a near-tie at that precision (halfTokens, nearTie).
 func checkTolerance(dt pb.TensorProto_DataType, peak float64) (rtol, atol float64, halfTokens bool) {
-	switch dt {
-	case pb.TensorProto_FLOAT16:
-		return 1e-2, 1e-2 * peak, true
-	case pb.TensorProto_BFLOAT16:
-		return 4e-2, 4e-2 * peak, true
+	if rel, ok := eval.HalfTolerance(dt); ok {
+		return rel, rel * peak, true
 	}
 	return CheckTolerance.RTol, CheckTolerance.ATol, false
 }
@@ -69,8 +69,8 @@ func tokensOff(got, want []float32, H int, rtol, atol float64, skip func(token i
 		}
 		bad := false
 		for j := t * H; j < (t+1)*H && j < len(want); j++ {
-			d := abs64(float64(got[j]) - float64(want[j]))
-			if d > atol+rtol*abs64(float64(want[j])) {
+			d := math.Abs(float64(got[j]) - float64(want[j]))
+			if d > atol+rtol*math.Abs(float64(want[j])) {
 				bad = true
 				if d > worst {
 					worst, at = d, j
@@ -82,13 +82,6 @@ func tokensOff(got, want []float32, H int, rtol, atol float64, skip func(token i
 		}
 	}
 	return off, worst, at
-}
-
-func abs64(x float64) float64 {
-	if x < 0 {
-		return -x
-	}
-	return x
 }
 
 // nearTie is the relative selection gap (moe.RouteGaps) below which a

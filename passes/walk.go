@@ -100,14 +100,24 @@ func (c *ctx) constTensor(v string) *pb.TensorProto {
 	return nil
 }
 
-// constFloats decodes a constant float tensor (float32/64/16), or nil.
-func (c *ctx) constFloats(v string) []float32 {
+// constBytes returns the constant tensor behind v and its raw bytes, or
+// nil when v is not a readable constant.
+func (c *ctx) constBytes(v string) (*pb.TensorProto, []byte) {
 	t := c.constTensor(v)
 	if t == nil {
-		return nil
+		return nil, nil
 	}
 	b, err := c.m.TensorBytes(t)
 	if err != nil {
+		return nil, nil
+	}
+	return t, b
+}
+
+// constFloats decodes a constant float tensor (float32/64/16), or nil.
+func (c *ctx) constFloats(v string) []float32 {
+	t, b := c.constBytes(v)
+	if t == nil {
 		return nil
 	}
 	f, err := graph.DecodeFloat32(graph.DataType(t), b)
@@ -119,12 +129,8 @@ func (c *ctx) constFloats(v string) []float32 {
 
 // constInts decodes a constant integer tensor (int64/int32), or nil.
 func (c *ctx) constInts(v string) []int64 {
-	t := c.constTensor(v)
+	t, b := c.constBytes(v)
 	if t == nil {
-		return nil
-	}
-	b, err := c.m.TensorBytes(t)
-	if err != nil {
 		return nil
 	}
 	switch graph.DataType(t) {

@@ -23,7 +23,6 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
-	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
 // SchemaVersion is the version of the Report JSON layout.
@@ -437,11 +436,8 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 		// significant bits: a graph that computes in float32 where the
 		// other rounds every step differs by that much, relative to the
 		// output's magnitude.
-		switch b.t.DType {
-		case pb.TensorProto_FLOAT16:
-			rtol, atol = max(rtol, 1e-2), max(atol, 1e-2*peak)
-		case pb.TensorProto_BFLOAT16:
-			rtol, atol = max(rtol, 4e-2), max(atol, 4e-2*peak)
+		if rel, ok := eval.HalfTolerance(b.t.DType); ok {
+			rtol, atol = max(rtol, rel), max(atol, rel*peak)
 		}
 	}
 	oc.RTol, oc.ATol = rtol, atol

@@ -50,18 +50,11 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 			if color != "auto" && color != "always" && color != "never" {
 				return usageErr(fmt.Errorf("unknown --color %q (want auto, always or never)", color))
 			}
-			if err := oneStdin(args); err != nil {
-				return err
-			}
-			a, err := loadModel(args[0])
+			a, b, err := loadPair(args)
 			if err != nil {
 				return err
 			}
 			defer a.Close()
-			b, err := loadModel(args[1])
-			if err != nil {
-				return err
-			}
 			defer b.Close()
 			r, err := mokopt.Diff(a, b)
 			if err != nil {

@@ -101,6 +101,22 @@ func loadModel(path string) (*mokopt.Model, error) {
 
 // oneStdin refuses more than one "-" among model arguments: standard input
 // holds one model.
+// loadPair loads the two models A and B of a comparison (at most one from
+// standard input); the caller closes both.
+func loadPair(args []string) (a, b *mokopt.Model, err error) {
+	if err := oneStdin(args); err != nil {
+		return nil, nil, err
+	}
+	if a, err = loadModel(args[0]); err != nil {
+		return nil, nil, err
+	}
+	if b, err = loadModel(args[1]); err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
 func oneStdin(args []string) error {
 	n := 0
 	for _, a := range args {

@@ -52,18 +52,11 @@ func newVerifyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := oneStdin(args); err != nil {
-				return err
-			}
-			a, err := loadModel(args[0])
+			a, b, err := loadPair(args)
 			if err != nil {
 				return err
 			}
 			defer a.Close()
-			b, err := loadModel(args[1])
-			if err != nil {
-				return err
-			}
 			defer b.Close()
 			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, MemLimit: int64(memLimit), Runner: runner, Engine: engine, Progress: newProgress(c)})
 			return reportVerify(c.OutOrStdout(), rep, err, asJSON)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
 // Diff summarises the elementwise difference between a computed tensor and
@@ -84,4 +86,20 @@ func Compare(got, want *Tensor, rtol, atol float64) (Diff, error) {
 		}
 	}
 	return d, nil
+}
+
+// HalfTolerance is the relative tolerance a comparison gives float16 (1e-2)
+// and bfloat16 (4e-2) values: the precision their 11 and 8 significant bits
+// carry, so that a graph that computes in float32 where another rounds every
+// step to the half type still compares equal. Callers also scale an
+// absolute tolerance by it (that fraction of the values' magnitude). ok is
+// false for other types.
+func HalfTolerance(dt pb.TensorProto_DataType) (rel float64, ok bool) {
+	switch dt {
+	case pb.TensorProto_FLOAT16:
+		return 1e-2, true
+	case pb.TensorProto_BFLOAT16:
+		return 4e-2, true
+	}
+	return 0, false
 }
