@@ -254,6 +254,19 @@ func (g *Graph) Initializer(v string) *pb.TensorProto {
 	return nil
 }
 
+// ValueID returns the number the index gave value v, or -1 when v is not
+// in the graph. Numbers are dense (0 to NumValues()-1) and stay valid until
+// the index changes; with them callers can keep per-value state in slices.
+func (g *Graph) ValueID(v string) int32 {
+	if j, ok := g.ids[v]; ok {
+		return j
+	}
+	return -1
+}
+
+// NumValues returns how many values the index has numbered (see ValueID).
+func (g *Graph) NumValues() int { return len(g.prod) }
+
 // IsInput reports whether v is a graph input.
 func (g *Graph) IsInput(v string) bool { return g.inputs[v] }
 

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/mokopt/mokopt/ep"
@@ -111,17 +112,12 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	if tbl == nil {
 		tbl = ep.DefaultTable()
 	}
-	c := &ctx{m: m, g: g, restore: opt.RestoreTracedExperts, epTable: tbl}
-	topo, err := c.g.TopoSort()
+	c, err := newCtx(m, g)
 	if err != nil {
-		return nil, &graph.InputError{File: m.Name(), Msg: err.Error(), Err: err}
+		return nil, err
 	}
-	c.topo = topo
-	c.order = make(map[*pb.NodeProto]int, len(topo))
-	for i, n := range topo {
-		c.order[n] = i
-	}
-	c.preds = make([][]*pb.NodeProto, len(topo))
+	c.restore, c.epTable = opt.RestoreTracedExperts, tbl
+	topo := c.topo
 	det := &Detection{}
 	claimed := map[*pb.NodeProto]bool{}
 	var missed []*pb.NodeProto // TopK candidates reported as near-misses
@@ -227,41 +223,55 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	return det, nil
 }
 
+// newCtx indexes g, the main graph of m, for detection.
+func newCtx(m *graph.Model, g *graph.Graph) (*ctx, error) {
+	c := &ctx{m: m, g: g}
+	topo, err := c.g.TopoSort()
+	if err != nil {
+		return nil, &graph.InputError{File: m.Name(), Msg: err.Error(), Err: err}
+	}
+	c.topo = topo
+	c.order = make(map[*pb.NodeProto]int, len(topo))
+	for i, n := range topo {
+		c.order[n] = i
+	}
+	c.d = newDense(g, topo)
+	return c, nil
+}
+
 // isAuxTopK reports whether a TopK only feeds other TopKs (the group
 // selection of group-limited routing): whether a TopK is reached from its
 // outputs without crossing a MatMul or Gemm (a later layer's router is not
 // ours).
 func (c *ctx) isAuxTopK(n *pb.NodeProto) bool {
 	if c.auxTopK == nil {
-		// reachesTopK[n]: n is a TopK, or n is not a MatMul/Gemm and one of
-		// its consumers reaches a TopK. Consumers come later in topological
-		// order, so one reverse pass settles every node.
-		c.auxTopK = make(map[*pb.NodeProto]bool)
+		// reachesTopK[p]: node p is a TopK, or p is not a MatMul/Gemm and
+		// one of its consumers reaches a TopK. Consumers come later in
+		// topological order, so one reverse pass settles every node.
+		c.auxTopK = make([]bool, len(c.topo))
 		for i := len(c.topo) - 1; i >= 0; i-- {
-			nd := c.topo[i]
-			switch nd.GetOpType() {
+			switch c.topo[i].GetOpType() {
 			case "TopK":
-				c.auxTopK[nd] = true
+				c.auxTopK[i] = true
 				continue
 			case "MatMul", "Gemm":
 				continue
 			}
-			if c.feedsTopK(nd) {
-				c.auxTopK[nd] = true
-			}
+			c.auxTopK[i] = c.feedsTopK(c.d.outVal[c.d.outOff[i]:c.d.outOff[i+1]])
 		}
 	}
-	return c.feedsTopK(n)
+	return c.feedsTopK(c.valueIDs(n.Output...))
 }
 
-// feedsTopK reports whether a consumer of n's outputs reaches a TopK (see isAuxTopK).
-func (c *ctx) feedsTopK(n *pb.NodeProto) bool {
-	for _, o := range n.Output {
-		if o == "" {
+// feedsTopK reports whether a consumer of the values outs (value numbers)
+// reaches a TopK (see isAuxTopK).
+func (c *ctx) feedsTopK(outs []int32) bool {
+	for _, j := range outs {
+		if j < 0 {
 			continue
 		}
-		for _, nd := range c.g.Consumers(o) {
-			if c.auxTopK[nd] {
+		for _, p := range c.d.consumers(j) {
+			if c.auxTopK[p] {
 				return true
 			}
 		}
@@ -383,7 +393,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		}
 		break
 	}
-	region := c.regionWhere(x0, y, xDeps.has)
+	region := c.regionWhere(x0, y, xDeps.hasPos)
 	b := &Block{Kind: "", Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk}
 	b.Region = region
 	b.Nodes = len(region)
@@ -397,8 +407,9 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	if sharedVal != "" {
 		sharedNodes = c.backward(sharedVal, map[string]bool{x0: true})
 	}
-	c.limit, c.idxDeps = inRegion, nil
-	defer func() { c.limit, c.idxDeps = nil, nil }()
+	c.setLimit(inRegion)
+	c.idxDeps = nil
+	defer func() { c.setLimit(nil); c.idxDeps = nil }()
 	c.routerPost(tk, ri, &s, inRegion)
 	plan := &WeightPlan{}
 	kind := c.experts(b, tk, ri, &s, inRegion, sharedNodes, plan)
@@ -622,71 +633,77 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 	// constant weight other than the router.
 	anc := c.ancestors(tk.Input[0]) // an earlier layer's experts are not ours
 	c.weightMatMuls()
-	afterMemo := map[*pb.NodeProto]bool{}
-	// afterExpert[n]: n is reached from the output of such a matmul. An
-	// ancestor of the router input never is (the matmul would be one too).
-	var afterExpert func(n *pb.NodeProto) bool
-	afterExpert = func(n *pb.NodeProto) bool {
-		if v, ok := afterMemo[n]; ok {
-			return v
+	d := c.d
+	router := int32(-1)
+	if routerLinear != nil {
+		if p, ok := c.posOf(routerLinear); ok {
+			router = p
 		}
-		afterMemo[n] = false
-		if anc[n] {
+	}
+	afterMemo := make([]uint8, len(c.topo)) // 0 unknown, 1 no, 2 yes
+	// afterExpert(p): node p is reached from the output of such a matmul.
+	// An ancestor of the router input never is (the matmul would be one too).
+	var afterExpert func(p int32) bool
+	afterExpert = func(p int32) bool {
+		if v := afterMemo[p]; v != 0 {
+			return v == 2
+		}
+		afterMemo[p] = 1
+		if anc[p] {
 			return false
 		}
-		for _, p := range c.predsOf(n, graph.NodeInputs(n)) {
-			if p == nil {
+		for _, q := range d.inPred[d.inOff[p]:d.inOff[p+1]] {
+			if q < 0 {
 				continue
 			}
-			if c.wmmSet[p] && p != routerLinear && !anc[p] || afterExpert(p) {
-				afterMemo[n] = true
+			if c.wmmAt[q] && q != router && !anc[q] || afterExpert(q) {
+				afterMemo[p] = 2
 				return true
 			}
 		}
 		return false
 	}
-	pending := map[string]int{} // derived value -> consumers not yet visited
-	live := 0
-	addVal := func(v string) {
-		if v == "" {
+	// pending[v]: consumers of derived value v not yet visited.
+	pending := map[int32]int32{}
+	addVal := func(j int32) {
+		if j < 0 {
 			return
 		}
-		n := len(c.g.Consumers(v))
-		if c.g.IsOutput(v) {
+		n := d.consOff[j+1] - d.consOff[j]
+		if d.isOut[j] {
 			n++ // never closes
 		}
 		if n > 0 {
-			pending[v] = n
-			live++
+			pending[j] = n
 		}
 	}
-	for _, o := range tk.Output {
-		addVal(o)
+	for _, j := range c.valueIDs(tk.Output...) {
+		addVal(j)
 	}
-	for i := c.order[tk] + 1; i < len(c.topo); i++ {
-		n := c.topo[i]
-		if !fwd.has(n) {
+	for i := int32(c.order[tk]) + 1; i < int32(len(c.topo)); i++ {
+		if !fwd.hasPos(i) {
 			continue
 		}
-		for _, in := range graph.NodeInputs(n) {
-			if cnt, ok := pending[in]; ok {
+		for _, j := range d.inVal[d.inOff[i]:d.inOff[i+1]] {
+			if cnt, ok := pending[j]; ok {
 				if cnt == 1 {
-					delete(pending, in)
-					live--
+					delete(pending, j)
 				} else {
-					pending[in] = cnt - 1
+					pending[j] = cnt - 1
 				}
 			}
 		}
-		for _, o := range n.Output {
-			addVal(o)
+		outs := d.outVal[d.outOff[i]:d.outOff[i+1]]
+		for _, j := range outs {
+			addVal(j)
 		}
-		if live == 1 && len(n.Output) == 1 {
-			if _, ok := pending[n.Output[0]]; ok && isFloatCompute(n) && afterExpert(n) && !c.feedsWeightMatMul(n.Output[0]) {
+		if len(pending) == 1 && len(outs) == 1 {
+			n := c.topo[i]
+			if _, ok := pending[outs[0]]; ok && isFloatCompute(n) && afterExpert(i) && !c.feedsWeightMatMul(n.Output[0]) {
 				return n.Output[0]
 			}
 		}
-		if live == 0 {
+		if len(pending) == 0 {
 			return ""
 		}
 	}
@@ -697,11 +714,11 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 func (c *ctx) weightMatMuls() []*pb.NodeProto {
 	if c.wmm == nil {
 		c.wmm = []*pb.NodeProto{}
-		c.wmmSet = map[*pb.NodeProto]bool{}
-		for _, n := range c.topo {
+		c.wmmAt = make([]bool, len(c.topo))
+		for p, n := range c.topo {
 			if c.expertMatMul(n) != nil {
 				c.wmm = append(c.wmm, n)
-				c.wmmSet[n] = true
+				c.wmmAt[p] = true
 			}
 		}
 	}
@@ -738,27 +755,28 @@ func isFloatCompute(n *pb.NodeProto) bool {
 // that y depends on (plus the constant-only feeders only they use, which
 // dead-code removal takes care of).
 func (c *ctx) regionBetween(x0, y string, xDeps map[*pb.NodeProto]bool) []*pb.NodeProto {
-	return c.regionWhere(x0, y, func(n *pb.NodeProto) bool { return xDeps[n] })
+	return c.regionWhere(x0, y, func(p int32) bool { return xDeps[c.topo[p]] })
 }
 
 // regionWhere is regionBetween with "depends on x0" given as a predicate
-// (a lazy reach, so that big models are not walked past the block).
-func (c *ctx) regionWhere(x0, y string, dependsOnX0 func(*pb.NodeProto) bool) []*pb.NodeProto {
-	back := c.backward(y, map[string]bool{x0: true})
-	var out []*pb.NodeProto
-	for n := range back {
-		if dependsOnX0(n) {
-			out = append(out, n)
+// on topological positions (a lazy reach, so that big models are not
+// walked past the block).
+func (c *ctx) regionWhere(x0, y string, dependsOnX0 func(int32) bool) []*pb.NodeProto {
+	back := c.backPos(y, c.valueIDs(x0))
+	out := back[:0]
+	for _, p := range back {
+		if dependsOnX0(p) {
+			out = append(out, p)
 		}
 	}
-	c.sortByOrder(out)
-	return out
+	slices.Sort(out)
+	return c.nodesAt(out)
 }
 
 // hasWeightMatMul reports whether v is computed from x0 through a MatMul or
 // Gemm with a constant weight.
 func (c *ctx) hasWeightMatMul(v, x0 string) bool {
-	for n := range c.backward(v, map[string]bool{x0: true}) {
+	for _, n := range c.backNodes(v, x0) {
 		if (n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm") && len(n.Input) > 1 {
 			if c.matmulWeight(n.Input[1]) != nil || c.matmulWeight(n.Input[0]) != nil {
 				return true
@@ -773,20 +791,17 @@ func (c *ctx) hasWeightMatMul(v, x0 string) bool {
 func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion map[*pb.NodeProto]bool) {
 	seeds := []string{tk.Output[0]}
 	// With a correction bias the weights are the unbiased scores gathered by the indices.
-	for n := range c.forward(tk.Output[1]) {
-		if n.GetOpType() == "GatherElements" && ri.scores != "" && c.through(n.Input[0]) == c.through(ri.scores) {
-			seeds = append(seeds, n.Output[0])
+	if ri.scores != "" {
+		for _, n := range c.forwardNodes(tk.Output[1]) {
+			if n.GetOpType() == "GatherElements" && c.through(n.Input[0]) == c.through(ri.scores) {
+				seeds = append(seeds, n.Output[0])
+			}
 		}
 	}
-	rw := c.forward(seeds...)
-	var nodes []*pb.NodeProto
-	for n := range rw {
-		if inRegion[n] {
-			nodes = append(nodes, n)
+	for _, n := range c.forwardNodes(seeds...) {
+		if !inRegion[n] {
+			continue
 		}
-	}
-	c.sortByOrder(nodes)
-	for _, n := range nodes {
 		switch n.GetOpType() {
 		case "MatMul", "Gemm":
 			return // reached expert compute

@@ -227,9 +227,9 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 			fail("local expert weight %q has %d experts, the group of %d ranks over %d experts needs %d per rank", e.w.t.GetName(), d[0], G, E, L)
 		}
 	}
-	c.limit = local
+	c.setLimit(local)
 	roles := c.roles(l1, l2, &s, true)
-	c.limit = nil
+	c.setLimit(nil)
 	// Block output: after the combine, through noise, the sum over source
 	// ranks and slots, the router-weight multiply, and a shared expert.
 	xDeps := c.forward(x0)
@@ -310,9 +310,9 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 			fail("another collective %q inside the block", graph.NodeLabel(n))
 		}
 	}
-	c.limit = inRegion
+	c.setLimit(inRegion)
 	c.routerPost(tk, ri, &s, inRegion)
-	c.limit = nil
+	c.setLimit(nil)
 	plan := &WeightPlan{Router: Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}, Experts: make([]ExpertProj, L)}
 	if ri.bias != nil {
 		plan.RouterB = &Proj{Init: ri.bias, Expert: -1}

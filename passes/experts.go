@@ -185,11 +185,11 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, i
 	if len(ems) == 0 {
 		fail("no expert matmuls between the router and the combine")
 	}
-	stop := map[string]bool{b.Input: true}
-	deps := map[*emm]map[*pb.NodeProto]bool{}
+	stop := c.valueIDs(b.Input)
+	deps := map[*emm][]*pb.NodeProto{}
 	for _, e := range ems {
-		deps[e] = c.backward(e.act, stop)
-		for n := range deps[e] {
+		deps[e] = c.nodesAt(c.backPos(e.act, stop))
+		for _, n := range deps[e] {
 			if byNode[n] != nil {
 				e.layer2 = true
 			}
@@ -251,7 +251,7 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, i
 			continue
 		}
 		var owner *branch
-		for n := range deps[e] {
+		for _, n := range deps[e] {
 			if br := l1Branch[n]; br != nil {
 				if owner != nil && owner != br {
 					fail("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
@@ -378,10 +378,11 @@ func (c *ctx) branchExpert(act, x0 string, tk *pb.NodeProto) int {
 	}
 	idxDeps := c.idxDeps
 	found := -1
-	for n := range c.backward(act, map[string]bool{x0: true}) {
-		if !idxDeps.has(n) {
+	for _, p := range c.backPos(act, c.valueIDs(x0)) {
+		if !idxDeps.hasPos(p) {
 			continue
 		}
+		n := c.topo[p]
 		var cand []string
 		switch n.GetOpType() {
 		case "Gather":
@@ -567,11 +568,11 @@ func (c *ctx) exclusiveSigmoid(v, other string) bool {
 // activation reads clamp limits, the sigmoid's alpha and a +1 on the up path.
 func (c *ctx) activation(g, u, a string, s *moe.Spec) {
 	s.Activation = moe.SwiGLU
-	nodes := c.backward(a, map[string]bool{g: true, u: true})
+	nodes := c.backNodes(a, g, u)
 	gF, uF := c.reachFrom(g), c.reachFrom(u)
 	var limit float32
 	plusOne, alpha := false, float32(1)
-	for n := range nodes {
+	for _, n := range nodes {
 		switch n.GetOpType() {
 		case "Clip":
 			if len(n.Input) > 2 && n.Input[2] != "" {
@@ -612,7 +613,7 @@ func (c *ctx) activation(g, u, a string, s *moe.Spec) {
 
 // geluCheck requires a GELU (Erf form or a Gelu op) between up and down.
 func (c *ctx) geluCheck(v, a string) {
-	for n := range c.backward(a, map[string]bool{v: true}) {
+	for _, n := range c.backNodes(a, v) {
 		if n.GetOpType() == "Erf" || n.GetOpType() == "Gelu" {
 			return
 		}
@@ -622,10 +623,10 @@ func (c *ctx) geluCheck(v, a string) {
 
 // sharedExpert reads an (optionally sigmoid-gated) SwiGLU shared expert.
 func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
-	nodes := c.backward(v, map[string]bool{x0: true})
+	nodes := c.backNodes(v, x0)
 	var ems []*emm
 	byNode := map[*pb.NodeProto]*emm{}
-	for n := range nodes {
+	for _, n := range nodes {
 		if e := c.expertMatMul(n); e != nil && e.w.sel == selNone && len(e.w.t.GetDims()) == 2 {
 			ems = append(ems, e)
 			byNode[n] = e
@@ -645,7 +646,7 @@ func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
 	var l2 *emm
 	for _, e := range rest {
 		isL2 := false
-		for n := range c.backward(e.act, map[string]bool{x0: true}) {
+		for _, n := range c.backNodes(e.act, x0) {
 			if byNode[n] != nil && byNode[n] != gateW {
 				isL2 = true
 			}

@@ -77,7 +77,10 @@ func TestMissingExpertNamed(t *testing.T) {
 	g := m.Graph()
 	// The ScatterND chain adds one expert per step; find the step whose
 	// update comes from the branch selected by the constant 5 and bypass it.
-	c := &ctx{m: m, g: g}
+	c, err := newCtx(m, g)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cut := false
 	for _, n := range g.NodesByOp("ScatterND") {
 		for nd := range c.backward(n.Input[2], nil) {

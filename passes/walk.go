@@ -6,7 +6,9 @@ package passes
 
 import (
 	"encoding/binary"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/mokopt/mokopt/ep"
@@ -38,36 +40,15 @@ type ctx struct {
 	// epClone maps the MoE stand-in of a ShardedMoE node to the node.
 	epClone map[*pb.NodeProto]*pb.NodeProto
 
-	wmmSet  map[*pb.NodeProto]bool // the nodes of wmm
-	anc     map[*pb.NodeProto]bool // ancRoot and its ancestors (see ancestors)
-	ancRoot *pb.NodeProto
-	auxTopK map[*pb.NodeProto]bool // nodes from which a TopK is reached without crossing a MatMul/Gemm
+	wmmAt   []bool // by position: the nodes of wmm
+	anc     []bool // ancRoot and its ancestors by position (see ancestors)
+	ancRoot int32
+	auxTopK []bool // by position: nodes from which a TopK is reached without crossing a MatMul/Gemm
 	idxDeps *reach                 // per block: what the top-k indices reach (see branchExpert)
-	// preds caches, per topological position, the producers of the
-	// node's NodeInputs (see predsOf).
-	preds [][]*pb.NodeProto
-}
-
-// predsOf returns the producers of n's NodeInputs, aligned with them (nil
-// where a value has none), cached for nodes of the topological order: the
-// detector walks each block's nodes back several times.
-func (c *ctx) predsOf(n *pb.NodeProto, ins []string) []*pb.NodeProto {
-	pos, ok := c.order[n]
-	// Synthetic nodes (sparsemixer selections) share a real node's position.
-	ok = ok && pos < len(c.preds) && c.topo[pos] == n
-	if ok && c.preds[pos] != nil {
-		return c.preds[pos]
-	}
-	ps := make([]*pb.NodeProto, len(ins))
-	for i, in := range ins {
-		if in != "" {
-			ps[i] = c.g.Producer(in)
-		}
-	}
-	if ok {
-		c.preds[pos] = ps
-	}
-	return ps
+	// d numbers nodes, values and edges for the walks (see dense).
+	d *dense
+	// lim is limit by topological position (nil: no limit).
+	lim []bool
 }
 
 // through walks back from v over noise ops and returns the first value not
@@ -173,19 +154,20 @@ func (c *ctx) isConst(v string) bool { return c.constTensor(v) != nil }
 
 // forward returns the set of nodes reachable from the given values.
 func (c *ctx) forward(vals ...string) map[*pb.NodeProto]bool {
-	seen := map[*pb.NodeProto]bool{}
-	stack := append([]string(nil), vals...)
-	for len(stack) > 0 {
-		v := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		for _, n := range c.g.Consumers(v) {
-			if !seen[n] && (c.limit == nil || c.limit[n]) {
-				seen[n] = true
-				stack = append(stack, n.Output...)
-			}
-		}
+	ps := c.fwdPos(vals...)
+	seen := make(map[*pb.NodeProto]bool, len(ps))
+	for _, p := range ps {
+		seen[c.topo[p]] = true
 	}
 	return seen
+}
+
+// forwardNodes lists, in topological order, the nodes reachable from the
+// given values.
+func (c *ctx) forwardNodes(vals ...string) []*pb.NodeProto {
+	ps := c.fwdPos(vals...)
+	slices.Sort(ps)
+	return c.nodesAt(ps)
 }
 
 // sortByOrder sorts nodes by topological position, looking each position
@@ -208,26 +190,10 @@ func (c *ctx) sortByOrder(nodes []*pb.NodeProto) {
 
 // backward returns the nodes v depends on, stopping at values in stop.
 func (c *ctx) backward(v string, stop map[string]bool) map[*pb.NodeProto]bool {
-	seen := map[*pb.NodeProto]bool{}
-	if stop[v] {
-		return seen
-	}
-	p := c.g.Producer(v)
-	if p == nil {
-		return seen
-	}
-	seen[p] = true
-	stack := []*pb.NodeProto{p}
-	for len(stack) > 0 {
-		n := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		ins := graph.NodeInputs(n)
-		for i, q := range c.predsOf(n, ins) {
-			if q != nil && !seen[q] && !stop[ins[i]] {
-				seen[q] = true
-				stack = append(stack, q)
-			}
-		}
+	ps := c.backPos(v, c.valueIDs(slices.Collect(maps.Keys(stop))...))
+	seen := make(map[*pb.NodeProto]bool, len(ps))
+	for _, p := range ps {
+		seen[c.topo[p]] = true
 	}
 	return seen
 }
@@ -236,21 +202,24 @@ func (c *ctx) backward(v string, stop map[string]bool) map[*pb.NodeProto]bool {
 // of nodes for which stop holds (those nodes are included).
 func (c *ctx) backwardTo(v string, stop func(*pb.NodeProto) bool) map[*pb.NodeProto]bool {
 	seen := map[*pb.NodeProto]bool{}
-	p := c.g.Producer(v)
-	if p == nil {
+	j := c.g.ValueID(v)
+	if j < 0 || c.d.prod[j] < 0 {
 		return seen
 	}
-	seen[p] = true
-	stack := []*pb.NodeProto{p}
+	d := c.d
+	ep := d.nextEpoch()
+	stack := []int32{d.prod[j]}
+	d.mark[stack[0]] = ep
 	for len(stack) > 0 {
-		n := stack[len(stack)-1]
+		p := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if stop(n) {
+		seen[c.topo[p]] = true
+		if stop(c.topo[p]) {
 			continue
 		}
-		for _, q := range c.predsOf(n, graph.NodeInputs(n)) {
-			if q != nil && !seen[q] {
-				seen[q] = true
+		for _, q := range d.inPred[d.inOff[p]:d.inOff[p+1]] {
+			if q >= 0 && d.mark[q] != ep {
+				d.mark[q] = ep
 				stack = append(stack, q)
 			}
 		}
@@ -265,23 +234,24 @@ func (c *ctx) backwardTo(v string, stop func(*pb.NodeProto) bool) map[*pb.NodePr
 // visited, so a membership test costs the size of the region between, not
 // the rest of the model as a full forward walk would.
 type reach struct {
-	c     *ctx
-	src   map[string]bool
-	limit map[*pb.NodeProto]bool
-	cut   int // nodes at or before this topological position cannot be reached
-	memo  map[*pb.NodeProto]bool
+	c   *ctx
+	src []int32 // value numbers
+	lim []bool
+	cut int32 // nodes at or before this topological position cannot be reached
+	// memo[p-cut-1]: 0 unknown, 1 not reached (or being visited), 2 reached.
+	memo []uint8
 }
 
 // reachFrom returns a lazy forward(vals...) for membership tests.
 func (c *ctx) reachFrom(vals ...string) *reach {
-	r := &reach{c: c, src: map[string]bool{}, limit: c.limit, cut: len(c.topo), memo: map[*pb.NodeProto]bool{}}
-	for _, v := range vals {
-		if v == "" || len(c.g.Consumers(v)) == 0 {
+	r := &reach{c: c, lim: c.lim, cut: int32(len(c.topo))}
+	for _, j := range c.valueIDs(vals...) {
+		if c.d.consOff[j] == c.d.consOff[j+1] {
 			continue
 		}
-		r.src[v] = true
-		if p := c.g.Producer(v); p != nil {
-			r.cut = min(r.cut, c.order[p])
+		r.src = append(r.src, j)
+		if p := c.d.prod[j]; p >= 0 {
+			r.cut = min(r.cut, p)
 		} else {
 			r.cut = -1
 		}
@@ -291,45 +261,67 @@ func (c *ctx) reachFrom(vals ...string) *reach {
 
 // has reports whether n is in forward(vals...).
 func (r *reach) has(n *pb.NodeProto) bool {
-	if v, ok := r.memo[n]; ok {
-		return v
+	if p, ok := r.c.posOf(n); ok {
+		return r.hasPos(p)
 	}
-	if len(r.src) == 0 || (r.limit != nil && !r.limit[n]) {
+	// A synthetic node: reached when an input is a source or is produced
+	// by a reached node.
+	pos, ok := r.c.order[n]
+	if len(r.src) == 0 || !ok || int32(pos) <= r.cut || r.lim != nil {
 		return false
 	}
-	if pos, ok := r.c.order[n]; !ok || pos <= r.cut {
-		return false
-	}
-	r.memo[n] = false // the graph is acyclic; this only guards against malformed input
-	ins := graph.NodeInputs(n)
-	ps := r.c.predsOf(n, ins)
-	for i, in := range ins {
-		if in == "" {
+	for _, in := range graph.NodeInputs(n) {
+		j := r.c.g.ValueID(in)
+		if in == "" || j < 0 {
 			continue
 		}
-		if r.src[in] {
-			r.memo[n] = true
-			return true
-		}
-		if p := ps[i]; p != nil && r.has(p) {
-			r.memo[n] = true
+		if slices.Contains(r.src, j) || r.c.d.prod[j] >= 0 && r.hasPos(r.c.d.prod[j]) {
 			return true
 		}
 	}
 	return false
 }
 
-// ancestors returns backward(v, nil): the producer of v and every node it
-// depends on. The set is kept between calls: when the previous root is an
-// ancestor of the new one (the next layer of a chained model), only the
-// nodes in between are walked, so asking for every layer's router in turn
-// costs one walk over the model instead of one per layer. The returned map
-// must not be modified.
-func (c *ctx) ancestors(v string) map[*pb.NodeProto]bool {
-	root := c.g.Producer(v)
-	if root == nil {
-		return map[*pb.NodeProto]bool{}
+// hasPos is has for the node at topological position p.
+func (r *reach) hasPos(p int32) bool {
+	if p <= r.cut || len(r.src) == 0 || (r.lim != nil && !r.lim[p]) {
+		return false
 	}
+	i := int(p - r.cut - 1)
+	if i >= len(r.memo) {
+		r.memo = append(r.memo, make([]uint8, i+1-len(r.memo)+len(r.memo)/2)...)
+	}
+	if m := r.memo[i]; m != 0 {
+		return m == 2
+	}
+	r.memo[i] = 1 // the graph is acyclic; this only guards against malformed input
+	d := r.c.d
+	for e := d.inOff[p]; e < d.inOff[p+1]; e++ {
+		j := d.inVal[e]
+		if j < 0 {
+			continue
+		}
+		if slices.Contains(r.src, j) || d.inPred[e] >= 0 && r.hasPos(d.inPred[e]) {
+			r.memo[i] = 2
+			return true
+		}
+	}
+	return false
+}
+
+// ancestors returns, indexed by topological position, backward(v, nil):
+// the producer of v and every node it depends on. The set is kept between
+// calls: when the previous root is an ancestor of the new one (the next
+// layer of a chained model), only the nodes in between are walked, so
+// asking for every layer's router in turn costs one walk over the model
+// instead of one per layer. The returned slice must not be modified.
+func (c *ctx) ancestors(v string) []bool {
+	j := c.g.ValueID(v)
+	if j < 0 || c.d.prod[j] < 0 {
+		return make([]bool, len(c.topo))
+	}
+	d := c.d
+	root := d.prod[j]
 	if c.anc != nil && root == c.ancRoot {
 		return c.anc
 	}
@@ -337,37 +329,40 @@ func (c *ctx) ancestors(v string) map[*pb.NodeProto]bool {
 		// Walk back from root, stopping at nodes already in the set: the
 		// previous root is reached iff it is an ancestor of root (every path
 		// to it runs through its descendants, none of which is in the set).
-		seen := map[*pb.NodeProto]bool{}
-		var added []*pb.NodeProto
+		ep := d.nextEpoch()
+		var added []int32
 		reached := false
-		stack := []*pb.NodeProto{root}
+		stack := []int32{root}
 		for len(stack) > 0 {
-			n := stack[len(stack)-1]
+			p := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
-			if c.anc[n] {
-				reached = reached || n == c.ancRoot
+			if c.anc[p] {
+				reached = reached || p == c.ancRoot
 				continue
 			}
-			if seen[n] {
+			if d.mark[p] == ep {
 				continue
 			}
-			seen[n] = true
-			added = append(added, n)
-			for _, p := range c.predsOf(n, graph.NodeInputs(n)) {
-				if p != nil {
-					stack = append(stack, p)
+			d.mark[p] = ep
+			added = append(added, p)
+			for _, q := range d.inPred[d.inOff[p]:d.inOff[p+1]] {
+				if q >= 0 {
+					stack = append(stack, q)
 				}
 			}
 		}
 		if reached {
-			for _, n := range added {
-				c.anc[n] = true
+			for _, p := range added {
+				c.anc[p] = true
 			}
 			c.ancRoot = root
 			return c.anc
 		}
 	}
-	c.anc, c.ancRoot = c.backward(v, nil), root
+	c.anc, c.ancRoot = make([]bool, len(c.topo)), root
+	for _, p := range c.backPos(v, nil) {
+		c.anc[p] = true
+	}
 	return c.anc
 }
 

@@ -1,0 +1,221 @@
+package passes
+
+import (
+	"slices"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// dense numbers the graph for the detector's walks: nodes by topological
+// position, values by graph.Graph.ValueID, and the def-use edges in
+// compressed rows, so that a walk indexes slices instead of hashing names
+// and node pointers. It is built once per detection (the detector never
+// edits the graph).
+type dense struct {
+	// inOff[p]..inOff[p+1] index node p's NodeInputs in inVal and inPred.
+	inOff  []int32
+	inVal  []int32 // value number of the input (-1: empty name)
+	inPred []int32 // topological position of its producer (-1: none)
+	// outOff[p]..outOff[p+1] index node p's outputs in outVal.
+	outOff []int32
+	outVal []int32 // value number of the output (-1: empty name)
+	// consOff[v]..consOff[v+1] index value v's consumers in cons
+	// (topological positions, once per reading input).
+	consOff []int32
+	cons    []int32
+	isOut   []bool  // value is a graph output
+	prod    []int32 // value number -> producer position (-1: none)
+	// mark and epoch give walks a visited set without clearing: a
+	// position is marked when mark[p] == epoch.
+	mark  []uint32
+	epoch uint32
+}
+
+// newDense numbers g's nodes in the order topo.
+func newDense(g *graph.Graph, topo []*pb.NodeProto) *dense {
+	nv := g.NumValues()
+	d := &dense{
+		inOff:  make([]int32, len(topo)+1),
+		outOff: make([]int32, len(topo)+1),
+		prod:   make([]int32, nv),
+		isOut:  make([]bool, nv),
+		mark:   make([]uint32, len(topo)),
+	}
+	for i := range d.prod {
+		d.prod[i] = -1
+	}
+	for _, v := range g.P.Output {
+		if j := g.ValueID(v.GetName()); j >= 0 {
+			d.isOut[j] = true
+		}
+	}
+	edges, outs := 0, 0
+	for _, n := range topo {
+		edges += len(n.Input)
+		outs += len(n.Output)
+	}
+	d.inVal = make([]int32, 0, edges)
+	d.outVal = make([]int32, 0, outs)
+	for p, n := range topo {
+		for _, o := range n.Output {
+			j := int32(-1)
+			if o != "" {
+				j = g.ValueID(o)
+				d.prod[j] = int32(p)
+			}
+			d.outVal = append(d.outVal, j)
+		}
+		d.outOff[p+1] = int32(len(d.outVal))
+	}
+	count := make([]int32, nv+1)
+	for p, n := range topo {
+		for _, in := range graph.NodeInputs(n) {
+			j := int32(-1)
+			if in != "" {
+				j = g.ValueID(in)
+				count[j+1]++
+			}
+			d.inVal = append(d.inVal, j)
+		}
+		d.inOff[p+1] = int32(len(d.inVal))
+	}
+	d.inPred = make([]int32, len(d.inVal))
+	for e, j := range d.inVal {
+		d.inPred[e] = -1
+		if j >= 0 {
+			d.inPred[e] = d.prod[j]
+		}
+	}
+	for j := 1; j <= nv; j++ {
+		count[j] += count[j-1]
+	}
+	d.consOff = slices.Clone(count)
+	d.cons = make([]int32, count[nv])
+	for p := range topo {
+		for e := d.inOff[p]; e < d.inOff[p+1]; e++ {
+			if j := d.inVal[e]; j >= 0 {
+				d.cons[count[j]] = int32(p)
+				count[j]++
+			}
+		}
+	}
+	return d
+}
+
+// nextEpoch starts a new visited set over mark.
+func (d *dense) nextEpoch() uint32 {
+	d.epoch++
+	if d.epoch == 0 { // wrapped: forget every old mark
+		clear(d.mark)
+		d.epoch = 1
+	}
+	return d.epoch
+}
+
+// consumers returns the positions of the nodes reading value j.
+func (d *dense) consumers(j int32) []int32 { return d.cons[d.consOff[j]:d.consOff[j+1]] }
+
+// posOf returns n's topological position; ok is false for nodes outside
+// the order (the synthetic selections standing for sparsemixer routers).
+func (c *ctx) posOf(n *pb.NodeProto) (int32, bool) {
+	p, ok := c.order[n]
+	if !ok || p >= len(c.topo) || c.topo[p] != n {
+		return 0, false
+	}
+	return int32(p), true
+}
+
+// valueIDs returns the value numbers of the non-empty names among vals
+// that the graph knows.
+func (c *ctx) valueIDs(vals ...string) []int32 {
+	ids := make([]int32, 0, len(vals))
+	for _, v := range vals {
+		if v == "" {
+			continue
+		}
+		if j := c.g.ValueID(v); j >= 0 {
+			ids = append(ids, j)
+		}
+	}
+	return ids
+}
+
+// nodesAt returns the nodes at the given positions.
+func (c *ctx) nodesAt(ps []int32) []*pb.NodeProto {
+	out := make([]*pb.NodeProto, len(ps))
+	for i, p := range ps {
+		out[i] = c.topo[p]
+	}
+	return out
+}
+
+// backPos returns the positions of the nodes v depends on, v's producer
+// first, not walking past the values in stop (value numbers).
+func (c *ctx) backPos(v string, stop []int32) []int32 {
+	j := c.g.ValueID(v)
+	if j < 0 || slices.Contains(stop, j) || c.d.prod[j] < 0 {
+		return nil
+	}
+	d := c.d
+	ep := d.nextEpoch()
+	root := d.prod[j]
+	d.mark[root] = ep
+	out := []int32{root}
+	for i := 0; i < len(out); i++ {
+		p := out[i]
+		for e := d.inOff[p]; e < d.inOff[p+1]; e++ {
+			q := d.inPred[e]
+			if q >= 0 && d.mark[q] != ep && !slices.Contains(stop, d.inVal[e]) {
+				d.mark[q] = ep
+				out = append(out, q)
+			}
+		}
+	}
+	return out
+}
+
+// backNodes returns the nodes v depends on, not walking past the values
+// named in stop.
+func (c *ctx) backNodes(v string, stop ...string) []*pb.NodeProto {
+	return c.nodesAt(c.backPos(v, c.valueIDs(stop...)))
+}
+
+// fwdPos returns the positions of the nodes reachable from the given
+// values (within the limit in force).
+func (c *ctx) fwdPos(vals ...string) []int32 {
+	d := c.d
+	ep := d.nextEpoch()
+	var out []int32
+	stack := c.valueIDs(vals...)
+	for len(stack) > 0 {
+		j := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, p := range d.consumers(j) {
+			if d.mark[p] != ep && (c.lim == nil || c.lim[p]) {
+				d.mark[p] = ep
+				out = append(out, p)
+				for _, o := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
+					if o >= 0 {
+						stack = append(stack, o)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// setLimit bounds forward walks to the given nodes (nil: no bound).
+func (c *ctx) setLimit(region map[*pb.NodeProto]bool) {
+	c.limit, c.lim = region, nil
+	if region == nil {
+		return
+	}
+	c.lim = make([]bool, len(c.topo))
+	for n := range region {
+		if p, ok := c.posOf(n); ok {
+			c.lim[p] = true
+		}
+	}
+}
