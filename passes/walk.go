@@ -44,7 +44,7 @@ type ctx struct {
 	anc     []bool // ancRoot and its ancestors by position (see ancestors)
 	ancRoot int32
 	auxTopK []bool // by position: nodes from which a TopK is reached without crossing a MatMul/Gemm
-	idxDeps *reach                 // per block: what the top-k indices reach (see branchExpert)
+	idxDeps *reach // per block: what the top-k indices reach (see branchExpert)
 	// d numbers nodes, values and edges for the walks (see dense).
 	d *dense
 	// lim is limit by topological position (nil: no limit).
