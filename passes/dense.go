@@ -207,15 +207,24 @@ func (c *ctx) fwdPos(vals ...string) []int32 {
 }
 
 // setLimit bounds forward walks to the given nodes (nil: no bound).
-func (c *ctx) setLimit(region map[*pb.NodeProto]bool) {
-	c.limit, c.lim = region, nil
+func (c *ctx) setLimit(region []*pb.NodeProto) {
+	c.lim = nil
 	if region == nil {
 		return
 	}
 	c.lim = make([]bool, len(c.topo))
-	for n := range region {
+	for _, n := range region {
 		if p, ok := c.posOf(n); ok {
 			c.lim[p] = true
 		}
 	}
+}
+
+// inLimit reports whether forward walks may visit n.
+func (c *ctx) inLimit(n *pb.NodeProto) bool {
+	if c.lim == nil {
+		return true
+	}
+	p, ok := c.posOf(n)
+	return ok && c.lim[p]
 }

@@ -397,22 +397,18 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	b := &Block{Kind: "", Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk}
 	b.Region = region
 	b.Nodes = len(region)
-	inRegion := map[*pb.NodeProto]bool{}
-	for _, n := range region {
-		inRegion[n] = true
-	}
 	// Router post-processing: nodes downstream of the top-k values (and of a
 	// gather of the scores by the indices) that do not touch expert compute.
 	var sharedNodes map[*pb.NodeProto]bool
 	if sharedVal != "" {
 		sharedNodes = c.backward(sharedVal, map[string]bool{x0: true})
 	}
-	c.setLimit(inRegion)
+	c.setLimit(region)
 	c.idxDeps = nil
 	defer func() { c.setLimit(nil); c.idxDeps = nil }()
-	c.routerPost(tk, ri, &s, inRegion)
+	c.routerPost(tk, ri, &s)
 	plan := &WeightPlan{}
-	kind := c.experts(b, tk, ri, &s, inRegion, sharedNodes, plan)
+	kind := c.experts(b, tk, ri, &s, sharedNodes, plan)
 	b.Kind = kind
 	if sharedVal != "" {
 		c.sharedExpert(sharedVal, x0, &s, plan)
@@ -788,7 +784,7 @@ func (c *ctx) hasWeightMatMul(v, x0 string) bool {
 
 // routerPost reads renormalisation, scaling and (for top-k-then-activation)
 // the activation from the nodes between the top-k values and the experts.
-func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion map[*pb.NodeProto]bool) {
+func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) {
 	seeds := []string{tk.Output[0]}
 	// With a correction bias the weights are the unbiased scores gathered by the indices.
 	if ri.scores != "" {
@@ -798,10 +794,7 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion
 			}
 		}
 	}
-	for _, n := range c.forwardNodes(seeds...) {
-		if !inRegion[n] {
-			continue
-		}
+	for _, n := range c.forwardNodes(seeds...) { // within the block (c.lim)
 		switch n.GetOpType() {
 		case "MatMul", "Gemm":
 			return // reached expert compute

@@ -2,6 +2,8 @@ package passes
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/mokopt/mokopt/ep"
@@ -227,7 +229,7 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 			fail("local expert weight %q has %d experts, the group of %d ranks over %d experts needs %d per rank", e.w.t.GetName(), d[0], G, E, L)
 		}
 	}
-	c.setLimit(local)
+	c.setLimit(slices.Collect(maps.Keys(local)))
 	roles := c.roles(l1, l2, &s, true)
 	c.setLimit(nil)
 	// Block output: after the combine, through noise, the sum over source
@@ -310,8 +312,8 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 			fail("another collective %q inside the block", graph.NodeLabel(n))
 		}
 	}
-	c.setLimit(inRegion)
-	c.routerPost(tk, ri, &s, inRegion)
+	c.setLimit(region)
+	c.routerPost(tk, ri, &s)
 	c.setLimit(nil)
 	plan := &WeightPlan{Router: Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}, Experts: make([]ExpertProj, L)}
 	if ri.bias != nil {

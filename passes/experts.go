@@ -170,7 +170,7 @@ func (c *ctx) afterBias(v string) (string, *wtrace) {
 	}
 }
 
-func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, inRegion, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
+func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
 	var ems []*emm
 	byNode := map[*pb.NodeProto]*emm{}
 	for _, n := range b.Region {
@@ -553,7 +553,7 @@ func (c *ctx) exclusiveSigmoid(v, other string) bool {
 		}
 		seen[x] = true
 		for _, n := range c.g.Consumers(x) {
-			if otherF.has(n) || (c.limit != nil && !c.limit[n]) {
+			if otherF.has(n) || !c.inLimit(n) {
 				continue
 			}
 			if n.GetOpType() == "Sigmoid" {

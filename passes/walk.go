@@ -27,9 +27,6 @@ type ctx struct {
 	topo  []*pb.NodeProto
 	wmm   []*pb.NodeProto // MatMul/Gemm nodes with a constant weight
 	ranks map[string]int  // declared ranks of values
-	// limit, when set, bounds forward walks to one block's region so that
-	// per-branch analysis of a big model stays linear in the block's size.
-	limit map[*pb.NodeProto]bool
 	// restore rebuilds blocks whose trace lost experts (DetectOptions).
 	restore bool
 	// sparse maps the synthetic selection nodes standing for sparsemixer
@@ -47,7 +44,9 @@ type ctx struct {
 	idxDeps *reach // per block: what the top-k indices reach (see branchExpert)
 	// d numbers nodes, values and edges for the walks (see dense).
 	d *dense
-	// lim is limit by topological position (nil: no limit).
+	// lim, when set, bounds forward walks to one block's region (by
+	// topological position) so that per-branch analysis of a big model
+	// stays linear in the block's size.
 	lim []bool
 }
 
