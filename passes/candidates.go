@@ -34,11 +34,11 @@ func (c *ctx) feedsExpertCompute(tk *pb.NodeProto) bool {
 // TopK (for example PhiMoE's sparsemixer, which picks experts with ArgMax
 // and masked softmaxes), which mokopt cannot fuse: it is reported once per
 // stacked weight as a near-miss.
-func (c *ctx) routerlessExperts(claimed map[*pb.NodeProto]bool) []NearMiss {
+func (c *ctx) routerlessExperts(claimed []bool) []NearMiss {
 	seen := map[string]bool{}
 	var out []NearMiss
-	for _, n := range c.topo {
-		if op := n.GetOpType(); (op != "MatMul" && op != "Gemm") || claimed[n] {
+	for p, n := range c.topo {
+		if op := n.GetOpType(); (op != "MatMul" && op != "Gemm") || claimed[p] {
 			continue
 		}
 		for _, in := range n.Input[:min(2, len(n.Input))] {

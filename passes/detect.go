@@ -3,7 +3,6 @@ package passes
 import (
 	"context"
 	"fmt"
-	"maps"
 	"math"
 	"runtime"
 	"slices"
@@ -119,7 +118,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	c.restore, c.epTable = opt.RestoreTracedExperts, tbl
 	topo := c.topo
 	det := &Detection{}
-	claimed := map[*pb.NodeProto]bool{}
+	claimed := make([]bool, len(topo)) // by position: nodes of a found block
 	var missed []*pb.NodeProto // TopK candidates reported as near-misses
 	total, done := 0, 0
 	cols := c.epOps()
@@ -128,7 +127,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 			total++
 		}
 	}
-	for _, n := range topo {
+	for i, n := range topo {
 		if n.GetOpType() == "TopK" || isORTMoE(n) {
 			if err := cx.Err(); err != nil {
 				return nil, err
@@ -155,12 +154,12 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 			det.Blocks = append(det.Blocks, b)
 			continue
 		}
-		if n.GetOpType() == "ArgMax" && !claimed[n] {
+		if n.GetOpType() == "ArgMax" && !claimed[i] {
 			if syn := c.sparseMixerAt(n); syn != nil {
 				n = syn // a sparsemixer router's selection, as a TopK
 			}
 		}
-		if n.GetOpType() != "TopK" || n.GetDomain() != "" || claimed[n] {
+		if n.GetOpType() != "TopK" || n.GetDomain() != "" || claimed[i] && n == topo[i] {
 			continue
 		}
 		if c.isAuxTopK(n) {
@@ -173,9 +172,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 				c.claimEPLocal(n, cols, claimed)
 				continue
 			}
-			for _, r := range b.Region {
-				claimed[r] = true
-			}
+			c.claim(claimed, b.Region)
 			det.Blocks = append(det.Blocks, b)
 			continue
 		}
@@ -191,18 +188,18 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 			missed = append(missed, n)
 			continue
 		}
-		for _, r := range b.Region {
-			claimed[r] = true
-		}
+		c.claim(claimed, b.Region)
 		det.Blocks = append(det.Blocks, b)
 	}
 	// Expert compute selected by a TopK that was reported already is not
 	// routerless: only what no TopK reaches is reported by routerlessExperts.
 	covered := claimed
 	if len(missed) > 0 {
-		covered = maps.Clone(claimed)
+		covered = slices.Clone(claimed)
 		for _, tk := range missed {
-			maps.Copy(covered, c.forward(tk.Output...))
+			for _, p := range c.fwdPos(tk.Output...) {
+				covered[p] = true
+			}
 		}
 	}
 	det.NearMiss = append(det.NearMiss, c.routerlessExperts(covered)...)
@@ -221,6 +218,15 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 		}
 	}
 	return det, nil
+}
+
+// claim marks the nodes of region in claimed (by position).
+func (c *ctx) claim(claimed []bool, region []*pb.NodeProto) {
+	for _, n := range region {
+		if p, ok := c.posOf(n); ok {
+			claimed[p] = true
+		}
+	}
 }
 
 // newCtx indexes g, the main graph of m, for detection.

@@ -485,7 +485,7 @@ func checkStacked(rs roleSet, E int) {
 // nodes between its dispatch collectives and the next collectives as
 // claimed, so that its local expert compute is reported once (as the EP
 // near-miss) and not again as routerless experts.
-func (c *ctx) claimEPLocal(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op, claimed map[*pb.NodeProto]bool) {
+func (c *ctx) claimEPLocal(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op, claimed []bool) {
 	var outs []string
 	for _, n := range c.reachCollectives(cols, tk.Output...) {
 		outs = append(outs, n.Output...)
@@ -499,7 +499,7 @@ func (c *ctx) claimEPLocal(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op, claim
 				continue
 			}
 			seen[n] = true
-			claimed[n] = true
+			c.claim(claimed, []*pb.NodeProto{n})
 			outs = append(outs, n.Output...)
 		}
 	}
