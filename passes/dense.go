@@ -26,9 +26,13 @@ type dense struct {
 	cons    []int32
 	isOut   []bool  // value is a graph output
 	prod    []int32 // value number -> producer position (-1: none)
-	// mark and epoch give walks a visited set without clearing: a
-	// position is marked when mark[p] == epoch.
-	mark  []uint32
+}
+
+// marks gives walks a visited set over topological positions without
+// clearing: a position is marked when at[p] == epoch. Each detector
+// goroutine has its own.
+type marks struct {
+	at    []uint32
 	epoch uint32
 }
 
@@ -40,7 +44,6 @@ func newDense(g *graph.Graph, topo []*pb.NodeProto) *dense {
 		outOff: make([]int32, len(topo)+1),
 		prod:   make([]int32, nv),
 		isOut:  make([]bool, nv),
-		mark:   make([]uint32, len(topo)),
 	}
 	for i := range d.prod {
 		d.prod[i] = -1
@@ -103,14 +106,14 @@ func newDense(g *graph.Graph, topo []*pb.NodeProto) *dense {
 	return d
 }
 
-// nextEpoch starts a new visited set over mark.
-func (d *dense) nextEpoch() uint32 {
-	d.epoch++
-	if d.epoch == 0 { // wrapped: forget every old mark
-		clear(d.mark)
-		d.epoch = 1
+// next starts a new visited set.
+func (m *marks) next() uint32 {
+	m.epoch++
+	if m.epoch == 0 { // wrapped: forget every old mark
+		clear(m.at)
+		m.epoch = 1
 	}
-	return d.epoch
+	return m.epoch
 }
 
 // consumers returns the positions of the nodes reading value j.
@@ -158,16 +161,17 @@ func (c *ctx) backPos(v string, stop []int32) []int32 {
 		return nil
 	}
 	d := c.d
-	ep := d.nextEpoch()
+	mk := c.mk
+	ep := mk.next()
 	root := d.prod[j]
-	d.mark[root] = ep
+	mk.at[root] = ep
 	out := []int32{root}
 	for i := 0; i < len(out); i++ {
 		p := out[i]
 		for e := d.inOff[p]; e < d.inOff[p+1]; e++ {
 			q := d.inPred[e]
-			if q >= 0 && d.mark[q] != ep && !slices.Contains(stop, d.inVal[e]) {
-				d.mark[q] = ep
+			if q >= 0 && mk.at[q] != ep && !slices.Contains(stop, d.inVal[e]) {
+				mk.at[q] = ep
 				out = append(out, q)
 			}
 		}
@@ -185,15 +189,16 @@ func (c *ctx) backNodes(v string, stop ...string) []*pb.NodeProto {
 // values (within the limit in force).
 func (c *ctx) fwdPos(vals ...string) []int32 {
 	d := c.d
-	ep := d.nextEpoch()
+	mk := c.mk
+	ep := mk.next()
 	var out []int32
 	stack := c.valueIDs(vals...)
 	for len(stack) > 0 {
 		j := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		for _, p := range d.consumers(j) {
-			if d.mark[p] != ep && (c.lim == nil || c.lim[p]) {
-				d.mark[p] = ep
+			if mk.at[p] != ep && (c.lim == nil || c.lim[p]) {
+				mk.at[p] = ep
 				out = append(out, p)
 				for _, o := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
 					if o >= 0 {

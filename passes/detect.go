@@ -2,11 +2,14 @@ package passes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
@@ -119,13 +122,17 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	topo := c.topo
 	det := &Detection{}
 	claimed := make([]bool, len(topo)) // by position: nodes of a found block
-	var missed []*pb.NodeProto // TopK candidates reported as near-misses
+	var missed []*pb.NodeProto         // TopK candidates reported as near-misses
 	total, done := 0, 0
 	cols := c.epOps()
 	for _, n := range topo {
 		if n.GetOpType() == "TopK" || isORTMoE(n) {
 			total++
 		}
+	}
+	syn, found, err := c.speculate(cx, cols)
+	if err != nil {
+		return nil, err
 	}
 	for i, n := range topo {
 		if n.GetOpType() == "TopK" || isORTMoE(n) {
@@ -154,10 +161,8 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 			det.Blocks = append(det.Blocks, b)
 			continue
 		}
-		if n.GetOpType() == "ArgMax" && !claimed[i] {
-			if syn := c.sparseMixerAt(n); syn != nil {
-				n = syn // a sparsemixer router's selection, as a TopK
-			}
+		if n.GetOpType() == "ArgMax" && !claimed[i] && syn[i] != nil {
+			n = syn[i] // a sparsemixer router's selection, as a TopK
 		}
 		if n.GetOpType() != "TopK" || n.GetDomain() != "" || claimed[i] && n == topo[i] {
 			continue
@@ -176,20 +181,20 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 			det.Blocks = append(det.Blocks, b)
 			continue
 		}
-		b, err := c.detectAt(n)
-		if err == nil {
-			err = c.applySharding(b)
+		r := found[n]
+		if r == nil { // not foreseen by speculate (cannot happen)
+			r = c.detectTopK(n)
 		}
-		if err != nil {
-			if !c.routerFed(n) && !c.feedsExpertCompute(n) {
+		if r.err != nil {
+			if !r.candidate {
 				continue // a TopK used for something else entirely: not a candidate
 			}
-			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
+			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: r.err.Error()})
 			missed = append(missed, n)
 			continue
 		}
-		c.claim(claimed, b.Region)
-		det.Blocks = append(det.Blocks, b)
+		c.claim(claimed, r.b.Region)
+		det.Blocks = append(det.Blocks, r.b)
 	}
 	// Expert compute selected by a TopK that was reported already is not
 	// routerless: only what no TopK reaches is reported by routerlessExperts.
@@ -220,6 +225,102 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	return det, nil
 }
 
+// topKResult is what detection made of one TopK (see speculate).
+type topKResult struct {
+	b   *Block
+	err error
+	// candidate: on failure, whether the TopK looked like a router or
+	// selected expert compute (a near-miss), not an unrelated TopK.
+	candidate bool
+}
+
+// speculate detects, on parallel workers, the block of every TopK that the
+// sequential pass of detectIn may analyze: plain TopKs and the selections
+// of sparsemixer routers (syn, by the ArgMax's position), except auxiliary
+// TopKs and those behind EP collectives, which that pass handles itself.
+// Analysing a TopK reads the graph only, so its result does not depend on
+// which others were analyzed first; the sequential pass then applies the
+// results in topological order, skipping TopKs inside a block found
+// before, exactly as if it had analyzed them one by one.
+func (c *ctx) speculate(cx context.Context, cols map[*pb.NodeProto]ep.Op) (map[int]*pb.NodeProto, map[*pb.NodeProto]*topKResult, error) {
+	// Build the lazily made shared state before the workers read it.
+	c.weightMatMuls()
+	c.rankOf("")
+	syn := map[int]*pb.NodeProto{}
+	var cands []*pb.NodeProto
+	for i, n := range c.topo {
+		if n.GetOpType() == "ArgMax" {
+			if s := c.sparseMixerAt(n); s != nil {
+				syn[i], n = s, s
+			}
+		}
+		if n.GetOpType() != "TopK" || n.GetDomain() != "" || c.isAuxTopK(n) {
+			continue
+		}
+		if len(cols) > 0 && len(c.reachCollectives(cols, n.Output...)) > 0 {
+			continue
+		}
+		cands = append(cands, n)
+	}
+	res := make([]*topKResult, len(cands))
+	workers := min(runtime.GOMAXPROCS(0), len(cands), 8)
+	var next atomic.Int64
+	run := func(w *ctx) error {
+		for {
+			i := int(next.Add(1) - 1)
+			if i >= len(cands) {
+				return nil
+			}
+			if err := cx.Err(); err != nil {
+				return err
+			}
+			res[i] = w.detectTopK(cands[i])
+		}
+	}
+	if workers <= 1 {
+		if err := run(c); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		errs := make([]error, workers)
+		var wg sync.WaitGroup
+		for k := range workers {
+			w := c.worker()
+			wg.Go(func() { errs[k] = run(w) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return nil, nil, cx.Err()
+		}
+	}
+	found := make(map[*pb.NodeProto]*topKResult, len(cands))
+	for i, n := range cands {
+		found[n] = res[i]
+	}
+	return syn, found, nil
+}
+
+// worker returns a copy of c for another goroutine: the shared, read-only
+// indexes and caches, with walk state of its own.
+func (c *ctx) worker() *ctx {
+	w := *c
+	w.mk = &marks{at: make([]uint32, len(c.topo))}
+	w.anc, w.ancRoot, w.lim, w.idxDeps = nil, 0, nil, nil
+	return &w
+}
+
+// detectTopK analyzes the block a TopK selects for.
+func (c *ctx) detectTopK(n *pb.NodeProto) *topKResult {
+	b, err := c.detectAt(n)
+	if err == nil {
+		err = c.applySharding(b)
+	}
+	if err != nil {
+		return &topKResult{err: err, candidate: c.routerFed(n) || c.feedsExpertCompute(n)}
+	}
+	return &topKResult{b: b}
+}
+
 // claim marks the nodes of region in claimed (by position).
 func (c *ctx) claim(claimed []bool, region []*pb.NodeProto) {
 	for _, n := range region {
@@ -242,6 +343,7 @@ func newCtx(m *graph.Model, g *graph.Graph) (*ctx, error) {
 		c.order[n] = i
 	}
 	c.d = newDense(g, topo)
+	c.mk = &marks{at: make([]uint32, len(topo))}
 	return c, nil
 }
 

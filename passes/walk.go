@@ -42,8 +42,10 @@ type ctx struct {
 	ancRoot int32
 	auxTopK []bool // by position: nodes from which a TopK is reached without crossing a MatMul/Gemm
 	idxDeps *reach // per block: what the top-k indices reach (see branchExpert)
-	// d numbers nodes, values and edges for the walks (see dense).
-	d *dense
+	// d numbers nodes, values and edges for the walks (see dense); mk
+	// is this goroutine's visited set for them.
+	d  *dense
+	mk *marks
 	// lim, when set, bounds forward walks to one block's region (by
 	// topological position) so that per-branch analysis of a big model
 	// stays linear in the block's size.
@@ -206,9 +208,10 @@ func (c *ctx) backwardTo(v string, stop func(*pb.NodeProto) bool) map[*pb.NodePr
 		return seen
 	}
 	d := c.d
-	ep := d.nextEpoch()
+	mk := c.mk
+	ep := mk.next()
 	stack := []int32{d.prod[j]}
-	d.mark[stack[0]] = ep
+	mk.at[stack[0]] = ep
 	for len(stack) > 0 {
 		p := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
@@ -217,8 +220,8 @@ func (c *ctx) backwardTo(v string, stop func(*pb.NodeProto) bool) map[*pb.NodePr
 			continue
 		}
 		for _, q := range d.inPred[d.inOff[p]:d.inOff[p+1]] {
-			if q >= 0 && d.mark[q] != ep {
-				d.mark[q] = ep
+			if q >= 0 && mk.at[q] != ep {
+				mk.at[q] = ep
 				stack = append(stack, q)
 			}
 		}
@@ -328,7 +331,8 @@ func (c *ctx) ancestors(v string) []bool {
 		// Walk back from root, stopping at nodes already in the set: the
 		// previous root is reached iff it is an ancestor of root (every path
 		// to it runs through its descendants, none of which is in the set).
-		ep := d.nextEpoch()
+		mk := c.mk
+		ep := mk.next()
 		var added []int32
 		reached := false
 		stack := []int32{root}
@@ -339,10 +343,10 @@ func (c *ctx) ancestors(v string) []bool {
 				reached = reached || p == c.ancRoot
 				continue
 			}
-			if d.mark[p] == ep {
+			if mk.at[p] == ep {
 				continue
 			}
-			d.mark[p] = ep
+			mk.at[p] = ep
 			added = append(added, p)
 			for _, q := range d.inPred[d.inOff[p]:d.inOff[p+1]] {
 				if q >= 0 {
