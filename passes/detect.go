@@ -339,10 +339,14 @@ func newCtx(m *graph.Model, g *graph.Graph) (*ctx, error) {
 	}
 	c.topo = topo
 	c.order = make(map[*pb.NodeProto]int, len(topo))
-	for i, n := range topo {
-		c.order[n] = i
-	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i, n := range topo {
+			c.order[n] = i
+		}
+	})
 	c.d = newDense(g, topo)
+	wg.Wait()
 	c.mk = &marks{at: make([]uint32, len(topo))}
 	return c, nil
 }
