@@ -3,7 +3,9 @@
 # baseline measured in the same run, on the same files, one after the other:
 #
 #   bench/scale.sh graphs [WORKDIR]   rewrite time vs mokopt's own load+save
-#                                     (bench/loadsave) and vs Python onnx's
+#                                     (bench/loadsave: load, Check, save as
+#                                     every mokopt command; and with -no-check
+#                                     decode+encode only) and vs Python onnx's
 #                                     load+save, peak RSS vs protobuf size,
 #                                     for unrolled graphs of 1k..500k nodes
 #   bench/scale.sh lower [WORKDIR]    lower's MXFP8 quantization throughput vs
@@ -61,8 +63,9 @@ nodes_of() { grep -o '"nodes": *[0-9]*' "$1" | grep -o '[0-9]*$'; }
 graphs() {
 	local sizes=${SIZES:-"1:45 2:256 8:256 29:256 58:256 90:256"}
 	echo "# rewrite (--no-check) vs load+save, unrolled graphs, H=I=16 (weights external), REPS=$REPS, $W"
-	printf "%8s %10s %9s | %8s %8s | %8s %8s | %8s %8s | %7s %7s %7s %7s | %8s %6s | %7s\n" \
-		nodes proto_B data_B rw_wall rw_cpu ls_wall ls_cpu py_wall py_cpu rw/ls rw/lsC rw/py rw/pyC rss_MiB rss/pb us/node
+	echo "# ls: mokopt load + Check + save (as every mokopt command loads); raw: decode + encode only (loadsave -no-check)"
+	printf "%8s %10s %9s | %8s %8s | %8s %8s | %8s %8s | %8s %8s | %7s %7s %7s %7s %7s %7s | %8s %6s | %7s\n" \
+		nodes proto_B data_B rw_wall rw_cpu ls_wall ls_cpu raw_wall raw_cpu py_wall py_cpu rw/ls rw/lsC rw/raw rw/rawC rw/py rw/pyC rss_MiB rss/pb us/node
 	for s in $sizes; do
 		L=${s%%:*} E=${s##*:}
 		in="$W/g_${L}_${E}.onnx"
@@ -72,6 +75,8 @@ graphs() {
 		data=$(stat -c %s "$in.data" 2>/dev/null || echo 0)
 		measure ls "$W/loadsave" "$in" "$W/ls.onnx"
 		ls_w=$T_WALL ls_c=$T_CPU
+		measure raw "$W/loadsave" -no-check "$in" "$W/ls.onnx"
+		raw_w=$T_WALL raw_c=$T_CPU
 		measure rw "$M" rewrite --no-check "$in" -o "$W/rw.onnx"
 		rw_w=$T_WALL rw_c=$T_CPU rw_rss=$T_RSS
 		py_w=n/a py_c=n/a r_py=n/a r_pyc=n/a
@@ -80,9 +85,9 @@ graphs() {
 			py_w=$T_WALL py_c=$T_CPU
 			r_py=$(ratio "$rw_w" "$py_w") r_pyc=$(ratio "$rw_c" "$py_c")
 		fi
-		printf "%8d %10d %9d | %8s %8s | %8s %8s | %8s %8s | %7s %7s %7s %7s | %8.0f %6s | %7.1f\n" \
-			"$n" "$pb" "$data" "$rw_w" "$rw_c" "$ls_w" "$ls_c" "$py_w" "$py_c" \
-			"$(ratio "$rw_w" "$ls_w")" "$(ratio "$rw_c" "$ls_c")" "$r_py" "$r_pyc" \
+		printf "%8d %10d %9d | %8s %8s | %8s %8s | %8s %8s | %8s %8s | %7s %7s %7s %7s %7s %7s | %8.0f %6s | %7.1f\n" \
+			"$n" "$pb" "$data" "$rw_w" "$rw_c" "$ls_w" "$ls_c" "$raw_w" "$raw_c" "$py_w" "$py_c" \
+			"$(ratio "$rw_w" "$ls_w")" "$(ratio "$rw_c" "$ls_c")" "$(ratio "$rw_w" "$raw_w")" "$(ratio "$rw_c" "$raw_c")" "$r_py" "$r_pyc" \
 			"$(awk "BEGIN{print $rw_rss / 1024}")" "$(ratio "$rw_rss * 1024" "$pb")" \
 			"$(awk "BEGIN{print $rw_c * 1e6 / $n}")"
 		[[ ${KEEP:-0} == 1 ]] || rm -f "$in" "$in.data" "$W"/ls.onnx* "$W"/rw.onnx* "$W"/py.onnx*
@@ -127,6 +132,9 @@ big() {
 	measure ls "$W/loadsave" "$in" "$W/ls/out.onnx"
 	local ls_w=$T_WALL ls_c=$T_CPU ls_rss=$T_RSS
 	rm -f "$W"/ls/out.onnx*
+	measure raw "$W/loadsave" -no-check "$in" "$W/ls/out.onnx"
+	local raw_w=$T_WALL raw_c=$T_CPU
+	rm -f "$W"/ls/out.onnx*
 	measure rw1 "$M" rewrite --no-check "$in" -o "$W/r1/out.onnx"
 	local rw_w=$T_WALL rw_c=$T_CPU rw_rss=$T_RSS
 	local h1 d1
@@ -158,7 +166,9 @@ big() {
 	echo "rewrite:  ${rw_w}s wall ${rw_c}s cpu, peak RSS $((rw_rss / 1024)) MiB (2nd run ${rw2_w}s wall ${rw2_c}s cpu, $((rw2_rss / 1024)) MiB)"
 	echo "python onnx load+save: ${py_w}s wall ${py_c}s cpu"
 	echo "lower:    ${lo_w}s wall ${lo_c}s cpu, peak RSS $((lo_rss / 1024)) MiB, output data $lo_data B"
+	echo "load+save without Check (decode + encode only): ${raw_w}s wall ${raw_c}s cpu"
 	echo "ratios (same run): rewrite/loadsave wall $(ratio "$rw_w" "$ls_w") cpu $(ratio "$rw_c" "$ls_c"); 2nd rewrite/2nd loadsave wall $(ratio "$rw2_w" "$ls2_w") cpu $(ratio "$rw2_c" "$ls2_c")"
+	echo "ratios (same run): rewrite/decode+encode wall $(ratio "$rw_w" "$raw_w") cpu $(ratio "$rw_c" "$raw_c")"
 	echo "ratios (same run): rewrite/python wall $([[ $py_w == n/a ]] && echo n/a || ratio "$rw_w" "$py_w") cpu $([[ $py_c == n/a ]] && echo n/a || ratio "$rw_c" "$py_c")"
 	echo "rewrite sha256 run1: $h1 / data $d1"
 	echo "rewrite sha256 run2: $h2 / data $d2"
