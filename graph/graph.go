@@ -36,6 +36,16 @@ type Graph struct {
 	dupOut    []string
 	// topo caches TopoSort's order until the index changes.
 	topo []*pb.NodeProto
+	// nodes is the node list as of the last Reindex; node i's NodeInputs
+	// are the values edges[edgeOff[i]:edgeOff[i+1]] (see InputIDs), and
+	// pos[j] is the position in that list of value j's producer (or of
+	// the node AddNode appended). rewired: ReplaceAllUses changed inputs
+	// since, so that edges is stale.
+	nodes   []*pb.NodeProto
+	edges   []int32
+	edgeOff []int32
+	pos     []int32
+	rewired bool
 	// ordered: at the last Reindex every node came after the producers of
 	// its inputs (then the file order is the topological order).
 	ordered bool
@@ -58,6 +68,7 @@ func (g *Graph) id(v string) int32 {
 	g.prod = append(g.prod, nil)
 	g.cons = append(g.cons, nil)
 	g.init = append(g.init, nil)
+	g.pos = append(g.pos, -1)
 	return i
 }
 
@@ -74,6 +85,7 @@ func (g *Graph) Reindex() {
 	g.prod = make([]*pb.NodeProto, 0, vals)
 	g.cons = make([][]*pb.NodeProto, 0, vals)
 	g.init = make([]*pb.TensorProto, 0, vals)
+	g.pos = make([]int32, 0, vals)
 	g.inputs = make(map[string]bool, len(g.P.Input))
 	g.outputs = make(map[string]bool, len(g.P.Output))
 	g.byOp = map[string][]*pb.NodeProto{}
@@ -81,6 +93,8 @@ func (g *Graph) Reindex() {
 	g.reserved = map[string]bool{}
 	g.dupOut = nil
 	g.topo = nil
+	g.nodes = append(g.nodes[:0:0], g.P.Node...)
+	g.rewired = false
 	for _, t := range g.P.Initializer {
 		g.init[g.id(t.GetName())] = t
 	}
@@ -93,8 +107,12 @@ func (g *Graph) Reindex() {
 	// Number the values read, edge by edge, and count each one's
 	// consumers, so that every consumer list can be a window of one
 	// backing array (capped, so that appending to one copies it).
-	edgeIDs := make([]int32, 0, edges)
+	empty := g.ValueID("") // an initializer may be named ""
+	g.edges = make([]int32, 0, edges)
+	g.edgeOff = make([]int32, n+1)
 	var caps [][]string
+	count := make([]int32, len(g.prod), vals)
+	reads := 0
 	for i, nd := range g.P.Node {
 		ins := NodeInputs(nd)
 		if len(ins) != len(nd.Input) {
@@ -104,16 +122,21 @@ func (g *Graph) Reindex() {
 			caps[i] = ins
 		}
 		for _, in := range ins {
-			if in != "" {
-				edgeIDs = append(edgeIDs, g.id(in))
+			if in == "" {
+				g.edges = append(g.edges, empty)
+				continue
 			}
+			j := g.id(in)
+			g.edges = append(g.edges, j)
+			if int(j) == len(count) {
+				count = append(count, 0)
+			}
+			count[j]++
+			reads++
 		}
+		g.edgeOff[i+1] = int32(len(g.edges))
 	}
-	count := make([]int32, len(g.prod))
-	for _, j := range edgeIDs {
-		count[j]++
-	}
-	buf := make([]*pb.NodeProto, len(edgeIDs))
+	buf := make([]*pb.NodeProto, reads)
 	off := 0
 	for j, k := range count {
 		if k > 0 {
@@ -121,24 +144,23 @@ func (g *Graph) Reindex() {
 			off += int(k)
 		}
 	}
-	e := 0
 	var early []int32 // values read before (or without) being produced
 	for i, nd := range g.P.Node {
 		ins := nd.Input
 		if caps != nil && caps[i] != nil {
 			ins = caps[i]
 		}
-		for _, in := range ins {
+		e := g.edgeOff[i]
+		for k, in := range ins {
 			if in != "" {
-				j := edgeIDs[e]
-				e++
+				j := g.edges[e+int32(k)]
 				g.cons[j] = append(g.cons[j], nd)
 				if g.prod[j] == nil {
 					early = append(early, j)
 				}
 			}
 		}
-		g.indexNode(nd)
+		g.indexNode(nd, i)
 	}
 	g.ordered = len(g.dupOut) == 0
 	for _, j := range early {
@@ -157,11 +179,12 @@ func (g *Graph) index(nd *pb.NodeProto) {
 			g.cons[j] = append(g.cons[j], nd)
 		}
 	}
-	g.indexNode(nd)
+	g.indexNode(nd, len(g.P.Node)-1)
 }
 
-// indexNode indexes nd's op type, name and outputs (not its inputs).
-func (g *Graph) indexNode(nd *pb.NodeProto) {
+// indexNode indexes nd's op type, name and outputs (not its inputs); pos is
+// its position in g.P.Node.
+func (g *Graph) indexNode(nd *pb.NodeProto, pos int) {
 	g.byOp[nd.GetOpType()] = append(g.byOp[nd.GetOpType()], nd)
 	if nd.GetName() != "" {
 		g.nodeNames[nd.GetName()] = true
@@ -175,6 +198,7 @@ func (g *Graph) indexNode(nd *pb.NodeProto) {
 			g.dupOut = append(g.dupOut, out)
 		}
 		g.prod[j] = nd
+		g.pos[j] = int32(pos)
 	}
 }
 
@@ -230,6 +254,39 @@ func freeVars(g *pb.GraphProto) []string {
 	return out
 }
 
+// ProducerOf is Producer for value number id (see ValueID).
+func (g *Graph) ProducerOf(id int32) *pb.NodeProto { return g.prod[id] }
+
+// InitializerOf is Initializer for value number id (see ValueID).
+func (g *Graph) InitializerOf(id int32) *pb.TensorProto { return g.init[id] }
+
+// ConsumersOf is Consumers for value number id (see ValueID).
+func (g *Graph) ConsumersOf(id int32) []*pb.NodeProto { return g.cons[id] }
+
+// ProducerPos returns the position in g.P.Node of the node producing value
+// number id, as of the last Reindex or of the AddNode call that added it,
+// or -1 when no node produces it. Sorting or editing the node list since
+// can make it stale: check the node found there against ProducerOf.
+func (g *Graph) ProducerPos(id int32) int32 { return g.pos[id] }
+
+// InputIDs returns the ValueID of each of n's NodeInputs, in order (-1 for
+// a name the index does not know, such as an empty one). pos is n's
+// position in g.P.Node, or -1: when n was at that position at the last
+// Reindex and no edit through the index rewired inputs since, the numbers
+// Reindex recorded are returned (without looking the names up). The result
+// must not be modified.
+func (g *Graph) InputIDs(n *pb.NodeProto, pos int) []int32 {
+	if !g.rewired && pos >= 0 && pos < len(g.nodes) && g.nodes[pos] == n {
+		return g.edges[g.edgeOff[pos]:g.edgeOff[pos+1]:g.edgeOff[pos+1]]
+	}
+	ins := NodeInputs(n)
+	ids := make([]int32, len(ins))
+	for k, in := range ins {
+		ids[k] = g.ValueID(in)
+	}
+	return ids
+}
+
 // Producer returns the node that outputs v, or nil (graph input, initializer, or unknown).
 func (g *Graph) Producer(v string) *pb.NodeProto {
 	if j, ok := g.ids[v]; ok {
@@ -257,6 +314,9 @@ func (g *Graph) Initializer(v string) *pb.TensorProto {
 // ValueID returns the number the index gave value v, or -1 when v is not
 // in the graph. Numbers are dense (0 to NumValues()-1) and stay valid until
 // the index changes; with them callers can keep per-value state in slices.
+// The index numbers every value name that a node reads or produces and
+// every initializer; edits through the index keep the numbers, numbering
+// the names they introduce after the others, and Reindex renumbers.
 func (g *Graph) ValueID(v string) int32 {
 	if j, ok := g.ids[v]; ok {
 		return j
@@ -305,6 +365,9 @@ func (g *Graph) AddNode(n *pb.NodeProto) {
 // AddInitializer appends t to the graph's initializers.
 func (g *Graph) AddInitializer(t *pb.TensorProto) {
 	g.P.Initializer = append(g.P.Initializer, t)
+	if t.GetName() == "" {
+		g.rewired = true // empty inputs now name a value
+	}
 	g.init[g.id(t.GetName())] = t
 }
 
@@ -313,9 +376,15 @@ func (g *Graph) RemoveNodes(drop map[*pb.NodeProto]bool) {
 	if len(drop) == 0 {
 		return
 	}
+	g.RemoveNodesFunc(func(n *pb.NodeProto) bool { return drop[n] })
+}
+
+// RemoveNodesFunc deletes the nodes for which drop returns true and
+// reindexes. drop is called once per node, in order.
+func (g *Graph) RemoveNodesFunc(drop func(n *pb.NodeProto) bool) {
 	kept := g.P.Node[:0]
 	for _, n := range g.P.Node {
-		if !drop[n] {
+		if !drop(n) {
 			kept = append(kept, n)
 		}
 	}
@@ -329,7 +398,7 @@ func (g *Graph) RemoveNodes(drop map[*pb.NodeProto]bool) {
 // ReplaceAllUses rewires every consumer of old (and graph outputs named old)
 // to read repl instead.
 func (g *Graph) ReplaceAllUses(old, repl string) {
-	g.topo, g.ordered = nil, false
+	g.topo, g.ordered, g.rewired = nil, false, true
 	for _, n := range g.Consumers(old) {
 		for i, in := range n.Input {
 			if in == old {

@@ -17,19 +17,27 @@ import (
 // block.
 type deadCode struct {
 	g *graph.Graph
-	// Nodes are numbered (id): nodes, ins and preds are indexed by that
-	// number, preds holding the number of the producer of each of the
-	// node's NodeInputs (-1: none), kept current when a fused node takes
-	// over a value.
+	// Nodes are numbered (id), the graph's nodes by their position:
+	// nodes, vals and preds are indexed by that number, vals holding the
+	// graph's value numbers (graph.InputIDs, shared with the index: read
+	// only) and preds the number of the producer (-1: none) of each of the
+	// node's NodeInputs, kept current when a fused node takes over a value.
 	ids     map[*pb.NodeProto]int32
 	nodes   []*pb.NodeProto
-	ins     [][]string
+	vals    [][]int32
 	preds   [][]int32
 	count   []int32 // live consumer edges + graph outputs produced
 	removed []bool
-	inits   map[string]bool // initializers removed
-	last    map[string]bool // initializers removed by the latest removeDeadIn
-	uses    map[string]int  // initializer -> consumer edges of nodes not removed
+	// Indexed by value number (graph.ValueID), grown as the graph numbers
+	// new values (grow): uses counts the consumer edges of nodes not
+	// removed of the values counted holds a count for (initializers when
+	// their readers were numbered), gone marks the initializers removed
+	// and read (== epoch) the values the nodes removeDeadIn drops read.
+	uses    []int32
+	counted []bool
+	gone    []bool
+	read    []int32
+	last    []string // initializers removed by the latest removeDeadIn
 	first   bool
 	// scratch for removeDeadIn, valid where mark[i] == epoch
 	epoch     int32
@@ -42,9 +50,10 @@ type deadCode struct {
 
 func newDeadCode(g *graph.Graph) *deadCode {
 	n := len(g.P.Node)
-	d := &deadCode{g: g, ids: make(map[*pb.NodeProto]int32, n), inits: map[string]bool{}, first: true}
+	d := &deadCode{g: g, ids: make(map[*pb.NodeProto]int32, n), first: true}
+	d.grow()
 	d.nodes = make([]*pb.NodeProto, 0, n)
-	d.ins = make([][]string, 0, n)
+	d.vals = make([][]int32, 0, n)
 	d.preds = make([][]int32, 0, n)
 	d.count = make([]int32, 0, n)
 	d.removed = make([]bool, 0, n)
@@ -54,14 +63,14 @@ func newDeadCode(g *graph.Graph) *deadCode {
 	d.rem = make([]int32, 0, n)
 	d.consCache = make([][]int32, 0, n)
 	edges := 0
-	for _, nd := range g.P.Node {
-		d.add(nd)
-		edges += len(d.ins[len(d.ins)-1])
+	for i, nd := range g.P.Node {
+		d.add(nd, i)
+		edges += len(d.vals[i])
 	}
 	// The producers of all nodes' inputs, in one array.
 	buf := make([]int32, edges)
 	for i := range g.P.Node {
-		k := len(d.ins[i])
+		k := len(d.vals[i])
 		d.preds[i], buf = buf[:k:k], buf[k:]
 		d.fillPreds(int32(i))
 	}
@@ -91,13 +100,8 @@ func newDeadCode(g *graph.Graph) *deadCode {
 			}
 		}
 	}
-	d.uses = make(map[string]int, len(g.P.Initializer))
 	for i := range d.nodes {
-		for _, in := range d.ins[i] {
-			if g.Initializer(in) != nil {
-				d.uses[in]++
-			}
-		}
+		d.countUses(d.vals[i])
 	}
 	for i, nd := range d.nodes {
 		if live[i] {
@@ -112,12 +116,35 @@ func newDeadCode(g *graph.Graph) *deadCode {
 	return d
 }
 
-// add numbers nd (its producers are set by setPreds).
-func (d *deadCode) add(nd *pb.NodeProto) int32 {
+// grow sizes the arrays indexed by value number for the values the graph
+// numbers now.
+func (d *deadCode) grow() {
+	n := d.g.NumValues()
+	if k := n - len(d.uses); k > 0 {
+		d.uses = append(d.uses, make([]int32, k)...)
+		d.counted = append(d.counted, make([]bool, k)...)
+		d.gone = append(d.gone, make([]bool, k)...)
+		d.read = append(d.read, make([]int32, k)...)
+	}
+}
+
+// countUses counts, for the initializers among vals, one more reader.
+func (d *deadCode) countUses(vals []int32) {
+	for _, v := range vals {
+		if v >= 0 && d.g.InitializerOf(v) != nil {
+			d.uses[v]++
+			d.counted[v] = true
+		}
+	}
+}
+
+// add numbers nd, at position pos of the graph's nodes (-1: unknown); its
+// producers are set by setPreds.
+func (d *deadCode) add(nd *pb.NodeProto, pos int) int32 {
 	i := int32(len(d.nodes))
 	d.ids[nd] = i
 	d.nodes = append(d.nodes, nd)
-	d.ins = append(d.ins, graph.NodeInputs(nd))
+	d.vals = append(d.vals, d.g.InputIDs(nd, pos))
 	d.preds = append(d.preds, nil)
 	d.count = append(d.count, 0)
 	d.removed = append(d.removed, false)
@@ -131,21 +158,21 @@ func (d *deadCode) add(nd *pb.NodeProto) int32 {
 
 // setPreds looks up the producers of node i's inputs.
 func (d *deadCode) setPreds(i int32) {
-	d.preds[i] = make([]int32, len(d.ins[i]))
+	d.preds[i] = make([]int32, len(d.vals[i]))
 	d.fillPreds(i)
 }
 
 // fillPreds fills d.preds[i] (of the right length) with the producers of
 // node i's inputs.
 func (d *deadCode) fillPreds(i int32) {
-	ins, ps := d.ins[i], d.preds[i]
-	for k, in := range ins {
+	vals, ps := d.vals[i], d.preds[i]
+	for k, v := range vals {
 		ps[k] = -1
-		if in == "" {
+		if v < 0 {
 			continue
 		}
-		if p := d.g.Producer(in); p != nil {
-			ps[k] = d.id(p)
+		if p := d.g.ProducerOf(v); p != nil {
+			ps[k] = d.at(p, int(d.g.ProducerPos(v)))
 		}
 	}
 }
@@ -155,9 +182,18 @@ func (d *deadCode) id(nd *pb.NodeProto) int32 {
 	if i, ok := d.ids[nd]; ok {
 		return i
 	}
-	i := d.add(nd)
+	i := d.add(nd, -1)
 	d.setPreds(i)
 	return i
+}
+
+// at is id for a node that may be the one at position pos of the graph's
+// nodes as newDeadCode found them, which then is its number.
+func (d *deadCode) at(nd *pb.NodeProto, pos int) int32 {
+	if pos >= 0 && pos < len(d.nodes) && d.nodes[pos] == nd {
+		return int32(pos)
+	}
+	return d.id(nd)
 }
 
 // outputRefs counts the graph outputs among n's outputs.
@@ -209,21 +245,23 @@ func (d *deadCode) consumers(i int32) []int32 {
 // replaced moves value v from old's outputs (old now writes a fresh,
 // unread name) to fused, which the index already lists as v's producer.
 func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
+	d.grow()
 	oi := d.id(old)
 	fi := d.id(fused)
 	// v's readers now read fused's output.
+	vid := d.g.ValueID(v)
 	for _, c := range d.g.Consumers(v) {
 		ci := d.id(c)
-		for k, in := range d.ins[ci] {
-			if in == v {
+		for k, x := range d.vals[ci] {
+			if x == vid {
 				d.preds[ci][k] = fi
 			}
 		}
 	}
 	// The fused node reads its inputs: their producers gain a reader.
-	for _, in := range d.ins[fi] {
-		if p := d.g.Producer(in); p != nil && in != "" {
-			d.consCache[d.id(p)] = nil
+	for _, p := range d.preds[fi] {
+		if p >= 0 {
+			d.consCache[p] = nil
 		}
 	}
 	d.consCache[oi] = nil
@@ -242,11 +280,7 @@ func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
 	// The fused node reads initializers too (its new weights, and whatever
 	// else it takes, such as a block input that is a constant): they are
 	// used as long as it is.
-	for _, in := range d.ins[fi] {
-		if d.g.Initializer(in) != nil {
-			d.uses[in]++
-		}
-	}
+	d.countUses(d.vals[fi])
 	if refs > 0 {
 		for _, p := range d.preds[fi] {
 			if p >= 0 {
@@ -285,6 +319,7 @@ func (d *deadCode) feedsOnly(i int32) bool {
 // It returns the names of what it removed, sorted.
 func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) {
 	g := d.g
+	d.grow()
 	d.epoch++
 	ep := d.epoch
 	drop := make([]int32, 0, len(region))
@@ -301,10 +336,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 		// do, through the walk below, the dead nodes that only feed them).
 		d.first = false
 		for k, n := range g.P.Node {
-			i := int32(k)
-			if k >= len(d.nodes) || d.nodes[k] != n {
-				i = d.id(n)
-			}
+			i := d.at(n, k)
 			if !d.live(i) && d.dropMark[i] != ep && d.feedsOnly(i) {
 				d.dropMark[i] = ep
 				drop = append(drop, i)
@@ -366,34 +398,41 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 			}
 		}
 	}
-	d.last = map[string]bool{}
-	readByDropped := make(map[string]bool, 2*len(drop))
+	var read []int32 // values the dropped nodes read, once each
+	nodes = make([]string, 0, len(drop))
 	for _, i := range drop {
 		nodes = append(nodes, graph.NodeLabel(d.nodes[i]))
-		for _, in := range d.ins[i] {
-			readByDropped[in] = true
+		for _, v := range d.vals[i] {
+			if v >= 0 && d.read[v] != ep {
+				d.read[v] = ep
+				read = append(read, v)
+			}
 		}
 	}
 	for _, i := range drop {
 		d.removed[i] = true
-		for _, in := range d.ins[i] {
-			if _, ok := d.uses[in]; ok {
-				d.uses[in]--
+		for _, v := range d.vals[i] {
+			if v >= 0 && d.counted[v] {
+				d.uses[v]--
 			}
 		}
 	}
-	for name := range readByDropped {
-		if d.inits[name] || g.Initializer(name) == nil {
+	for _, v := range read {
+		t := g.InitializerOf(v)
+		if d.gone[v] || t == nil {
 			continue
 		}
-		if d.uses[name] == 0 && !g.IsOutput(name) && !g.IsInput(name) {
+		if name := t.GetName(); d.uses[v] == 0 && !g.IsOutput(name) && !g.IsInput(name) {
 			inits = append(inits, name)
-			d.inits[name] = true
-			d.last[name] = true
+			d.gone[v] = true
 		}
+	}
+	if len(nodes) == 0 {
+		nodes = nil
 	}
 	sort.Strings(nodes)
 	sort.Strings(inits)
+	d.last = inits
 	return nodes, inits
 }
 
@@ -405,7 +444,7 @@ func (d *deadCode) apply() {
 	g := d.g
 	kept := g.P.Initializer[:0]
 	for _, t := range g.P.Initializer {
-		if !d.inits[t.GetName()] {
+		if v := g.ValueID(t.GetName()); v < 0 || int(v) >= len(d.gone) || !d.gone[v] {
 			kept = append(kept, t)
 		}
 	}
@@ -413,20 +452,19 @@ func (d *deadCode) apply() {
 		g.P.Initializer[i] = nil
 	}
 	g.P.Initializer = kept
-	removed := map[*pb.NodeProto]bool{}
-	for i, r := range d.removed {
-		if r {
-			removed[d.nodes[i]] = true
-		}
-	}
-	if len(removed) > 0 {
-		g.RemoveNodes(removed) // reindexes
-	} else {
-		g.Reindex()
+	pos := 0
+	g.RemoveNodesFunc(func(n *pb.NodeProto) bool {
+		i := d.at(n, pos)
+		pos++
+		return d.removed[i]
+	})
+	last := make(map[string]bool, len(d.last))
+	for _, name := range d.last {
+		last[name] = true
 	}
 	vi := g.P.ValueInfo[:0]
 	for _, v := range g.P.ValueInfo {
-		if g.Producer(v.GetName()) != nil || g.IsInput(v.GetName()) || g.Initializer(v.GetName()) != nil || d.last[v.GetName()] {
+		if g.Producer(v.GetName()) != nil || g.IsInput(v.GetName()) || g.Initializer(v.GetName()) != nil || last[v.GetName()] {
 			vi = append(vi, v)
 		}
 	}
