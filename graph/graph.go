@@ -3,6 +3,8 @@ package graph
 import (
 	"cmp"
 	"fmt"
+	"hash/maphash"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -28,12 +30,15 @@ type Graph struct {
 	inputs  map[string]bool
 	outputs map[string]bool
 	byOp    map[string][]*pb.NodeProto
-	// nodeNames holds the names of indexed nodes and reserved those
-	// UniqueName handed out; with the values, initializers and inputs they
-	// are the set of names in use.
-	nodeNames map[string]bool
-	reserved  map[string]bool
-	dupOut    []string
+	// nameHashes, built on first use (see named), holds the sorted hashes
+	// of the names of the nodes indexed at the last Reindex, nodeNames the
+	// names of the nodes AddNode added since and reserved those UniqueName
+	// handed out; with the values, initializers and inputs they are the
+	// set of names in use.
+	nameHashes []uint64
+	nodeNames  map[string]bool
+	reserved   map[string]bool
+	dupOut     []string
 	// topo caches TopoSort's order until the index changes.
 	topo []*pb.NodeProto
 	// nodes is the node list as of the last Reindex; node i's NodeInputs
@@ -89,7 +94,8 @@ func (g *Graph) Reindex() {
 	g.inputs = make(map[string]bool, len(g.P.Input))
 	g.outputs = make(map[string]bool, len(g.P.Output))
 	g.byOp = map[string][]*pb.NodeProto{}
-	g.nodeNames = make(map[string]bool, n)
+	g.nameHashes = nil
+	g.nodeNames = map[string]bool{}
 	g.reserved = map[string]bool{}
 	g.dupOut = nil
 	g.topo = nil
@@ -179,16 +185,16 @@ func (g *Graph) index(nd *pb.NodeProto) {
 			g.cons[j] = append(g.cons[j], nd)
 		}
 	}
-	g.indexNode(nd, len(g.P.Node)-1)
-}
-
-// indexNode indexes nd's op type, name and outputs (not its inputs); pos is
-// its position in g.P.Node.
-func (g *Graph) indexNode(nd *pb.NodeProto, pos int) {
-	g.byOp[nd.GetOpType()] = append(g.byOp[nd.GetOpType()], nd)
 	if nd.GetName() != "" {
 		g.nodeNames[nd.GetName()] = true
 	}
+	g.indexNode(nd, len(g.P.Node)-1)
+}
+
+// indexNode indexes nd's op type and outputs (not its inputs nor its
+// name); pos is its position in g.P.Node.
+func (g *Graph) indexNode(nd *pb.NodeProto, pos int) {
+	g.byOp[nd.GetOpType()] = append(g.byOp[nd.GetOpType()], nd)
 	for _, out := range nd.Output {
 		if out == "" {
 			continue
@@ -353,7 +359,41 @@ func (g *Graph) used(name string) bool {
 	if j, ok := g.ids[name]; ok && (g.prod[j] != nil || g.init[j] != nil) {
 		return true
 	}
-	return g.inputs[name] || g.nodeNames[name] || g.reserved[name]
+	return g.inputs[name] || g.reserved[name] || g.named(name)
+}
+
+// nameSeed seeds the hashes of node names (see named).
+var nameSeed = maphash.MakeSeed()
+
+// named reports whether a node indexed at the last Reindex, or added by
+// AddNode since, is named name. The hashes of the names of the nodes
+// indexed are computed and sorted on first use, so that indexing a graph
+// does not build a set of names that only UniqueName asks.
+func (g *Graph) named(name string) bool {
+	if name == "" {
+		return false
+	}
+	if g.nodeNames[name] {
+		return true
+	}
+	if g.nameHashes == nil {
+		g.nameHashes = make([]uint64, 0, len(g.nodes))
+		for _, n := range g.nodes {
+			if n.GetName() != "" {
+				g.nameHashes = append(g.nameHashes, maphash.String(nameSeed, n.GetName()))
+			}
+		}
+		slices.Sort(g.nameHashes)
+	}
+	if _, ok := slices.BinarySearch(g.nameHashes, maphash.String(nameSeed, name)); !ok {
+		return false
+	}
+	for _, n := range g.nodes {
+		if n.GetName() == name {
+			return true
+		}
+	}
+	return false
 }
 
 // AddNode appends n to the graph and indexes it.
@@ -603,12 +643,18 @@ func (g *Graph) Validate() []error {
 			errs = append(errs, fmt.Errorf("value %q is both an initializer and the output of node %q", t.GetName(), NodeLabel(p)))
 		}
 	}
-	for _, n := range g.P.Node {
-		for _, in := range NodeInputs(n) {
-			if in == "" || g.defined(in) {
+	for i, n := range g.P.Node {
+		var ins []string // looked up only for a value not defined by a node or initializer
+		for k, j := range g.InputIDs(n, i) {
+			if j >= 0 && (g.prod[j] != nil || g.init[j] != nil) {
 				continue
 			}
-			errs = append(errs, fmt.Errorf("node %q (%s) reads %q, which no node, input or initializer defines", NodeLabel(n), n.GetOpType(), in))
+			if ins == nil {
+				ins = NodeInputs(n)
+			}
+			if in := ins[k]; in != "" && !g.defined(in) {
+				errs = append(errs, fmt.Errorf("node %q (%s) reads %q, which no node, input or initializer defines", NodeLabel(n), n.GetOpType(), in))
+			}
 		}
 	}
 	for _, v := range g.P.Output {
