@@ -110,15 +110,17 @@ func (g *Graph) Reindex() {
 	for _, v := range g.P.Output {
 		g.outputs[v.GetName()] = true
 	}
-	// Number the values read, edge by edge, and count each one's
-	// consumers, so that every consumer list can be a window of one
-	// backing array (capped, so that appending to one copies it).
+	// Number the values read and produced, node by node, and count each
+	// value's consumers, so that every consumer list can be a window of
+	// one backing array (capped, so that appending to one copies it).
 	empty := g.ValueID("") // an initializer may be named ""
 	g.edges = make([]int32, 0, edges)
 	g.edgeOff = make([]int32, n+1)
+	outIDs := make([]int32, 0, outs)
 	var caps [][]string
 	count := make([]int32, len(g.prod), vals)
 	reads := 0
+	rc := &recent{}
 	for i, nd := range g.P.Node {
 		ins := NodeInputs(nd)
 		if len(ins) != len(nd.Input) {
@@ -132,15 +134,22 @@ func (g *Graph) Reindex() {
 				g.edges = append(g.edges, empty)
 				continue
 			}
-			j := g.id(in)
+			j := rc.id(g, in)
 			g.edges = append(g.edges, j)
-			if int(j) == len(count) {
+			for int(j) >= len(count) {
 				count = append(count, 0)
 			}
 			count[j]++
 			reads++
 		}
 		g.edgeOff[i+1] = int32(len(g.edges))
+		for _, out := range nd.Output {
+			j := int32(-1)
+			if out != "" {
+				j = rc.id(g, out)
+			}
+			outIDs = append(outIDs, j)
+		}
 	}
 	buf := make([]*pb.NodeProto, reads)
 	off := 0
@@ -151,6 +160,7 @@ func (g *Graph) Reindex() {
 		}
 	}
 	var early []int32 // values read before (or without) being produced
+	o := 0
 	for i, nd := range g.P.Node {
 		ins := nd.Input
 		if caps != nil && caps[i] != nil {
@@ -166,7 +176,8 @@ func (g *Graph) Reindex() {
 				}
 			}
 		}
-		g.indexNode(nd, i)
+		g.indexNode(nd, i, outIDs[o:o+len(nd.Output)])
+		o += len(nd.Output)
 	}
 	g.ordered = len(g.dupOut) == 0
 	for _, j := range early {
@@ -188,18 +199,48 @@ func (g *Graph) index(nd *pb.NodeProto) {
 	if nd.GetName() != "" {
 		g.nodeNames[nd.GetName()] = true
 	}
-	g.indexNode(nd, len(g.P.Node)-1)
+	g.indexNode(nd, len(g.P.Node)-1, nil)
+}
+
+// recent remembers the numbers of the values last looked up, by hash, so
+// that numbering a graph's values node by node, where most inputs are
+// values produced shortly before, seldom reaches the large map.
+type recent struct {
+	slot [1 << 12]struct {
+		name string
+		id   int32 // + 1: 0 is an empty slot
+	}
+}
+
+// recentSeed seeds the hashes recent places names by.
+var recentSeed = maphash.MakeSeed()
+
+// id is g.id(v), through the slots.
+func (r *recent) id(g *Graph, v string) int32 {
+	e := &r.slot[maphash.String(recentSeed, v)&(uint64(len(r.slot))-1)]
+	if e.id > 0 && e.name == v {
+		return e.id - 1
+	}
+	j := g.id(v)
+	e.name, e.id = v, j+1
+	return j
 }
 
 // indexNode indexes nd's op type and outputs (not its inputs nor its
-// name); pos is its position in g.P.Node.
-func (g *Graph) indexNode(nd *pb.NodeProto, pos int) {
+// name); pos is its position in g.P.Node, and outIDs, when not nil, holds
+// the numbers of its outputs (-1 for an empty name).
+func (g *Graph) indexNode(nd *pb.NodeProto, pos int, outIDs []int32) {
 	g.byOp[nd.GetOpType()] = append(g.byOp[nd.GetOpType()], nd)
-	for _, out := range nd.Output {
+	for k, out := range nd.Output {
 		if out == "" {
 			continue
 		}
-		j := g.id(out)
+		var j int32
+		if outIDs != nil {
+			j = outIDs[k]
+		} else {
+			j = g.id(out)
+		}
 		if g.prod[j] != nil {
 			g.dupOut = append(g.dupOut, out)
 		}
