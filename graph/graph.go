@@ -87,10 +87,11 @@ func (g *Graph) Reindex() {
 	}
 	vals := outs + len(g.P.Initializer) + len(g.P.Input)
 	g.ids = make(map[string]int32, vals)
-	g.prod = make([]*pb.NodeProto, 0, vals)
-	g.cons = make([][]*pb.NodeProto, 0, vals)
-	g.init = make([]*pb.TensorProto, 0, vals)
-	g.pos = make([]int32, 0, vals)
+	room := vals + vals/64 + 64 // for values edits add, without copying
+	g.prod = make([]*pb.NodeProto, 0, room)
+	g.cons = make([][]*pb.NodeProto, 0, room)
+	g.init = make([]*pb.TensorProto, 0, room)
+	g.pos = make([]int32, 0, room)
 	g.inputs = make(map[string]bool, len(g.P.Input))
 	g.outputs = make(map[string]bool, len(g.P.Output))
 	g.byOp = map[string][]*pb.NodeProto{}

@@ -1,6 +1,7 @@
 package passes
 
 import (
+	"slices"
 	"sort"
 
 	"github.com/mokopt/mokopt/graph"
@@ -48,20 +49,22 @@ type deadCode struct {
 	consCache [][]int32
 }
 
-func newDeadCode(g *graph.Graph) *deadCode {
-	n := len(g.P.Node)
-	d := &deadCode{g: g, ids: make(map[*pb.NodeProto]int32, n), first: true}
+// newDeadCode numbers g's nodes and computes their liveness; room is made
+// for the fused nodes the blocks add, one each.
+func newDeadCode(g *graph.Graph, blocks int) *deadCode {
+	c := len(g.P.Node) + blocks
+	d := &deadCode{g: g, ids: make(map[*pb.NodeProto]int32, c), first: true}
 	d.grow()
-	d.nodes = make([]*pb.NodeProto, 0, n)
-	d.vals = make([][]int32, 0, n)
-	d.preds = make([][]int32, 0, n)
-	d.count = make([]int32, 0, n)
-	d.removed = make([]bool, 0, n)
-	d.dropMark = make([]int32, 0, n)
-	d.doneMark = make([]int32, 0, n)
-	d.remMark = make([]int32, 0, n)
-	d.rem = make([]int32, 0, n)
-	d.consCache = make([][]int32, 0, n)
+	d.nodes = make([]*pb.NodeProto, 0, c)
+	d.vals = make([][]int32, 0, c)
+	d.preds = make([][]int32, 0, c)
+	d.count = make([]int32, 0, c)
+	d.removed = make([]bool, 0, c)
+	d.dropMark = make([]int32, 0, c)
+	d.doneMark = make([]int32, 0, c)
+	d.remMark = make([]int32, 0, c)
+	d.rem = make([]int32, 0, c)
+	d.consCache = make([][]int32, 0, c)
 	edges := 0
 	for i, nd := range g.P.Node {
 		d.add(nd, i)
@@ -430,8 +433,8 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 	if len(nodes) == 0 {
 		nodes = nil
 	}
-	sort.Strings(nodes)
-	sort.Strings(inits)
+	sortStrings(nodes)
+	sortStrings(inits)
 	d.last = inits
 	return nodes, inits
 }
@@ -469,4 +472,87 @@ func (d *deadCode) apply() {
 		}
 	}
 	g.P.ValueInfo = vi
+}
+
+// sortStrings sorts a in increasing order, as sort.Strings does, faster for
+// many strings that share long prefixes (the node names of a block): level
+// by level, it sorts integers packing the next few bytes after the group's
+// common prefix with the string's index, and compares whole strings only in
+// small groups.
+func sortStrings(a []string) {
+	if len(a) < 16 || len(a) > 1<<chunkIndexBits {
+		sort.Strings(a)
+		return
+	}
+	sortChunks(a, make([]uint64, len(a)), make([]string, len(a)), 0)
+}
+
+// chunkBytes is how many bytes of each string a level of sortChunks sorts
+// by; the index takes the other chunkIndexBits bits of the key.
+const (
+	chunkBytes     = 6
+	chunkIndexBits = 64 - 8*chunkBytes
+)
+
+// sortChunks sorts a, whose strings agree on their first depth bytes;
+// keys and tmp are scratch of a's length.
+func sortChunks(a []string, keys []uint64, tmp []string, depth int) {
+	if len(a) < 16 {
+		sort.Strings(a)
+		return
+	}
+	depth = commonPrefix(a, depth)
+	more := false // a string goes on past this level's bytes
+	for i, s := range a {
+		keys[i] = chunk(s, depth)<<chunkIndexBits | uint64(i)
+		more = more || len(s) > depth+chunkBytes
+	}
+	slices.Sort(keys)
+	copy(tmp, a)
+	for i, k := range keys {
+		a[i] = tmp[k&(1<<chunkIndexBits-1)]
+	}
+	for i := 0; i < len(a); {
+		j := i + 1
+		for j < len(a) && keys[j]>>chunkIndexBits == keys[i]>>chunkIndexBits {
+			j++
+		}
+		switch {
+		case j-i < 2:
+		case more:
+			sortChunks(a[i:j], keys[i:j], tmp[i:j], depth+chunkBytes)
+		default: // equal but for trailing zero bytes
+			sort.Strings(a[i:j])
+		}
+		i = j
+	}
+}
+
+// commonPrefix returns the length of the prefix all of a's strings share,
+// knowing that they share their first depth bytes (or end within them).
+func commonPrefix(a []string, depth int) int {
+	first := a[0]
+	n := len(first)
+	for _, s := range a[1:] {
+		n = min(n, len(s))
+		for i := depth; i < n; i++ {
+			if s[i] != first[i] {
+				n = i
+				break
+			}
+		}
+	}
+	return max(n, depth)
+}
+
+// chunk returns s's chunkBytes bytes from depth, big-endian, zero-padded.
+func chunk(s string, depth int) uint64 {
+	var k uint64
+	for i := depth; i < depth+chunkBytes; i++ {
+		k <<= 8
+		if i < len(s) {
+			k |= uint64(s[i])
+		}
+	}
+	return k
 }

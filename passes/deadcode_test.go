@@ -2,6 +2,11 @@ package passes
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
@@ -75,5 +80,49 @@ func TestRewriteDeadCodeAccounting(t *testing.T) {
 	}
 	if nodes, inits := g.RemoveDeadCode(); nodes != 0 || inits != 0 {
 		t.Errorf("%d dead nodes and %d unused initializers left behind", nodes, inits)
+	}
+}
+
+// TestSortStrings: sortStrings orders like sort.Strings, for strings with
+// long shared prefixes, duplicates, empty strings and zero bytes.
+func TestSortStrings(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	many := func(n int, gen func(i int) string) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = gen(i)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		in   []string
+	}{
+		{"empty", nil},
+		{"few", []string{"b", "a", "c"}},
+		{"node names", many(3000, func(i int) string {
+			return fmt.Sprintf("node_layers.3.e%d.%s", rnd.IntN(256), []string{"x_gather", "w1", "silu", "acc", ""}[rnd.IntN(5)])
+		})},
+		{"zero bytes and prefixes", many(500, func(i int) string {
+			return "p" + strings.Repeat("\x00", rnd.IntN(9)) + strings.Repeat("a", rnd.IntN(3))
+		})},
+		{"random", many(2000, func(i int) string {
+			b := make([]byte, rnd.IntN(20))
+			for k := range b {
+				b[k] = byte(rnd.IntN(4))
+			}
+			return string(b)
+		})},
+		{"duplicates", many(100, func(i int) string { return "same.name.for.every.node" })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := slices.Clone(tc.in)
+			sort.Strings(want)
+			got := slices.Clone(tc.in)
+			sortStrings(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("sortStrings differs from sort.Strings")
+			}
+		})
 	}
 }

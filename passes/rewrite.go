@@ -191,7 +191,7 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 			funcs[f.GetOverload()] = true
 		}
 	}
-	dc := newDeadCode(g)
+	dc := newDeadCode(g, len(todo))
 	for i, r := range todo {
 		if err := ctx.Err(); err != nil {
 			return rep, err
