@@ -379,8 +379,9 @@ func typedFieldBytes(t *pb.TensorProto, want int64) ([]byte, error) {
 // CopyTensorRange writes bytes [off, off+n) of t's raw little-endian data to
 // w. Side-file bytes are copied in bounded chunks, or by the kernel
 // (copy_file_range) when w is, or buffers, an *os.File; they are never
-// loaded whole. It is the building block of deferred tensors that
-// concatenate ranges of source tensors.
+// loaded whole (a range of at most 64 KiB is read with one positioned read
+// into a reused buffer, which costs fewer system calls). It is the building
+// block of deferred tensors that concatenate ranges of source tensors.
 func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) error {
 	if off < 0 || n < 0 {
 		return fmt.Errorf("initializer %q: bad range %d+%d", t.GetName(), off, n)
@@ -425,10 +426,15 @@ func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) er
 		return err
 	}
 	defer m.ext.release(sf, f)
-	if _, err := f.Seek(base+off, io.SeekStart); err != nil {
-		return err
+	var k int64
+	if n <= smallRange {
+		k, err = copySmall(w, f, base+off, n)
+	} else {
+		if _, err := f.Seek(base+off, io.SeekStart); err != nil {
+			return err
+		}
+		k, err = io.Copy(w, &io.LimitedReader{R: f, N: n})
 	}
-	k, err := io.Copy(w, &io.LimitedReader{R: f, N: n})
 	m.ext.mu.Lock()
 	m.ext.bytesRead += k
 	m.ext.mu.Unlock()
@@ -436,6 +442,30 @@ func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) er
 		err = fmt.Errorf("initializer %q: %w", t.GetName(), io.ErrUnexpectedEOF)
 	}
 	return err
+}
+
+// smallRange is the largest side-file range CopyTensorRange reads into a
+// buffer (smallBufs) instead of having it copied by the kernel.
+const smallRange = 64 << 10
+
+// smallBufs holds the buffers of copySmall.
+var smallBufs = sync.Pool{New: func() any { return new([smallRange]byte) }}
+
+// copySmall writes the n <= smallRange bytes of f at pos to w, through one
+// positioned read, and returns how many it wrote: fewer than n, without
+// error, when the file ends first (as io.Copy from a LimitedReader).
+func copySmall(w io.Writer, f *os.File, pos, n int64) (int64, error) {
+	buf := smallBufs.Get().(*[smallRange]byte)
+	defer smallBufs.Put(buf)
+	k, err := f.ReadAt(buf[:n], pos)
+	if err == io.EOF {
+		err = nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	k, err = w.Write(buf[:k])
+	return int64(k), err
 }
 
 // rangeWriter passes on the bytes [skip, skip+left) of what is written to

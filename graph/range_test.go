@@ -2,6 +2,7 @@ package graph
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -76,5 +77,75 @@ func TestCopyTensorRange(t *testing.T) {
 	buf.Reset()
 	if err := m.CopyTensorRange(&buf, def, 4, 8); err != nil || !bytes.Equal(buf.Bytes(), want[1][4:12]) {
 		t.Errorf("deferred range: %v", err)
+	}
+}
+
+// TestCopyTensorRangeSmallAndLarge copies side-file ranges on both sides of
+// smallRange (read into a buffer, or copied through the file position),
+// into a buffer and into a file, and checks that a side file truncated
+// after it was opened gives io.ErrUnexpectedEOF either way.
+func TestCopyTensorRangeSmallAndLarge(t *testing.T) {
+	dir := t.TempDir()
+	a := f32Init("a", 3*smallRange/4) // 3 * smallRange bytes
+	for j := range a.RawData {
+		a.RawData[j] = byte(j*7 + j>>9)
+	}
+	want := a.RawData
+	mp := &pb.ModelProto{IrVersion: proto.Int64(10), OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}},
+		Graph: &pb.GraphProto{Name: proto.String("g"), Node: []*pb.NodeProto{NewNode("Neg", "", "neg", []string{"a"}, []string{"y"})},
+			Output: []*pb.ValueInfoProto{vinfo("y")}, Initializer: []*pb.TensorProto{a}}}
+	path := filepath.Join(dir, "m.onnx")
+	if err := (&Model{Proto: mp, Dir: dir}).Save(path, SaveOptions{External: ExternalRepack}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ext := m.Proto.Graph.Initializer[0]
+	ranges := []struct {
+		name   string
+		off, n int64
+	}{
+		{"empty", 5, 0},
+		{"small", 3, 1000},
+		{"smallRange", 1, smallRange},
+		{"just over", 0, smallRange + 1},
+		{"whole", 0, int64(len(want))},
+	}
+	for _, r := range ranges {
+		t.Run(r.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := m.CopyTensorRange(&buf, ext, r.off, r.n); err != nil || !bytes.Equal(buf.Bytes(), want[r.off:r.off+r.n]) {
+				t.Errorf("into a buffer: %v", err)
+			}
+			f, err := os.Create(filepath.Join(t.TempDir(), "copy"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := m.CopyTensorRange(f, ext, r.off, r.n); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(f.Name()); !bytes.Equal(got, want[r.off:r.off+r.n]) {
+				t.Error("into a file: bytes differ")
+			}
+		})
+	}
+	ref, err := External(ext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(dir, ref.Location), ref.Offset+smallRange/2); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range ranges[1:] {
+		if r.off+r.n <= smallRange/2 {
+			continue
+		}
+		if err := m.CopyTensorRange(io.Discard, ext, r.off, r.n); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("%s range of a truncated side file: %v, want io.ErrUnexpectedEOF", r.name, err)
+		}
 	}
 }
