@@ -148,3 +148,124 @@ func TestParseRestoresGC(t *testing.T) {
 		t.Fatalf("GC percent after Parse = %d, want 137", got)
 	}
 }
+
+// TestValueNumbers: value numbers answer like the name lookups, InputIDs
+// returns the numbers of a node's inputs (captures included) whether or
+// not the index still holds them (after AddNode, Sort, ReplaceAllUses),
+// ProducerPos names the producer's position, and RemoveNodesFunc deletes
+// what it is told in order.
+func TestValueNumbers(t *testing.T) {
+	body := &pb.GraphProto{Node: []*pb.NodeProto{NewNode("Identity", "", "inner", []string{"q"}, []string{"o"})},
+		Output: []*pb.ValueInfoProto{vinfo("o")}}
+	ifNode := NewNode("If", "", "if", []string{"x"}, []string{"z"})
+	ifNode.Attribute = []*pb.AttributeProto{{Name: proto.String("then_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: body}}
+	g := NewGraph(&pb.GraphProto{Input: []*pb.ValueInfoProto{vinfo("x")}, Output: []*pb.ValueInfoProto{vinfo("y")},
+		Initializer: []*pb.TensorProto{f32Init("w", 1)},
+		Node: []*pb.NodeProto{
+			NewNode("Mul", "", "m", []string{"x", "w", ""}, []string{"p"}),
+			NewNode("Relu", "", "r", []string{"p"}, []string{"q"}),
+			ifNode,
+			NewNode("Add", "", "a", []string{"p", "q"}, []string{"y"}),
+		}})
+	// ids maps names to numbers, checking that they agree with the lookups by name.
+	ids := func(names ...string) []int32 {
+		out := make([]int32, len(names))
+		for i, v := range names {
+			out[i] = g.ValueID(v)
+			if j := out[i]; j >= 0 && (g.ProducerOf(j) != g.Producer(v) || g.InitializerOf(j) != g.Initializer(v) || len(g.ConsumersOf(j)) != len(g.Consumers(v))) {
+				t.Errorf("lookups of %q by number and by name differ", v)
+			}
+		}
+		return out
+	}
+	check := func(when string) {
+		t.Helper()
+		for pos, n := range g.P.Node {
+			for _, p := range []int{pos, -1} {
+				if got, want := g.InputIDs(n, p), ids(NodeInputs(n)...); !slices.Equal(got, want) {
+					t.Errorf("%s: InputIDs(%s, %d) = %v, want %v", when, n.GetName(), p, got, want)
+				}
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func()
+	}{
+		{"indexed", func() {}},
+		{"node added", func() { g.AddNode(NewNode("Neg", "", "n", []string{"y", "w"}, []string{"u"})) }},
+		{"sorted", func() {
+			g.P.Node[0], g.P.Node[1] = g.P.Node[1], g.P.Node[0]
+			if err := g.Sort(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"rewired", func() { g.ReplaceAllUses("q", "p") }},
+		{"reindexed", func() { g.Reindex() }},
+	} {
+		tc.edit()
+		check(tc.name)
+	}
+	if n := g.NumValues(); n != 7 { // x w p q z y u
+		t.Errorf("NumValues = %d, want 7", n)
+	}
+	if g.ValueID("o") != -1 || g.ValueID("") != -1 || g.ValueID("nope") != -1 {
+		t.Error("a value the graph does not number got a number")
+	}
+	for pos, n := range g.P.Node {
+		for _, out := range n.Output {
+			if got := g.ProducerPos(g.ValueID(out)); got != int32(pos) {
+				t.Errorf("ProducerPos(%s) = %d, want %d", out, got, pos)
+			}
+		}
+	}
+	if got := g.ProducerPos(g.ValueID("x")); got != -1 {
+		t.Errorf("ProducerPos of a graph input = %d", got)
+	}
+	var seen []string
+	g.RemoveNodesFunc(func(n *pb.NodeProto) bool {
+		seen = append(seen, n.GetName())
+		return n.GetName() == "n" || n.GetName() == "if"
+	})
+	if want := []string{"m", "r", "if", "a", "n"}; !slices.Equal(seen, want) {
+		t.Errorf("RemoveNodesFunc asked about %v, want %v", seen, want)
+	}
+	if got := labels(g.P.Node); !slices.Equal(got, []string{"m", "r", "a"}) {
+		t.Errorf("nodes left: %v", got)
+	}
+	if g.Producer("u") != nil || len(g.Consumers("x")) != 1 {
+		t.Error("RemoveNodesFunc did not reindex")
+	}
+}
+
+// TestUniqueNameAvoidsNodeNames: UniqueName avoids the names of the nodes
+// indexed and of those added since, asked before or after the first call.
+func TestUniqueNameAvoidsNodeNames(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first string // asked before the node is added
+	}{
+		{"added before the first call", ""},
+		{"added after the first call", "warm"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewGraph(&pb.GraphProto{Input: []*pb.ValueInfoProto{vinfo("x")}, Output: []*pb.ValueInfoProto{vinfo("y")},
+				Node: []*pb.NodeProto{NewNode("Relu", "", "relu_node", []string{"x"}, []string{"y"}), NewNode("Neg", "", "", []string{"x"}, []string{"v"})}})
+			if tc.first != "" {
+				if got := g.UniqueName(tc.first); got != tc.first {
+					t.Fatalf("UniqueName(%q) = %q", tc.first, got)
+				}
+			}
+			g.AddNode(NewNode("Neg", "", "added_node", []string{"x"}, []string{"z"}))
+			for _, c := range []struct{ prefix, want string }{
+				{"relu_node", "relu_node_1"},
+				{"added_node", "added_node_1"},
+				{"Neg->v", "Neg->v"}, // labels of unnamed nodes are not names
+			} {
+				if got := g.UniqueName(c.prefix); got != c.want {
+					t.Errorf("UniqueName(%q) = %q, want %q", c.prefix, got, c.want)
+				}
+			}
+		})
+	}
+}
