@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"hash/maphash"
+	"math/bits"
 	"slices"
 	"sort"
 	"strconv"
@@ -30,12 +31,12 @@ type Graph struct {
 	inputs  map[string]bool
 	outputs map[string]bool
 	byOp    map[string][]*pb.NodeProto
-	// nameHashes, built on first use (see named), holds the sorted hashes
-	// of the names of the nodes indexed at the last Reindex, nodeNames the
+	// nameHashes, built on first use (see named), holds the hashes of the
+	// names of the nodes indexed at the last Reindex, nodeNames the
 	// names of the nodes AddNode added since and reserved those UniqueName
 	// handed out; with the values, initializers and inputs they are the
 	// set of names in use.
-	nameHashes []uint64
+	nameHashes *hashSet
 	nodeNames  map[string]bool
 	reserved   map[string]bool
 	dupOut     []string
@@ -409,8 +410,8 @@ var nameSeed = maphash.MakeSeed()
 
 // named reports whether a node indexed at the last Reindex, or added by
 // AddNode since, is named name. The hashes of the names of the nodes
-// indexed are computed and sorted on first use, so that indexing a graph
-// does not build a set of names that only UniqueName asks.
+// indexed are computed on first use, so that indexing a graph does not
+// build a set of names that only UniqueName asks.
 func (g *Graph) named(name string) bool {
 	if name == "" {
 		return false
@@ -419,15 +420,15 @@ func (g *Graph) named(name string) bool {
 		return true
 	}
 	if g.nameHashes == nil {
-		g.nameHashes = make([]uint64, 0, len(g.nodes))
+		hs := make([]uint64, 0, len(g.nodes))
 		for _, n := range g.nodes {
 			if n.GetName() != "" {
-				g.nameHashes = append(g.nameHashes, maphash.String(nameSeed, n.GetName()))
+				hs = append(hs, maphash.String(nameSeed, n.GetName()))
 			}
 		}
-		slices.Sort(g.nameHashes)
+		g.nameHashes = newHashSet(hs)
 	}
-	if _, ok := slices.BinarySearch(g.nameHashes, maphash.String(nameSeed, name)); !ok {
+	if !g.nameHashes.has(maphash.String(nameSeed, name)) {
 		return false
 	}
 	for _, n := range g.nodes {
@@ -436,6 +437,39 @@ func (g *Graph) named(name string) bool {
 		}
 	}
 	return false
+}
+
+// hashSet is a set of 64-bit hashes, bucketed by their top bits (a
+// counting sort): two passes build it, and a short scan answers.
+type hashSet struct {
+	shift  uint
+	off    []int32 // bucket k holds hashes[off[k]:off[k+1]]
+	hashes []uint64
+}
+
+// newHashSet returns the set of hs, with about one bucket per hash.
+func newHashSet(hs []uint64) *hashSet {
+	b := bits.Len(uint(len(hs)))
+	s := &hashSet{shift: uint(64 - b), off: make([]int32, 1<<b+1), hashes: make([]uint64, len(hs))}
+	for _, h := range hs {
+		s.off[h>>s.shift+1]++
+	}
+	for k := 1; k < len(s.off); k++ {
+		s.off[k] += s.off[k-1]
+	}
+	next := slices.Clone(s.off[:len(s.off)-1])
+	for _, h := range hs {
+		k := h >> s.shift
+		s.hashes[next[k]] = h
+		next[k]++
+	}
+	return s
+}
+
+// has reports whether h is in the set.
+func (s *hashSet) has(h uint64) bool {
+	k := h >> s.shift
+	return slices.Contains(s.hashes[s.off[k]:s.off[k+1]], h)
 }
 
 // AddNode appends n to the graph and indexes it.

@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"math/rand/v2"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -267,5 +268,35 @@ func TestUniqueNameAvoidsNodeNames(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHashSet: the bucketed set answers like a map, for empty, tiny and
+// larger sets, duplicates and hashes at both ends of the range.
+func TestHashSet(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{0, 1, 2, 7, 1000} {
+		hs := []uint64{}
+		want := map[uint64]bool{}
+		for range n {
+			h := rnd.Uint64()
+			hs = append(hs, h, h) // duplicates too
+			want[h] = true
+		}
+		if n > 0 {
+			hs = append(hs, 0, ^uint64(0))
+			want[0], want[^uint64(0)] = true, true
+		}
+		s := newHashSet(hs)
+		for h := range want {
+			if !s.has(h) {
+				t.Errorf("n=%d: %#x missing", n, h)
+			}
+		}
+		for range 1000 {
+			if h := rnd.Uint64(); s.has(h) != want[h] {
+				t.Errorf("n=%d: has(%#x) = %v", n, h, !want[h])
+			}
+		}
 	}
 }
