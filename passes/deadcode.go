@@ -326,8 +326,9 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 	d.epoch++
 	ep := d.epoch
 	drop := make([]int32, 0, len(region))
+	i := int32(-1)
 	for _, n := range region {
-		i := d.id(n)
+		i = d.at(n, int(i)+1) // regions are mostly in graph order
 		if !d.removed[i] && !d.live(i) && d.dropMark[i] != ep {
 			d.dropMark[i] = ep
 			drop = append(drop, i)
