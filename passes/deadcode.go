@@ -18,7 +18,8 @@ import (
 // block.
 type deadCode struct {
 	g *graph.Graph
-	// Nodes are numbered (id), the graph's nodes by their position:
+	// Nodes are numbered, the graph's nodes by their position, which
+	// finds most (at); ids, built on first need (id), finds the others.
 	// nodes, vals and preds are indexed by that number, vals holding the
 	// graph's value numbers (graph.InputIDs, shared with the index: read
 	// only) and preds the number of the producer (-1: none) of each of the
@@ -38,8 +39,14 @@ type deadCode struct {
 	counted []bool
 	gone    []bool
 	read    []int32
-	last    []string // initializers removed by the latest removeDeadIn
-	first   bool
+	// readOff and readBy list, per value number, the numbers of the nodes
+	// reading it, one per edge (the index's consumers, as numbers), and
+	// readMore those of the fused nodes added since.
+	readOff  []int32
+	readBy   []int32
+	readMore map[int32][]int32
+	last     []string // initializers removed by the latest removeDeadIn
+	first    bool
 	// scratch for removeDeadIn, valid where mark[i] == epoch
 	epoch     int32
 	dropMark  []int32
@@ -53,7 +60,7 @@ type deadCode struct {
 // for the fused nodes the blocks add, one each.
 func newDeadCode(g *graph.Graph, blocks int) *deadCode {
 	c := len(g.P.Node) + blocks
-	d := &deadCode{g: g, ids: make(map[*pb.NodeProto]int32, c), first: true}
+	d := &deadCode{g: g, readMore: map[int32][]int32{}, first: true}
 	d.grow()
 	d.nodes = make([]*pb.NodeProto, 0, c)
 	d.vals = make([][]int32, 0, c)
@@ -77,6 +84,7 @@ func newDeadCode(g *graph.Graph, blocks int) *deadCode {
 		d.preds[i], buf = buf[:k:k], buf[k:]
 		d.fillPreds(int32(i))
 	}
+	d.numberReaders()
 	live := make([]bool, len(d.nodes))
 	used := make(map[string]bool, len(g.P.Output))
 	var stack []int32
@@ -86,8 +94,8 @@ func newDeadCode(g *graph.Graph, blocks int) *deadCode {
 			continue
 		}
 		used[name] = true
-		if p := g.Producer(name); p != nil {
-			if i := d.id(p); !live[i] {
+		if i := d.producer(g.ValueID(name)); i >= 0 {
+			if !live[i] {
 				live[i] = true
 				stack = append(stack, i)
 			}
@@ -141,11 +149,65 @@ func (d *deadCode) countUses(vals []int32) {
 	}
 }
 
+// numberReaders lists the readers of each value (readOff, readBy) from the
+// nodes' inputs, skipping empty names as the index does.
+func (d *deadCode) numberReaders() {
+	empty := d.g.ValueID("") // numbered when an initializer is named ""
+	nv := d.g.NumValues()
+	d.readOff = make([]int32, nv+1)
+	for _, vals := range d.vals {
+		for _, v := range vals {
+			if v >= 0 && v != empty {
+				d.readOff[v+1]++
+			}
+		}
+	}
+	for j := 1; j <= nv; j++ {
+		d.readOff[j] += d.readOff[j-1]
+	}
+	next := slices.Clone(d.readOff[:nv])
+	d.readBy = make([]int32, d.readOff[nv])
+	for i, vals := range d.vals {
+		for _, v := range vals {
+			if v >= 0 && v != empty {
+				d.readBy[next[v]] = int32(i)
+				next[v]++
+			}
+		}
+	}
+}
+
+// readers returns the numbers of the nodes reading value j (-1: none), one
+// per edge: those numbered by newDeadCode and the fused nodes added since.
+func (d *deadCode) readers(j int32) (first, more []int32) {
+	if j < 0 {
+		return nil, nil
+	}
+	if int(j)+1 < len(d.readOff) {
+		first = d.readBy[d.readOff[j]:d.readOff[j+1]]
+	}
+	return first, d.readMore[j]
+}
+
+// producer returns the number of the node producing value j, or -1.
+func (d *deadCode) producer(j int32) int32 {
+	if j < 0 {
+		return -1
+	}
+	p := d.g.ProducerOf(j)
+	if p == nil {
+		return -1
+	}
+	return d.at(p, int(d.g.ProducerPos(j)))
+}
+
 // add numbers nd, at position pos of the graph's nodes (-1: unknown); its
 // producers are set by setPreds.
 func (d *deadCode) add(nd *pb.NodeProto, pos int) int32 {
 	i := int32(len(d.nodes))
-	d.ids[nd] = i
+	if d.ids != nil {
+		d.ids[nd] = i
+	}
 	d.nodes = append(d.nodes, nd)
 	d.vals = append(d.vals, d.g.InputIDs(nd, pos))
 	d.preds = append(d.preds, nil)
@@ -170,18 +232,18 @@ func (d *deadCode) setPreds(i int32) {
 func (d *deadCode) fillPreds(i int32) {
 	vals, ps := d.vals[i], d.preds[i]
 	for k, v := range vals {
-		ps[k] = -1
-		if v < 0 {
-			continue
-		}
-		if p := d.g.ProducerOf(v); p != nil {
-			ps[k] = d.at(p, int(d.g.ProducerPos(v)))
-		}
+		ps[k] = d.producer(v)
 	}
 }
 
 // id returns nd's number, numbering it (and its producers) if it is new.
 func (d *deadCode) id(nd *pb.NodeProto) int32 {
+	if d.ids == nil {
+		d.ids = make(map[*pb.NodeProto]int32, cap(d.nodes))
+		for i, n := range d.nodes {
+			d.ids[n] = int32(i)
+		}
+	}
 	if i, ok := d.ids[nd]; ok {
 		return i
 	}
@@ -198,6 +260,25 @@ func (d *deadCode) at(nd *pb.NodeProto, pos int) int32 {
 	}
 	return d.id(nd)
 }
+
+// seek is id for a node probably at a position shortly after from: it
+// looks there first, then at the position of the producer of its outputs.
+func (d *deadCode) seek(nd *pb.NodeProto, from int) int32 {
+	for p := max(from, 0); p < min(from+seekWindow, len(d.nodes)); p++ {
+		if d.nodes[p] == nd {
+			return int32(p)
+		}
+	}
+	for _, o := range nd.Output {
+		if j := d.g.ValueID(o); j >= 0 && d.g.ProducerOf(j) == nd {
+			return d.at(nd, int(d.g.ProducerPos(j)))
+		}
+	}
+	return d.id(nd)
+}
+
+// seekWindow is how many positions seek tries before looking nd up.
+const seekWindow = 16
 
 // outputRefs counts the graph outputs among n's outputs.
 func (d *deadCode) outputRefs(n *pb.NodeProto) int {
@@ -237,31 +318,41 @@ func (d *deadCode) consumers(i int32) []int32 {
 	}
 	c := []int32{}
 	for _, o := range d.nodes[i].Output {
-		for _, x := range d.g.Consumers(o) {
-			c = append(c, d.id(x))
-		}
+		first, more := d.readers(d.g.ValueID(o))
+		c = append(append(c, first...), more...)
 	}
 	d.consCache[i] = c
 	return c
 }
 
-// replaced moves value v from old's outputs (old now writes a fresh,
-// unread name) to fused, which the index already lists as v's producer.
-func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
+// replaced moves value v from old's outputs (old, at position oldPos of
+// the graph's nodes, now writes a fresh, unread name) to fused, which was
+// just added and which the index already lists as v's producer.
+func (d *deadCode) replaced(old *pb.NodeProto, oldPos int, fused *pb.NodeProto, v string) {
 	d.grow()
-	oi := d.id(old)
-	fi := d.id(fused)
+	oi := d.at(old, oldPos)
+	fi := d.add(fused, -1)
+	d.setPreds(fi)
+	// The fused node reads its inputs: they gain a reader (as the index
+	// lists it among their consumers), and their producers a consumer.
+	empty := d.g.ValueID("")
+	for _, x := range d.vals[fi] {
+		if x >= 0 && x != empty {
+			d.readMore[x] = append(d.readMore[x], fi)
+		}
+	}
 	// v's readers now read fused's output.
 	vid := d.g.ValueID(v)
-	for _, c := range d.g.Consumers(v) {
-		ci := d.id(c)
-		for k, x := range d.vals[ci] {
-			if x == vid {
-				d.preds[ci][k] = fi
+	first, more := d.readers(vid)
+	for _, rs := range [][]int32{first, more} {
+		for _, ci := range rs {
+			for k, x := range d.vals[ci] {
+				if x == vid {
+					d.preds[ci][k] = fi
+				}
 			}
 		}
 	}
-	// The fused node reads its inputs: their producers gain a reader.
 	for _, p := range d.preds[fi] {
 		if p >= 0 {
 			d.consCache[p] = nil
@@ -272,10 +363,11 @@ func (d *deadCode) replaced(old, fused *pb.NodeProto, v string) {
 	if d.g.IsOutput(v) {
 		refs++
 	}
-	for _, c := range d.g.Consumers(v) {
-		ci := d.id(c)
-		if c != fused && !d.removed[ci] && d.live(ci) {
-			refs++
+	for _, rs := range [][]int32{first, more} {
+		for _, ci := range rs {
+			if ci != fi && !d.removed[ci] && d.live(ci) {
+				refs++
+			}
 		}
 	}
 	wasLive := d.live(oi)
@@ -328,7 +420,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 	drop := make([]int32, 0, len(region))
 	i := int32(-1)
 	for _, n := range region {
-		i = d.at(n, int(i)+1) // regions are mostly in graph order
+		i = d.seek(n, int(i)+1) // regions are mostly in graph order
 		if !d.removed[i] && !d.live(i) && d.dropMark[i] != ep {
 			d.dropMark[i] = ep
 			drop = append(drop, i)

@@ -256,6 +256,7 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights
 	if old == nil {
 		return nil, fmt.Errorf("block %s: output %q has no producer", b.Name, b.Output)
 	}
+	oldPos := int(g.ProducerPos(g.ValueID(b.Output)))
 	detached := g.UniqueName(b.Output + "__unfused")
 	for i, o := range old.Output {
 		if o == b.Output {
@@ -265,7 +266,7 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights
 	node := graph.NewNode(moe.OpType, moe.Domain, name, in, []string{b.Output}, s.Attributes()...)
 	node.Overload = proto.String(s.Variant())
 	g.AddNode(node) // the index now names node as b.Output's producer
-	dc.replaced(old, node, b.Output)
+	dc.replaced(old, oldPos, node, b.Output)
 	if !funcs[s.Variant()] && !s.Shard() { // a shard needs its group: no standalone body
 		f, err := moe.Function(s, opset)
 		if err != nil {
