@@ -10,7 +10,9 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/models"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestRewriteDeadCodeAccounting rewrites a three-layer unrolled model into
@@ -122,6 +124,52 @@ func TestSortStrings(t *testing.T) {
 			sortStrings(got)
 			if !slices.Equal(got, want) {
 				t.Errorf("sortStrings differs from sort.Strings")
+			}
+		})
+	}
+}
+
+// TestRemoveDeadInRegionOrder: the nodes and initializers removeDeadIn
+// removes do not depend on the order of the region's nodes (found by
+// position, near the previous one, through their outputs, or, for a node
+// without outputs, through the node map).
+func TestRemoveDeadInRegionOrder(t *testing.T) {
+	build := func() (*graph.Graph, map[string]*pb.NodeProto) {
+		w := &pb.TensorProto{Name: proto.String("w"), Dims: []int64{1}, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), RawData: make([]byte, 4)}
+		nodes := []*pb.NodeProto{
+			graph.NewNode("Relu", "", "a", []string{"x"}, []string{"va"}),
+			graph.NewNode("Mul", "", "c", []string{"x", "w"}, []string{"vc"}),
+			graph.NewNode("Neg", "", "b", []string{"va"}, []string{"y"}),
+			graph.NewNode("Neg", "", "d", []string{"vc"}, []string{"vd"}),
+			graph.NewNode("Print", "", "e", []string{"vd"}, nil),
+		}
+		g := graph.NewGraph(&pb.GraphProto{Node: nodes, Initializer: []*pb.TensorProto{w},
+			Input:  []*pb.ValueInfoProto{{Name: proto.String("x")}},
+			Output: []*pb.ValueInfoProto{{Name: proto.String("y")}}})
+		byName := map[string]*pb.NodeProto{}
+		for _, n := range nodes {
+			byName[n.GetName()] = n
+		}
+		return g, byName
+	}
+	for _, order := range [][]string{{"c", "d", "e"}, {"e", "d", "c"}, {"d", "e", "c", "a"}} {
+		t.Run(strings.Join(order, ""), func(t *testing.T) {
+			g, byName := build()
+			d := newDeadCode(g, 0)
+			var region []*pb.NodeProto
+			for _, name := range order {
+				region = append(region, byName[name])
+			}
+			nodes, inits := d.removeDeadIn(region)
+			if want := []string{"c", "d", "e"}; !slices.Equal(nodes, want) {
+				t.Errorf("removed nodes %v, want %v", nodes, want)
+			}
+			if want := []string{"w"}; !slices.Equal(inits, want) {
+				t.Errorf("removed initializers %v, want %v", inits, want)
+			}
+			d.apply()
+			if got := len(g.P.Node); got != 2 {
+				t.Errorf("%d nodes left, want 2", got)
 			}
 		})
 	}
