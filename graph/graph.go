@@ -30,7 +30,8 @@ type Graph struct {
 	init    []*pb.TensorProto
 	inputs  map[string]bool
 	outputs map[string]bool
-	byOp    map[string][]*pb.NodeProto
+	// added lists the nodes AddNode added since the last Reindex.
+	added []*pb.NodeProto
 	// nameHashes, built on first use (see named), holds the hashes of the
 	// names of the nodes indexed at the last Reindex, nodeNames the
 	// names of the nodes AddNode added since and reserved those UniqueName
@@ -95,7 +96,7 @@ func (g *Graph) Reindex() {
 	g.pos = make([]int32, 0, room)
 	g.inputs = make(map[string]bool, len(g.P.Input))
 	g.outputs = make(map[string]bool, len(g.P.Output))
-	g.byOp = map[string][]*pb.NodeProto{}
+	g.added = nil
 	g.nameHashes = nil
 	g.nodeNames = map[string]bool{}
 	g.reserved = map[string]bool{}
@@ -201,6 +202,7 @@ func (g *Graph) index(nd *pb.NodeProto) {
 	if nd.GetName() != "" {
 		g.nodeNames[nd.GetName()] = true
 	}
+	g.added = append(g.added, nd)
 	g.indexNode(nd, len(g.P.Node)-1, nil)
 }
 
@@ -228,11 +230,9 @@ func (r *recent) id(g *Graph, v string) int32 {
 	return j
 }
 
-// indexNode indexes nd's op type and outputs (not its inputs nor its
-// name); pos is its position in g.P.Node, and outIDs, when not nil, holds
+// indexNode indexes nd's outputs (not its inputs nor its name); pos is its position in g.P.Node, and outIDs, when not nil, holds
 // the numbers of its outputs (-1 for an empty name).
 func (g *Graph) indexNode(nd *pb.NodeProto, pos int, outIDs []int32) {
-	g.byOp[nd.GetOpType()] = append(g.byOp[nd.GetOpType()], nd)
 	for k, out := range nd.Output {
 		if out == "" {
 			continue
@@ -383,7 +383,18 @@ func (g *Graph) IsInput(v string) bool { return g.inputs[v] }
 func (g *Graph) IsOutput(v string) bool { return g.outputs[v] }
 
 // NodesByOp returns the nodes with the given op type, in graph order.
-func (g *Graph) NodesByOp(op string) []*pb.NodeProto { return g.byOp[op] }
+// The index keeps no list per op: each call scans the nodes indexed.
+func (g *Graph) NodesByOp(op string) []*pb.NodeProto {
+	var out []*pb.NodeProto
+	for _, nodes := range [][]*pb.NodeProto{g.nodes, g.added} {
+		for _, n := range nodes {
+			if n.GetOpType() == op {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
 
 // UniqueName returns a name starting with prefix that no value, node or
 // initializer in the graph uses yet, and reserves it.

@@ -300,3 +300,27 @@ func TestHashSet(t *testing.T) {
 		}
 	}
 }
+
+// TestNodesByOp: the nodes of an op, in graph order, those AddNode added
+// since the last Reindex last.
+func TestNodesByOp(t *testing.T) {
+	g := NewGraph(&pb.GraphProto{Input: []*pb.ValueInfoProto{vinfo("x")}, Output: []*pb.ValueInfoProto{vinfo("y")},
+		Node: []*pb.NodeProto{
+			NewNode("Neg", "", "n1", []string{"x"}, []string{"a"}),
+			NewNode("Relu", "", "r", []string{"a"}, []string{"b"}),
+			NewNode("Neg", "", "n2", []string{"b"}, []string{"y"}),
+		}})
+	g.AddNode(NewNode("Neg", "", "n3", []string{"y"}, []string{"z"}))
+	for _, tc := range []struct {
+		op   string
+		want []string
+	}{
+		{"Neg", []string{"n1", "n2", "n3"}},
+		{"Relu", []string{"r"}},
+		{"Add", nil},
+	} {
+		if got := labels(g.NodesByOp(tc.op)); !slices.Equal(got, tc.want) {
+			t.Errorf("NodesByOp(%s) = %v, want %v", tc.op, got, tc.want)
+		}
+	}
+}
