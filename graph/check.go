@@ -34,14 +34,16 @@ func (m *Model) Check() error {
 			errs = append(errs, err)
 		}
 	}
-	seen := map[string]bool{}
-	for _, t := range m.Proto.Graph.Initializer {
-		if seen[t.GetName()] {
-			errs = append(errs, fmt.Errorf("initializer %q is defined more than once", t.GetName()))
+	if g.dupInit {
+		seen := map[string]bool{}
+		for _, t := range m.Proto.Graph.Initializer {
+			if seen[t.GetName()] {
+				errs = append(errs, fmt.Errorf("initializer %q is defined more than once", t.GetName()))
+			}
+			seen[t.GetName()] = true
 		}
-		seen[t.GetName()] = true
 	}
-	for _, t := range allInitializers(m.Proto) {
+	for _, t := range initializers(m.Proto, g.sub) {
 		if err := m.checkTensor(t); err != nil {
 			errs = append(errs, err)
 		}

@@ -53,6 +53,9 @@ type Graph struct {
 	edgeOff []int32
 	pos     []int32
 	rewired bool
+	// dupInit: two initializers share a name; sub: a node has a subgraph
+	// (both as of the last Reindex).
+	dupInit, sub bool
 	// ordered: at the last Reindex every node came after the producers of
 	// its inputs (then the file order is the topological order).
 	ordered bool
@@ -103,9 +106,11 @@ func (g *Graph) Reindex() {
 	g.dupOut = nil
 	g.topo = nil
 	g.nodes = append(g.nodes[:0:0], g.P.Node...)
-	g.rewired = false
+	g.rewired, g.dupInit, g.sub = false, false, false
 	for _, t := range g.P.Initializer {
-		g.init[g.id(t.GetName())] = t
+		j := g.id(t.GetName())
+		g.dupInit = g.dupInit || g.init[j] != nil
+		g.init[j] = t
 	}
 	for _, v := range g.P.Input {
 		g.inputs[v.GetName()] = true
@@ -125,7 +130,8 @@ func (g *Graph) Reindex() {
 	reads := 0
 	rc := &recent{}
 	for i, nd := range g.P.Node {
-		ins := NodeInputs(nd)
+		ins, sub := nodeInputs(nd)
+		g.sub = g.sub || sub
 		if len(ins) != len(nd.Input) {
 			if caps == nil {
 				caps = make([][]string, n)
@@ -255,19 +261,27 @@ func (g *Graph) indexNode(nd *pb.NodeProto, pos int, outIDs []int32) {
 // subgraph attributes (If/Loop/Scan bodies) refer to, so that def-use and
 // dead-code removal see implicit captures.
 func NodeInputs(n *pb.NodeProto) []string {
+	ins, _ := nodeInputs(n)
+	return ins
+}
+
+// nodeInputs is NodeInputs, also reporting whether n has subgraphs.
+func nodeInputs(n *pb.NodeProto) (ins []string, sub bool) {
 	var caps []string
 	for _, a := range n.Attribute {
 		if a.G != nil {
+			sub = true
 			caps = append(caps, freeVars(a.G)...)
 		}
 		for _, sg := range a.Graphs {
+			sub = true
 			caps = append(caps, freeVars(sg)...)
 		}
 	}
 	if len(caps) == 0 {
-		return n.Input
+		return n.Input, sub
 	}
-	return append(append([]string(nil), n.Input...), caps...)
+	return append(append([]string(nil), n.Input...), caps...), sub
 }
 
 // freeVars lists the values a subgraph uses without defining them.
@@ -725,9 +739,11 @@ func (g *Graph) Validate() []error {
 	for _, v := range g.dupOut {
 		errs = append(errs, fmt.Errorf("value %q is produced by more than one node (second: %q)", v, NodeLabel(g.Producer(v))))
 	}
-	for _, t := range g.P.Initializer {
-		if p := g.Producer(t.GetName()); p != nil {
-			errs = append(errs, fmt.Errorf("value %q is both an initializer and the output of node %q", t.GetName(), NodeLabel(p)))
+	if g.initProduced() {
+		for _, t := range g.P.Initializer {
+			if p := g.Producer(t.GetName()); p != nil {
+				errs = append(errs, fmt.Errorf("value %q is both an initializer and the output of node %q", t.GetName(), NodeLabel(p)))
+			}
 		}
 	}
 	for i, n := range g.P.Node {
@@ -753,6 +769,17 @@ func (g *Graph) Validate() []error {
 		errs = append(errs, err)
 	}
 	return errs
+}
+
+// initProduced reports whether a node produces a value the index knows as
+// an initializer.
+func (g *Graph) initProduced() bool {
+	for j, t := range g.init {
+		if t != nil && g.prod[j] != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // OpCensus counts nodes per "domain::op" (default domain as plain op), sorted.

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -322,5 +323,52 @@ func TestNodesByOp(t *testing.T) {
 		if got := labels(g.NodesByOp(tc.op)); !slices.Equal(got, tc.want) {
 			t.Errorf("NodesByOp(%s) = %v, want %v", tc.op, got, tc.want)
 		}
+	}
+}
+
+// TestCheckProblems: Check reports duplicate initializers, values both an
+// initializer and a node's output, and bad initializers inside subgraphs
+// (and nothing for a valid graph, with or without a subgraph).
+func TestCheckProblems(t *testing.T) {
+	model := func(edit func(gp *pb.GraphProto)) *Model {
+		gp := &pb.GraphProto{Name: proto.String("g"),
+			Node:        []*pb.NodeProto{NewNode("Add", "", "add", []string{"x", "w"}, []string{"y"})},
+			Initializer: []*pb.TensorProto{f32Init("w", 4)},
+			Input:       []*pb.ValueInfoProto{vinfo("x")}, Output: []*pb.ValueInfoProto{vinfo("y")}}
+		edit(gp)
+		m := &Model{Proto: &pb.ModelProto{IrVersion: proto.Int64(10), Graph: gp,
+			OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}}}, Dir: "."}
+		m.ext = newExternalStore(".", "mem")
+		return m
+	}
+	ifNode := func(init *pb.TensorProto) *pb.NodeProto {
+		body := &pb.GraphProto{Node: []*pb.NodeProto{NewNode("Identity", "", "id", []string{"k"}, []string{"o"})},
+			Initializer: []*pb.TensorProto{init}, Output: []*pb.ValueInfoProto{vinfo("o")}}
+		return NewNode("If", "", "if", []string{"x"}, []string{"z"}, &pb.AttributeProto{Name: proto.String("then_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: body})
+	}
+	bad := f32Init("k", 4)
+	bad.RawData = bad.RawData[:3]
+	for _, tc := range []struct {
+		name string
+		edit func(gp *pb.GraphProto)
+		want string // "" for no error
+	}{
+		{"valid", func(gp *pb.GraphProto) {}, ""},
+		{"valid subgraph", func(gp *pb.GraphProto) { gp.Node = append(gp.Node, ifNode(f32Init("k", 4))) }, ""},
+		{"duplicate initializer", func(gp *pb.GraphProto) { gp.Initializer = append(gp.Initializer, f32Init("w", 4)) }, `initializer "w" is defined more than once`},
+		{"initializer produced", func(gp *pb.GraphProto) {
+			gp.Node = append(gp.Node, NewNode("Neg", "", "neg", []string{"x"}, []string{"w"}))
+		}, `value "w" is both an initializer and the output of node "neg"`},
+		{"bad subgraph initializer", func(gp *pb.GraphProto) { gp.Node = append(gp.Node, ifNode(bad)) }, `initializer "k": raw_data holds 3 bytes`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := model(tc.edit).Check()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Check: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Check: %v, want an error with %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -521,7 +521,12 @@ func swapToInline(t *pb.TensorProto, b []byte) func() {
 
 // allInitializers lists the initializers of the main graph, of nested
 // subgraphs and of training_info, in file order.
-func allInitializers(mp *pb.ModelProto) []*pb.TensorProto {
+func allInitializers(mp *pb.ModelProto) []*pb.TensorProto { return initializers(mp, true) }
+
+// initializers is allInitializers; with mainSub false (no node of the main
+// graph has a subgraph, as an index of it found), the main graph's nodes
+// are not searched for subgraphs.
+func initializers(mp *pb.ModelProto, mainSub bool) []*pb.TensorProto {
 	var out []*pb.TensorProto
 	var walk func(g *pb.GraphProto)
 	walk = func(g *pb.GraphProto) {
@@ -529,6 +534,9 @@ func allInitializers(mp *pb.ModelProto) []*pb.TensorProto {
 			return
 		}
 		out = append(out, g.Initializer...)
+		if g == mp.Graph && !mainSub {
+			return
+		}
 		for _, n := range g.Node {
 			for _, a := range n.Attribute {
 				walk(a.G)
