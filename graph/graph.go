@@ -236,8 +236,9 @@ func (r *recent) id(g *Graph, v string) int32 {
 	return j
 }
 
-// indexNode indexes nd's outputs (not its inputs nor its name); pos is its position in g.P.Node, and outIDs, when not nil, holds
-// the numbers of its outputs (-1 for an empty name).
+// indexNode indexes nd's outputs (not its inputs nor its name); pos is its
+// position in g.P.Node, and outIDs, when not nil, holds the numbers of its
+// outputs (-1 for an empty name).
 func (g *Graph) indexNode(nd *pb.NodeProto, pos int, outIDs []int32) {
 	for k, out := range nd.Output {
 		if out == "" {
