@@ -155,7 +155,7 @@ func (g *Graph) Reindex() {
 		for _, out := range nd.Output {
 			j := int32(-1)
 			if out != "" {
-				j = rc.id(g, out)
+				j = rc.put(g, out)
 			}
 			outIDs = append(outIDs, j)
 		}
@@ -215,11 +215,12 @@ func (g *Graph) index(nd *pb.NodeProto) {
 // recent remembers the numbers of the values last looked up, by hash, so
 // that numbering a graph's values node by node, where most inputs are
 // values produced shortly before, seldom reaches the large map.
-type recent struct {
-	slot [1 << 12]struct {
-		name string
-		id   int32 // + 1: 0 is an empty slot
-	}
+type recent struct{ slot [1 << 12]recentSlot }
+
+// recentSlot holds a name and its number + 1 (0: an empty slot).
+type recentSlot struct {
+	name string
+	id   int32
 }
 
 // recentSeed seeds the hashes recent places names by.
@@ -227,13 +228,27 @@ var recentSeed = maphash.MakeSeed()
 
 // id is g.id(v), through the slots.
 func (r *recent) id(g *Graph, v string) int32 {
-	e := &r.slot[maphash.String(recentSeed, v)&(uint64(len(r.slot))-1)]
+	e := r.at(v)
 	if e.id > 0 && e.name == v {
 		return e.id - 1
 	}
 	j := g.id(v)
 	e.name, e.id = v, j+1
 	return j
+}
+
+// put is g.id(v) for a value just produced, which the slots seldom hold:
+// it is remembered without looking there first.
+func (r *recent) put(g *Graph, v string) int32 {
+	j := g.id(v)
+	e := r.at(v)
+	e.name, e.id = v, j+1
+	return j
+}
+
+// at returns v's slot.
+func (r *recent) at(v string) *recentSlot {
+	return &r.slot[maphash.String(recentSeed, v)&(uint64(len(r.slot))-1)]
 }
 
 // indexNode indexes nd's outputs (not its inputs nor its name); pos is its

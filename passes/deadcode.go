@@ -59,22 +59,24 @@ type deadCode struct {
 // newDeadCode numbers g's nodes and computes their liveness; room is made
 // for the fused nodes the blocks add, one each.
 func newDeadCode(g *graph.Graph, blocks int) *deadCode {
-	c := len(g.P.Node) + blocks
+	n := len(g.P.Node)
+	c := n + blocks
 	d := &deadCode{g: g, readMore: map[int32][]int32{}, first: true}
 	d.grow()
-	d.nodes = make([]*pb.NodeProto, 0, c)
-	d.vals = make([][]int32, 0, c)
-	d.preds = make([][]int32, 0, c)
-	d.count = make([]int32, 0, c)
-	d.removed = make([]bool, 0, c)
-	d.dropMark = make([]int32, 0, c)
-	d.doneMark = make([]int32, 0, c)
-	d.remMark = make([]int32, 0, c)
-	d.rem = make([]int32, 0, c)
-	d.consCache = make([][]int32, 0, c)
+	// The graph's nodes, numbered by position (as add would, at once).
+	d.nodes = append(make([]*pb.NodeProto, 0, c), g.P.Node...)
+	d.vals = make([][]int32, n, c)
+	d.preds = make([][]int32, n, c)
+	d.count = make([]int32, n, c)
+	d.removed = make([]bool, n, c)
+	d.dropMark = make([]int32, n, c)
+	d.doneMark = make([]int32, n, c)
+	d.remMark = make([]int32, n, c)
+	d.rem = make([]int32, n, c)
+	d.consCache = make([][]int32, n, c)
 	edges := 0
 	for i, nd := range g.P.Node {
-		d.add(nd, i)
+		d.vals[i] = g.InputIDs(nd, i)
 		edges += len(d.vals[i])
 	}
 	// The producers of all nodes' inputs, in one array.
