@@ -44,13 +44,16 @@ type Graph struct {
 	// topo caches TopoSort's order until the index changes.
 	topo []*pb.NodeProto
 	// nodes is the node list as of the last Reindex; node i's NodeInputs
-	// are the values edges[edgeOff[i]:edgeOff[i+1]] (see InputIDs), and
-	// pos[j] is the position in that list of value j's producer (or of
-	// the node AddNode appended). rewired: ReplaceAllUses changed inputs
-	// since, so that edges is stale.
+	// are the values edges[edgeOff[i]:edgeOff[i+1]] (see InputIDs), its
+	// outputs outs[outOff[i]:outOff[i+1]] (see OutputIDs), and pos[j] is
+	// the position in that list of value j's producer (or of the node
+	// AddNode appended). rewired: ReplaceAllUses ran since, so that edges
+	// are stale (outs are then not trusted either).
 	nodes   []*pb.NodeProto
 	edges   []int32
 	edgeOff []int32
+	outs    []int32
+	outOff  []int32
 	pos     []int32
 	rewired bool
 	// dupInit: two initializers share a name; sub: a node has a subgraph
@@ -125,6 +128,7 @@ func (g *Graph) Reindex() {
 	g.edges = make([]int32, 0, edges)
 	g.edgeOff = make([]int32, n+1)
 	outIDs := make([]int32, 0, outs)
+	g.outOff = make([]int32, n+1)
 	var caps [][]string
 	count := make([]int32, len(g.prod), vals)
 	reads := 0
@@ -159,7 +163,9 @@ func (g *Graph) Reindex() {
 			}
 			outIDs = append(outIDs, j)
 		}
+		g.outOff[i+1] = int32(len(outIDs))
 	}
+	g.outs = outIDs
 	buf := make([]*pb.NodeProto, reads)
 	off := 0
 	for j, k := range count {
@@ -358,10 +364,29 @@ func (g *Graph) InputIDs(n *pb.NodeProto, pos int) []int32 {
 	if !g.rewired && pos >= 0 && pos < len(g.nodes) && g.nodes[pos] == n {
 		return g.edges[g.edgeOff[pos]:g.edgeOff[pos+1]:g.edgeOff[pos+1]]
 	}
-	ins := NodeInputs(n)
-	ids := make([]int32, len(ins))
-	for k, in := range ins {
-		ids[k] = g.ValueID(in)
+	return g.lookUp(NodeInputs(n))
+}
+
+// OutputIDs is InputIDs for n's outputs: the ValueID of each (-1 for an
+// empty name or one the index does not know).
+func (g *Graph) OutputIDs(n *pb.NodeProto, pos int) []int32 {
+	if !g.rewired && pos >= 0 && pos < len(g.nodes) && g.nodes[pos] == n {
+		return g.outs[g.outOff[pos]:g.outOff[pos+1]:g.outOff[pos+1]]
+	}
+	ids := g.lookUp(n.Output)
+	for k, out := range n.Output {
+		if out == "" {
+			ids[k] = -1
+		}
+	}
+	return ids
+}
+
+// lookUp returns the ValueID of each name.
+func (g *Graph) lookUp(names []string) []int32 {
+	ids := make([]int32, len(names))
+	for k, v := range names {
+		ids[k] = g.ValueID(v)
 	}
 	return ids
 }

@@ -152,10 +152,10 @@ func TestParseRestoresGC(t *testing.T) {
 }
 
 // TestValueNumbers: value numbers answer like the name lookups, InputIDs
-// returns the numbers of a node's inputs (captures included) whether or
-// not the index still holds them (after AddNode, Sort, ReplaceAllUses),
-// ProducerPos names the producer's position, and RemoveNodesFunc deletes
-// what it is told in order.
+// and OutputIDs return the numbers of a node's inputs (captures included)
+// and outputs whether or not the index still holds them (after AddNode,
+// Sort, ReplaceAllUses), ProducerPos names the producer's position, and
+// RemoveNodesFunc deletes what it is told in order.
 func TestValueNumbers(t *testing.T) {
 	body := &pb.GraphProto{Node: []*pb.NodeProto{NewNode("Identity", "", "inner", []string{"q"}, []string{"o"})},
 		Output: []*pb.ValueInfoProto{vinfo("o")}}
@@ -164,7 +164,7 @@ func TestValueNumbers(t *testing.T) {
 	g := NewGraph(&pb.GraphProto{Input: []*pb.ValueInfoProto{vinfo("x")}, Output: []*pb.ValueInfoProto{vinfo("y")},
 		Initializer: []*pb.TensorProto{f32Init("w", 1)},
 		Node: []*pb.NodeProto{
-			NewNode("Mul", "", "m", []string{"x", "w", ""}, []string{"p"}),
+			NewNode("Mul", "", "m", []string{"x", "w", ""}, []string{"p", ""}),
 			NewNode("Relu", "", "r", []string{"p"}, []string{"q"}),
 			ifNode,
 			NewNode("Add", "", "a", []string{"p", "q"}, []string{"y"}),
@@ -186,6 +186,9 @@ func TestValueNumbers(t *testing.T) {
 			for _, p := range []int{pos, -1} {
 				if got, want := g.InputIDs(n, p), ids(NodeInputs(n)...); !slices.Equal(got, want) {
 					t.Errorf("%s: InputIDs(%s, %d) = %v, want %v", when, n.GetName(), p, got, want)
+				}
+				if got, want := g.OutputIDs(n, p), ids(n.Output...); !slices.Equal(got, want) {
+					t.Errorf("%s: OutputIDs(%s, %d) = %v, want %v", when, n.GetName(), p, got, want)
 				}
 			}
 		}
@@ -216,6 +219,9 @@ func TestValueNumbers(t *testing.T) {
 	}
 	for pos, n := range g.P.Node {
 		for _, out := range n.Output {
+			if out == "" {
+				continue
+			}
 			if got := g.ProducerPos(g.ValueID(out)); got != int32(pos) {
 				t.Errorf("ProducerPos(%s) = %d, want %d", out, got, pos)
 			}

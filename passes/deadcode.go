@@ -116,9 +116,19 @@ func newDeadCode(g *graph.Graph, blocks int) *deadCode {
 	for i := range d.nodes {
 		d.countUses(d.vals[i])
 	}
+	isOut := make([]bool, g.NumValues())
+	for _, v := range g.P.Output {
+		if j := g.ValueID(v.GetName()); j >= 0 {
+			isOut[j] = true
+		}
+	}
 	for i, nd := range d.nodes {
 		if live[i] {
-			d.count[i] += int32(d.outputRefs(nd))
+			for _, j := range g.OutputIDs(nd, i) { // the graph outputs nd produces
+				if j >= 0 && isOut[j] {
+					d.count[i]++
+				}
+			}
 			for _, j := range d.preds[i] {
 				if j >= 0 {
 					d.count[j]++
