@@ -54,6 +54,9 @@ type deadCode struct {
 	remMark   []int32
 	rem       []int32
 	consCache [][]int32
+	// scratch slices removeDeadIn reuses from block to block
+	dropBuf, workBuf, readBuf []int32
+	sorter                    sortScratch
 }
 
 // newDeadCode numbers g's nodes and computes their liveness; room is made
@@ -429,7 +432,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 	d.grow()
 	d.epoch++
 	ep := d.epoch
-	drop := make([]int32, 0, len(region))
+	drop := d.dropBuf[:0]
 	i := int32(-1)
 	for _, n := range region {
 		i = d.seek(n, int(i)+1) // regions are mostly in graph order
@@ -438,7 +441,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 			drop = append(drop, i)
 		}
 	}
-	work := append([]int32(nil), drop...)
+	work := append(d.workBuf[:0], drop...)
 	if d.first {
 		// Dead nodes that nothing reads go with the first block (and so
 		// do, through the walk below, the dead nodes that only feed them).
@@ -506,7 +509,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 			}
 		}
 	}
-	var read []int32 // values the dropped nodes read, once each
+	read := d.readBuf[:0] // values the dropped nodes read, once each
 	nodes = make([]string, 0, len(drop))
 	for _, i := range drop {
 		nodes = append(nodes, graph.NodeLabel(d.nodes[i]))
@@ -538,8 +541,9 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 	if len(nodes) == 0 {
 		nodes = nil
 	}
-	sortStrings(nodes)
-	sortStrings(inits)
+	d.dropBuf, d.workBuf, d.readBuf = drop[:0], work[:0], read[:0]
+	d.sorter.sort(nodes)
+	d.sorter.sort(inits)
 	d.last = inits
 	return nodes, inits
 }
@@ -585,11 +589,27 @@ func (d *deadCode) apply() {
 // common prefix with the string's index, and compares whole strings only in
 // small groups.
 func sortStrings(a []string) {
+	var s sortScratch
+	s.sort(a)
+}
+
+// sortScratch holds the scratch of sortStrings, reused from call to call.
+type sortScratch struct {
+	keys []uint64
+	tmp  []string
+}
+
+// sort is sortStrings.
+func (s *sortScratch) sort(a []string) {
 	if len(a) < 16 || len(a) > 1<<chunkIndexBits {
 		sort.Strings(a)
 		return
 	}
-	sortChunks(a, make([]uint64, len(a)), make([]string, len(a)), 0)
+	if len(a) > len(s.keys) {
+		s.keys, s.tmp = make([]uint64, len(a)), make([]string, len(a))
+	}
+	sortChunks(a, s.keys[:len(a)], s.tmp[:len(a)], 0)
+	clear(s.tmp[:len(a)]) // hold no strings
 }
 
 // chunkBytes is how many bytes of each string a level of sortChunks sorts
