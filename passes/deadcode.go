@@ -20,14 +20,15 @@ type deadCode struct {
 	g *graph.Graph
 	// Nodes are numbered, the graph's nodes by their position, which
 	// finds most (at); ids, built on first need (id), finds the others.
-	// nodes, vals and preds are indexed by that number, vals holding the
-	// graph's value numbers (graph.InputIDs, shared with the index: read
-	// only) and preds the number of the producer (-1: none) of each of the
-	// node's NodeInputs, kept current when a fused node takes over a value.
+	// Node i's NodeInputs are the edges off[i]..off[i+1]: vals holds their
+	// value numbers (graph.InputIDs) and preds the numbers of their
+	// producers (-1: none), kept current when a fused node takes over a
+	// value (see valsOf and predsOf).
 	ids     map[*pb.NodeProto]int32
 	nodes   []*pb.NodeProto
-	vals    [][]int32
-	preds   [][]int32
+	off     []int32
+	vals    []int32
+	preds   []int32
 	count   []int32 // live consumer edges + graph outputs produced
 	removed []bool
 	// Indexed by value number (graph.ValueID), grown as the graph numbers
@@ -68,8 +69,7 @@ func newDeadCode(g *graph.Graph, blocks int) *deadCode {
 	d.grow()
 	// The graph's nodes, numbered by position (as add would, at once).
 	d.nodes = append(make([]*pb.NodeProto, 0, c), g.P.Node...)
-	d.vals = make([][]int32, n, c)
-	d.preds = make([][]int32, n, c)
+	d.off = make([]int32, n+1, c+1)
 	d.count = make([]int32, n, c)
 	d.removed = make([]bool, n, c)
 	d.dropMark = make([]int32, n, c)
@@ -77,16 +77,16 @@ func newDeadCode(g *graph.Graph, blocks int) *deadCode {
 	d.remMark = make([]int32, n, c)
 	d.rem = make([]int32, n, c)
 	d.consCache = make([][]int32, n, c)
-	edges := 0
 	for i, nd := range g.P.Node {
-		d.vals[i] = g.InputIDs(nd, i)
-		edges += len(d.vals[i])
+		d.off[i+1] = d.off[i] + int32(len(g.InputIDs(nd, i)))
 	}
-	// The producers of all nodes' inputs, in one array.
-	buf := make([]int32, edges)
+	edges := d.off[n]
+	d.vals = make([]int32, 0, edges+int32(16*blocks))
+	for i, nd := range g.P.Node {
+		d.vals = append(d.vals, g.InputIDs(nd, i)...)
+	}
+	d.preds = make([]int32, edges, cap(d.vals))
 	for i := range g.P.Node {
-		k := len(d.vals[i])
-		d.preds[i], buf = buf[:k:k], buf[k:]
 		d.fillPreds(int32(i))
 	}
 	d.numberReaders()
@@ -109,16 +109,14 @@ func newDeadCode(g *graph.Graph, blocks int) *deadCode {
 	for len(stack) > 0 {
 		i := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		for _, j := range d.preds[i] {
+		for _, j := range d.predsOf(i) {
 			if j >= 0 && !live[j] {
 				live[j] = true
 				stack = append(stack, j)
 			}
 		}
 	}
-	for i := range d.nodes {
-		d.countUses(d.vals[i])
-	}
+	d.countUses(d.vals)
 	isOut := make([]bool, g.NumValues())
 	for _, v := range g.P.Output {
 		if j := g.ValueID(v.GetName()); j >= 0 {
@@ -132,7 +130,7 @@ func newDeadCode(g *graph.Graph, blocks int) *deadCode {
 					d.count[i]++
 				}
 			}
-			for _, j := range d.preds[i] {
+			for _, j := range d.predsOf(int32(i)) {
 				if j >= 0 {
 					d.count[j]++
 				}
@@ -170,11 +168,9 @@ func (d *deadCode) numberReaders() {
 	empty := d.g.ValueID("") // numbered when an initializer is named ""
 	nv := d.g.NumValues()
 	d.readOff = make([]int32, nv+1)
-	for _, vals := range d.vals {
-		for _, v := range vals {
-			if v >= 0 && v != empty {
-				d.readOff[v+1]++
-			}
+	for _, v := range d.vals {
+		if v >= 0 && v != empty {
+			d.readOff[v+1]++
 		}
 	}
 	for j := 1; j <= nv; j++ {
@@ -182,8 +178,8 @@ func (d *deadCode) numberReaders() {
 	}
 	next := slices.Clone(d.readOff[:nv])
 	d.readBy = make([]int32, d.readOff[nv])
-	for i, vals := range d.vals {
-		for _, v := range vals {
+	for i := range len(d.off) - 1 {
+		for _, v := range d.valsOf(int32(i)) {
 			if v >= 0 && v != empty {
 				d.readBy[next[v]] = int32(i)
 				next[v]++
@@ -216,16 +212,25 @@ func (d *deadCode) producer(j int32) int32 {
 	return d.at(p, int(d.g.ProducerPos(j)))
 }
 
+// valsOf returns the value numbers of node i's inputs.
+func (d *deadCode) valsOf(i int32) []int32 { return d.vals[d.off[i]:d.off[i+1]] }
+
+// predsOf returns the producers of node i's inputs; numbering a node (add)
+// may move them.
+func (d *deadCode) predsOf(i int32) []int32 { return d.preds[d.off[i]:d.off[i+1]] }
+
 // add numbers nd, at position pos of the graph's nodes (-1: unknown); its
-// producers are set by setPreds.
+// producers are set by fillPreds.
 func (d *deadCode) add(nd *pb.NodeProto, pos int) int32 {
 	i := int32(len(d.nodes))
 	if d.ids != nil {
 		d.ids[nd] = i
 	}
 	d.nodes = append(d.nodes, nd)
-	d.vals = append(d.vals, d.g.InputIDs(nd, pos))
-	d.preds = append(d.preds, nil)
+	ids := d.g.InputIDs(nd, pos)
+	d.vals = append(d.vals, ids...)
+	d.preds = append(d.preds, ids...) // overwritten by fillPreds
+	d.off = append(d.off, int32(len(d.vals)))
 	d.count = append(d.count, 0)
 	d.removed = append(d.removed, false)
 	d.dropMark = append(d.dropMark, 0)
@@ -236,18 +241,11 @@ func (d *deadCode) add(nd *pb.NodeProto, pos int) int32 {
 	return i
 }
 
-// setPreds looks up the producers of node i's inputs.
-func (d *deadCode) setPreds(i int32) {
-	d.preds[i] = make([]int32, len(d.vals[i]))
-	d.fillPreds(i)
-}
-
-// fillPreds fills d.preds[i] (of the right length) with the producers of
-// node i's inputs.
+// fillPreds sets the producers of node i's inputs.
 func (d *deadCode) fillPreds(i int32) {
-	vals, ps := d.vals[i], d.preds[i]
-	for k, v := range vals {
-		ps[k] = d.producer(v)
+	for e := d.off[i]; e < d.off[i+1]; e++ {
+		p := d.producer(d.vals[e]) // may number a node, moving d.preds
+		d.preds[e] = p
 	}
 }
 
@@ -263,7 +261,7 @@ func (d *deadCode) id(nd *pb.NodeProto) int32 {
 		return i
 	}
 	i := d.add(nd, -1)
-	d.setPreds(i)
+	d.fillPreds(i)
 	return i
 }
 
@@ -314,7 +312,7 @@ func (d *deadCode) kill(i int32) {
 	for len(stack) > 0 {
 		x := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		for _, p := range d.preds[x] {
+		for _, p := range d.predsOf(x) {
 			if p >= 0 {
 				d.count[p]--
 				if d.count[p] == 0 {
@@ -347,11 +345,11 @@ func (d *deadCode) replaced(old *pb.NodeProto, oldPos int, fused *pb.NodeProto, 
 	d.grow()
 	oi := d.at(old, oldPos)
 	fi := d.add(fused, -1)
-	d.setPreds(fi)
+	d.fillPreds(fi)
 	// The fused node reads its inputs: they gain a reader (as the index
 	// lists it among their consumers), and their producers a consumer.
 	empty := d.g.ValueID("")
-	for _, x := range d.vals[fi] {
+	for _, x := range d.valsOf(fi) {
 		if x >= 0 && x != empty {
 			d.readMore[x] = append(d.readMore[x], fi)
 		}
@@ -361,14 +359,14 @@ func (d *deadCode) replaced(old *pb.NodeProto, oldPos int, fused *pb.NodeProto, 
 	first, more := d.readers(vid)
 	for _, rs := range [][]int32{first, more} {
 		for _, ci := range rs {
-			for k, x := range d.vals[ci] {
+			for k, x := range d.valsOf(ci) {
 				if x == vid {
-					d.preds[ci][k] = fi
+					d.predsOf(ci)[k] = fi
 				}
 			}
 		}
 	}
-	for _, p := range d.preds[fi] {
+	for _, p := range d.predsOf(fi) {
 		if p >= 0 {
 			d.consCache[p] = nil
 		}
@@ -390,9 +388,9 @@ func (d *deadCode) replaced(old *pb.NodeProto, oldPos int, fused *pb.NodeProto, 
 	// The fused node reads initializers too (its new weights, and whatever
 	// else it takes, such as a block input that is a constant): they are
 	// used as long as it is.
-	d.countUses(d.vals[fi])
+	d.countUses(d.valsOf(fi))
 	if refs > 0 {
-		for _, p := range d.preds[fi] {
+		for _, p := range d.predsOf(fi) {
 			if p >= 0 {
 				d.count[p]++
 			}
@@ -465,7 +463,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 			work = work[:len(work)-1]
 			d.doneMark[n] = ep
 			order, edges = order[:0], edges[:0]
-			for _, p := range d.preds[n] {
+			for _, p := range d.predsOf(n) {
 				if p < 0 || d.live(p) || d.dropMark[p] == ep || d.removed[p] {
 					continue
 				}
@@ -513,7 +511,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 	nodes = make([]string, 0, len(drop))
 	for _, i := range drop {
 		nodes = append(nodes, graph.NodeLabel(d.nodes[i]))
-		for _, v := range d.vals[i] {
+		for _, v := range d.valsOf(i) {
 			if v >= 0 && d.read[v] != ep {
 				d.read[v] = ep
 				read = append(read, v)
@@ -522,7 +520,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 	}
 	for _, i := range drop {
 		d.removed[i] = true
-		for _, v := range d.vals[i] {
+		for _, v := range d.valsOf(i) {
 			if v >= 0 && d.counted[v] {
 				d.uses[v]--
 			}
