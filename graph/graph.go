@@ -174,7 +174,8 @@ func (g *Graph) Reindex() {
 			off += int(k)
 		}
 	}
-	var early []int32 // values read before (or without) being produced
+	// Done with the counts: count[j] < 0 now marks value j as read before
+	// (or without) being produced.
 	o := 0
 	for i, nd := range g.P.Node {
 		ins := nd.Input
@@ -187,7 +188,7 @@ func (g *Graph) Reindex() {
 				j := g.edges[e+int32(k)]
 				g.cons[j] = append(g.cons[j], nd)
 				if g.prod[j] == nil {
-					early = append(early, j)
+					count[j] = -1
 				}
 			}
 		}
@@ -195,8 +196,8 @@ func (g *Graph) Reindex() {
 		o += len(nd.Output)
 	}
 	g.ordered = len(g.dupOut) == 0
-	for _, j := range early {
-		if g.prod[j] != nil {
+	for j, k := range count {
+		if k < 0 && g.prod[j] != nil {
 			g.ordered = false
 			break
 		}
