@@ -631,20 +631,30 @@ func NodeLabel(n *pb.NodeProto) string {
 // TopoSort returns the nodes in an order where every producer comes before
 // its consumers, stable with respect to the file order, or a CycleError.
 func (g *Graph) TopoSort() ([]*pb.NodeProto, error) {
+	order, err := g.order()
+	if err != nil {
+		return nil, err
+	}
+	return append([]*pb.NodeProto(nil), order...), nil
+}
+
+// order is TopoSort without the copy: the order it returns is the index's
+// cache, not to be modified.
+func (g *Graph) order() ([]*pb.NodeProto, error) {
 	if g.topo != nil && len(g.topo) == len(g.P.Node) {
-		return append([]*pb.NodeProto(nil), g.topo...), nil
+		return g.topo, nil
 	}
 	if g.ordered {
 		// Nothing changed since Reindex found the file order topological.
 		g.topo = append([]*pb.NodeProto(nil), g.P.Node...)
-		return append([]*pb.NodeProto(nil), g.P.Node...), nil
+		return g.topo, nil
 	}
 	out, err := g.topoSort()
-	if err == nil {
-		g.topo = out
-		out = append([]*pb.NodeProto(nil), out...)
+	if err != nil {
+		return nil, err
 	}
-	return out, err
+	g.topo = out
+	return out, nil
 }
 
 func (g *Graph) topoSort() ([]*pb.NodeProto, error) {
@@ -807,7 +817,7 @@ func (g *Graph) Validate() []error {
 			errs = append(errs, fmt.Errorf("graph output %q is not defined", n))
 		}
 	}
-	if _, err := g.TopoSort(); err != nil {
+	if _, err := g.order(); err != nil {
 		errs = append(errs, err)
 	}
 	return errs
