@@ -514,9 +514,9 @@ type hashSet struct {
 	hashes []uint64
 }
 
-// newHashSet returns the set of hs, with about one bucket per hash.
+// newHashSet returns the set of hs, with one or two hashes per bucket.
 func newHashSet(hs []uint64) *hashSet {
-	b := bits.Len(uint(len(hs)))
+	b := max(bits.Len(uint(len(hs)))-1, 0)
 	s := &hashSet{shift: uint(64 - b), off: make([]int32, 1<<b+1), hashes: make([]uint64, len(hs))}
 	for _, h := range hs {
 		s.off[h>>s.shift+1]++
@@ -524,12 +524,15 @@ func newHashSet(hs []uint64) *hashSet {
 	for k := 1; k < len(s.off); k++ {
 		s.off[k] += s.off[k-1]
 	}
-	next := slices.Clone(s.off[:len(s.off)-1])
+	// Fill each bucket from its start, which moves off[k] to the start of
+	// bucket k+1; then move the starts back in place.
 	for _, h := range hs {
 		k := h >> s.shift
-		s.hashes[next[k]] = h
-		next[k]++
+		s.hashes[s.off[k]] = h
+		s.off[k]++
 	}
+	copy(s.off[1:], s.off[:len(s.off)-1])
+	s.off[0] = 0
 	return s
 }
 
