@@ -33,14 +33,16 @@ type Graph struct {
 	// added lists the nodes AddNode added since the last Reindex.
 	added []*pb.NodeProto
 	// nameHashes, built on first use (see named), holds the hashes of the
-	// names of the nodes indexed at the last Reindex, nodeNames the
+	// names of the nodes indexed at the last Reindex (and indexedNames,
+	// built when a name asked is among them, the names), nodeNames the
 	// names of the nodes AddNode added since and reserved those UniqueName
 	// handed out; with the values, initializers and inputs they are the
 	// set of names in use.
-	nameHashes *hashSet
-	nodeNames  map[string]bool
-	reserved   map[string]bool
-	dupOut     []string
+	nameHashes   *hashSet
+	indexedNames map[string]bool
+	nodeNames    map[string]bool
+	reserved     map[string]bool
+	dupOut       []string
 	// topo caches TopoSort's order until the index changes.
 	topo []*pb.NodeProto
 	// nodes is the node list as of the last Reindex; node i's NodeInputs
@@ -103,7 +105,7 @@ func (g *Graph) Reindex() {
 	g.inputs = make(map[string]bool, len(g.P.Input))
 	g.outputs = make(map[string]bool, len(g.P.Output))
 	g.added = nil
-	g.nameHashes = nil
+	g.nameHashes, g.indexedNames = nil, nil
 	g.nodeNames = map[string]bool{}
 	g.reserved = map[string]bool{}
 	g.dupOut = nil
@@ -498,12 +500,15 @@ func (g *Graph) named(name string) bool {
 	if !g.nameHashes.has(maphash.String(nameSeed, name)) {
 		return false
 	}
-	for _, n := range g.nodes {
-		if n.GetName() == name {
-			return true
+	// Probably a node's name: the first such question sets the names
+	// themselves aside, to answer this one and the next exactly.
+	if g.indexedNames == nil {
+		g.indexedNames = make(map[string]bool, len(g.nodes))
+		for _, n := range g.nodes {
+			g.indexedNames[n.GetName()] = true
 		}
 	}
-	return false
+	return g.indexedNames[name]
 }
 
 // hashSet is a set of 64-bit hashes, bucketed by their top bits (a
