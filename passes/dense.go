@@ -1,9 +1,7 @@
 package passes
 
 import (
-	"runtime"
 	"slices"
-	"sync"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -52,45 +50,22 @@ func newDense(g *graph.Graph, topo []*pb.NodeProto) *dense {
 			d.isOut[j] = true
 		}
 	}
-	// Row offsets first (subgraph captures make a node's NodeInputs longer
-	// than its inputs), then the names are looked up in parallel ranges:
-	// the lookups are most of the cost.
-	var caps map[int][]string
+	edges, outs := 0, 0
+	for _, n := range topo {
+		edges += len(n.Input)
+		outs += len(n.Output)
+	}
+	d.inVal = make([]int32, 0, edges)
+	d.outVal = make([]int32, 0, outs)
+	// The index numbered every node's inputs and outputs when it was
+	// built: in a graph already in topological order, positions are the
+	// same and nothing is looked up by name.
 	for p, n := range topo {
-		in := len(n.Input)
-		if hasSubgraph(n) {
-			ins := graph.NodeInputs(n)
-			if caps == nil {
-				caps = map[int][]string{}
-			}
-			caps[p], in = ins, len(ins)
-		}
-		d.inOff[p+1] = d.inOff[p] + int32(in)
-		d.outOff[p+1] = d.outOff[p] + int32(len(n.Output))
+		d.inVal = append(d.inVal, g.InputIDs(n, p)...)
+		d.inOff[p+1] = int32(len(d.inVal))
+		d.outVal = append(d.outVal, g.OutputIDs(n, p)...)
+		d.outOff[p+1] = int32(len(d.outVal))
 	}
-	d.inVal = make([]int32, d.inOff[len(topo)])
-	d.outVal = make([]int32, d.outOff[len(topo)])
-	id := func(v string) int32 {
-		if v == "" {
-			return -1
-		}
-		return g.ValueID(v)
-	}
-	inParallel(len(topo), func(lo, hi int) {
-		for p := lo; p < hi; p++ {
-			n := topo[p]
-			ins := n.Input
-			if c, ok := caps[p]; ok {
-				ins = c
-			}
-			for k, in := range ins {
-				d.inVal[int(d.inOff[p])+k] = id(in)
-			}
-			for k, o := range n.Output {
-				d.outVal[int(d.outOff[p])+k] = id(o)
-			}
-		}
-	})
 	for i := range d.prod {
 		d.prod[i] = -1
 	}
@@ -124,32 +99,6 @@ func newDense(g *graph.Graph, topo []*pb.NodeProto) *dense {
 		}
 	}
 	return d
-}
-
-// hasSubgraph reports whether n has a graph attribute (If/Loop/Scan
-// bodies), whose captures NodeInputs adds to n's inputs.
-func hasSubgraph(n *pb.NodeProto) bool {
-	for _, a := range n.Attribute {
-		if a.G != nil || len(a.Graphs) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// inParallel calls f over consecutive ranges of 0..n, one per processor
-// (up to 4), and waits for them; f must only read shared state.
-func inParallel(n int, f func(lo, hi int)) {
-	w := min(runtime.GOMAXPROCS(0), 4)
-	if n < 4096 || w < 2 {
-		f(0, n)
-		return
-	}
-	var wg sync.WaitGroup
-	for k := range w {
-		wg.Go(func() { f(k*n/w, (k+1)*n/w) })
-	}
-	wg.Wait()
 }
 
 // next starts a new visited set.
