@@ -220,6 +220,14 @@ func (c *ctx) setLimit(region []*pb.NodeProto) {
 	}
 }
 
+// setLimitPos is setLimit for nodes given by position.
+func (c *ctx) setLimitPos(region []int32) {
+	c.lim = make([]bool, len(c.topo))
+	for _, p := range region {
+		c.lim[p] = true
+	}
+}
+
 // inLimit reports whether forward walks may visit n.
 func (c *ctx) inLimit(n *pb.NodeProto) bool {
 	if c.lim == nil {

@@ -51,6 +51,10 @@ type Block struct {
 	// from the stacked weights, where the original graph dropped the
 	// contributions of experts past the first TracedExperts hit.
 	TracedExperts int `json:"traced_experts,omitempty"`
+
+	// regionPos holds the topological positions of Region's nodes, when
+	// detection found them by position (nil otherwise).
+	regionPos []int32
 }
 
 // NearMiss is a candidate (a TopK feeding expert-like compute) that was not
@@ -177,7 +181,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 				c.claimEPLocal(n, cols, claimed)
 				continue
 			}
-			c.claim(claimed, b.Region)
+			c.claim(claimed, b)
 			det.Blocks = append(det.Blocks, b)
 			continue
 		}
@@ -193,7 +197,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 			missed = append(missed, n)
 			continue
 		}
-		c.claim(claimed, r.b.Region)
+		c.claim(claimed, r.b)
 		det.Blocks = append(det.Blocks, r.b)
 	}
 	// Expert compute selected by a TopK that was reported already is not
@@ -321,9 +325,20 @@ func (c *ctx) detectTopK(n *pb.NodeProto) *topKResult {
 	return &topKResult{b: b}
 }
 
-// claim marks the nodes of region in claimed (by position).
-func (c *ctx) claim(claimed []bool, region []*pb.NodeProto) {
-	for _, n := range region {
+// claim marks the nodes of b's region in claimed (by position).
+func (c *ctx) claim(claimed []bool, b *Block) {
+	if len(b.regionPos) == len(b.Region) {
+		for _, p := range b.regionPos {
+			claimed[p] = true
+		}
+		return
+	}
+	c.claimNodes(claimed, b.Region)
+}
+
+// claimNodes marks nodes in claimed.
+func (c *ctx) claimNodes(claimed []bool, nodes []*pb.NodeProto) {
+	for _, n := range nodes {
 		if p, ok := c.posOf(n); ok {
 			claimed[p] = true
 		}
@@ -505,9 +520,10 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		}
 		break
 	}
-	region := c.regionWhere(x0, y, xDeps.hasPos)
+	regionPos := c.regionPos(x0, y, xDeps.hasPos)
+	region := c.nodesAt(regionPos)
 	b := &Block{Kind: "", Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk}
-	b.Region = region
+	b.Region, b.regionPos = region, regionPos
 	b.Nodes = len(region)
 	// Router post-processing: nodes downstream of the top-k values (and of a
 	// gather of the scores by the indices) that do not touch expert compute.
@@ -515,7 +531,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	if sharedVal != "" {
 		sharedNodes = c.backward(sharedVal, map[string]bool{x0: true})
 	}
-	c.setLimit(region)
+	c.setLimitPos(regionPos)
 	c.idxDeps = nil
 	defer func() { c.setLimit(nil); c.idxDeps = nil }()
 	c.routerPost(tk, ri, &s)
@@ -870,6 +886,11 @@ func (c *ctx) regionBetween(x0, y string, xDeps map[*pb.NodeProto]bool) []*pb.No
 // on topological positions (a lazy reach, so that big models are not
 // walked past the block).
 func (c *ctx) regionWhere(x0, y string, dependsOnX0 func(int32) bool) []*pb.NodeProto {
+	return c.nodesAt(c.regionPos(x0, y, dependsOnX0))
+}
+
+// regionPos is regionWhere returning topological positions.
+func (c *ctx) regionPos(x0, y string, dependsOnX0 func(int32) bool) []int32 {
 	back := c.backPos(y, c.valueIDs(x0))
 	out := back[:0]
 	for _, p := range back {
@@ -878,7 +899,7 @@ func (c *ctx) regionWhere(x0, y string, dependsOnX0 func(int32) bool) []*pb.Node
 		}
 	}
 	slices.Sort(out)
-	return c.nodesAt(out)
+	return out
 }
 
 // hasWeightMatMul reports whether v is computed from x0 through a MatMul or

@@ -499,7 +499,7 @@ func (c *ctx) claimEPLocal(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op, claim
 				continue
 			}
 			seen[n] = true
-			c.claim(claimed, []*pb.NodeProto{n})
+			c.claimNodes(claimed, []*pb.NodeProto{n})
 			outs = append(outs, n.Output...)
 		}
 	}
