@@ -103,7 +103,7 @@ func (q *Proj) shape(isVec bool) (rows, cols int, err error) {
 		if q.Expert >= 0 && int64(q.Expert) >= d[0] {
 			return 0, 0, fmt.Errorf("bias %q has dims %v: no vector for expert %d", q.Init.GetName(), d, q.Expert)
 		}
-		return len(partRows(q.Part, n)), 0, nil
+		return partLen(q.Part, n), 0, nil
 	}
 	var r, cc int
 	switch {
@@ -120,7 +120,7 @@ func (q *Proj) shape(isVec bool) (rows, cols int, err error) {
 	if q.InOut {
 		r, cc = cc, r
 	}
-	return len(partRows(q.Part, r)), cc, nil
+	return partLen(q.Part, r), cc, nil
 }
 
 // check validates a fused tensor without reading weight bytes: shapes,

@@ -83,10 +83,11 @@ func (c *ctx) constTensor(v string) *pb.TensorProto {
 }
 
 // constBytes returns the constant tensor behind v and its raw bytes, or
-// nil when v is not a readable constant.
-func (c *ctx) constBytes(v string) (*pb.TensorProto, []byte) {
+// nil when v is not a readable constant or (max >= 0) holds more than max
+// elements: those are not read at all.
+func (c *ctx) constBytes(v string, max int64) (*pb.TensorProto, []byte) {
 	t := c.constTensor(v)
-	if t == nil {
+	if t == nil || max >= 0 && !atMost(t.GetDims(), max) {
 		return nil, nil
 	}
 	b, err := c.m.TensorBytes(t)
@@ -96,9 +97,28 @@ func (c *ctx) constBytes(v string) (*pb.TensorProto, []byte) {
 	return t, b
 }
 
+// atMost reports whether a tensor of the given dims has at most max elements.
+func atMost(dims []int64, max int64) bool {
+	if slices.Contains(dims, 0) {
+		return true
+	}
+	n := int64(1)
+	for _, d := range dims {
+		if d < 0 || d > max {
+			return false
+		}
+		if n *= d; n > max {
+			return false
+		}
+	}
+	return true
+}
+
 // constFloats decodes a constant float tensor (float32/64/16), or nil.
-func (c *ctx) constFloats(v string) []float32 {
-	t, b := c.constBytes(v)
+func (c *ctx) constFloats(v string) []float32 { return c.floatsOf(c.constBytes(v, -1)) }
+
+// floatsOf decodes constBytes' result as floats, or nil.
+func (c *ctx) floatsOf(t *pb.TensorProto, b []byte) []float32 {
 	if t == nil {
 		return nil
 	}
@@ -110,8 +130,10 @@ func (c *ctx) constFloats(v string) []float32 {
 }
 
 // constInts decodes a constant integer tensor (int64/int32), or nil.
-func (c *ctx) constInts(v string) []int64 {
-	t, b := c.constBytes(v)
+func (c *ctx) constInts(v string) []int64 { return intsOf(c.constBytes(v, -1)) }
+
+// intsOf decodes constBytes' result as integers, or nil.
+func intsOf(t *pb.TensorProto, b []byte) []int64 {
 	if t == nil {
 		return nil
 	}
@@ -134,7 +156,7 @@ func (c *ctx) constInts(v string) []int64 {
 
 // scalarFloat returns the single value of a constant float tensor.
 func (c *ctx) scalarFloat(v string) (float32, bool) {
-	f := c.constFloats(v)
+	f := c.floatsOf(c.constBytes(v, 1))
 	if len(f) != 1 {
 		return 0, false
 	}
@@ -143,7 +165,7 @@ func (c *ctx) scalarFloat(v string) (float32, bool) {
 
 // scalarInt returns the single value of a constant integer tensor.
 func (c *ctx) scalarInt(v string) (int64, bool) {
-	f := c.constInts(v)
+	f := intsOf(c.constBytes(v, 1))
 	if len(f) != 1 {
 		return 0, false
 	}

@@ -125,8 +125,21 @@ func (q *Proj) vector(m *graph.Model, cache map[*pb.TensorProto][]float32) ([]fl
 	return out, nil
 }
 
+// partLen is len(partRows(part, r)).
+func partLen(part, r int) int {
+	switch part {
+	case PartFirstHalf, PartOdd:
+		return r / 2
+	case PartSecondHalf:
+		return r - r/2
+	case PartEven:
+		return (r + 1) / 2
+	}
+	return r
+}
+
 func partRows(part, r int) []int {
-	var rows []int
+	rows := make([]int, 0, partLen(part, r))
 	switch part {
 	case PartFirstHalf:
 		for i := 0; i < r/2; i++ {
