@@ -111,6 +111,40 @@ func (m *marks) next() uint32 {
 	return m.epoch
 }
 
+// memo remembers a yes/no answer per topological position for one query at
+// a time without clearing between queries: at[p] == epoch means no (or
+// being worked out), epoch+1 means yes, anything else unknown.
+type memo struct {
+	at    []uint32
+	epoch uint32
+}
+
+// reset forgets every answer; n is the number of positions.
+func (m *memo) reset(n int) {
+	if m.at == nil {
+		m.at = make([]uint32, n)
+	}
+	m.epoch += 2
+	if m.epoch < 2 { // wrapped: forget every old answer
+		clear(m.at)
+		m.epoch = 2
+	}
+}
+
+// get returns whether p's answer is known, and the answer.
+func (m *memo) get(p int32) (known, yes bool) {
+	v := m.at[p]
+	return v == m.epoch || v == m.epoch+1, v == m.epoch+1
+}
+
+// set records p's answer.
+func (m *memo) set(p int32, yes bool) {
+	m.at[p] = m.epoch
+	if yes {
+		m.at[p]++
+	}
+}
+
 // consumers returns the positions of the nodes reading value j.
 func (d *dense) consumers(j int32) []int32 { return d.cons[d.consOff[j]:d.consOff[j+1]] }
 
@@ -208,24 +242,37 @@ func (c *ctx) fwdPos(vals ...string) []int32 {
 
 // setLimit bounds forward walks to the given nodes (nil: no bound).
 func (c *ctx) setLimit(region []*pb.NodeProto) {
-	c.lim = nil
+	if region == nil {
+		c.setLimitPos(nil)
+		return
+	}
+	ps := make([]int32, 0, len(region))
+	for _, n := range region {
+		if p, ok := c.posOf(n); ok {
+			ps = append(ps, p)
+		}
+	}
+	c.setLimitPos(ps)
+}
+
+// setLimitPos is setLimit for nodes given by position (nil: no bound).
+// The bound lives in a buffer of c's, reused by the next call: a reach
+// made under a bound must not be asked after the bound changed.
+func (c *ctx) setLimitPos(region []int32) {
+	for _, p := range c.limSet {
+		c.limBuf[p] = false
+	}
+	c.lim, c.limSet = nil, nil
 	if region == nil {
 		return
 	}
-	c.lim = make([]bool, len(c.topo))
-	for _, n := range region {
-		if p, ok := c.posOf(n); ok {
-			c.lim[p] = true
-		}
+	if c.limBuf == nil {
+		c.limBuf = make([]bool, len(c.topo))
 	}
-}
-
-// setLimitPos is setLimit for nodes given by position.
-func (c *ctx) setLimitPos(region []int32) {
-	c.lim = make([]bool, len(c.topo))
 	for _, p := range region {
-		c.lim[p] = true
+		c.limBuf[p] = true
 	}
+	c.lim, c.limSet = c.limBuf, region
 }
 
 // inLimit reports whether forward walks may visit n.

@@ -309,7 +309,8 @@ func (c *ctx) speculate(cx context.Context, cols map[*pb.NodeProto]ep.Op) (map[i
 func (c *ctx) worker() *ctx {
 	w := *c
 	w.mk = &marks{at: make([]uint32, len(c.topo))}
-	w.anc, w.ancRoot, w.lim, w.idxDeps = nil, 0, nil, nil
+	w.anc, w.ancRoot, w.lim, w.limBuf, w.limSet, w.idxDeps = nil, 0, nil, nil, nil, nil
+	w.after = memo{}
 	return &w
 }
 
@@ -764,15 +765,16 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 			router = p
 		}
 	}
-	afterMemo := make([]uint8, len(c.topo)) // 0 unknown, 1 no, 2 yes
+	after := &c.after
+	after.reset(len(c.topo))
 	// afterExpert(p): node p is reached from the output of such a matmul.
 	// An ancestor of the router input never is (the matmul would be one too).
 	var afterExpert func(p int32) bool
 	afterExpert = func(p int32) bool {
-		if v := afterMemo[p]; v != 0 {
-			return v == 2
+		if known, yes := after.get(p); known {
+			return yes
 		}
-		afterMemo[p] = 1
+		after.set(p, false)
 		if anc[p] {
 			return false
 		}
@@ -781,7 +783,7 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 				continue
 			}
 			if c.wmmAt[q] && q != router && !anc[q] || afterExpert(q) {
-				afterMemo[p] = 2
+				after.set(p, true)
 				return true
 			}
 		}

@@ -50,6 +50,11 @@ type ctx struct {
 	// topological position) so that per-branch analysis of a big model
 	// stays linear in the block's size.
 	lim []bool
+	// after is postDominator's memo (see afterExpert there).
+	after memo
+	// limBuf backs lim; limSet lists the positions set in it.
+	limBuf []bool
+	limSet []int32
 }
 
 // through walks back from v over noise ops and returns the first value not
