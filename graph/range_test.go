@@ -29,15 +29,7 @@ func TestCopyTensorRange(t *testing.T) {
 		mp.Graph.Initializer = append(mp.Graph.Initializer, t0)
 	}
 	want := [][]byte{mp.Graph.Initializer[0].RawData, mp.Graph.Initializer[1].RawData}
-	path := filepath.Join(dir, "m.onnx")
-	if err := (&Model{Proto: proto.Clone(mp).(*pb.ModelProto), Dir: dir}).Save(path, SaveOptions{External: ExternalRepack}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := saveExternalAndLoad(t, proto.Clone(mp).(*pb.ModelProto), dir)
 	ext := m.Proto.Graph.Initializer[0]
 	if !IsExternal(ext) {
 		t.Fatal("a is not external")
@@ -94,15 +86,7 @@ func TestCopyTensorRangeSmallAndLarge(t *testing.T) {
 	mp := &pb.ModelProto{IrVersion: proto.Int64(10), OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}},
 		Graph: &pb.GraphProto{Name: proto.String("g"), Node: []*pb.NodeProto{NewNode("Neg", "", "neg", []string{"a"}, []string{"y"})},
 			Output: []*pb.ValueInfoProto{vinfo("y")}, Initializer: []*pb.TensorProto{a}}}
-	path := filepath.Join(dir, "m.onnx")
-	if err := (&Model{Proto: mp, Dir: dir}).Save(path, SaveOptions{External: ExternalRepack}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := saveExternalAndLoad(t, mp, dir)
 	ext := m.Proto.Graph.Initializer[0]
 	ranges := []struct {
 		name   string
@@ -148,4 +132,20 @@ func TestCopyTensorRangeSmallAndLarge(t *testing.T) {
 			t.Errorf("%s range of a truncated side file: %v, want io.ErrUnexpectedEOF", r.name, err)
 		}
 	}
+}
+
+// saveExternalAndLoad saves mp into dir/m.onnx with its initializers in a
+// side file and loads it back; the model is closed when the test ends.
+func saveExternalAndLoad(t *testing.T, mp *pb.ModelProto, dir string) *Model {
+	t.Helper()
+	path := filepath.Join(dir, "m.onnx")
+	if err := (&Model{Proto: mp, Dir: dir}).Save(path, SaveOptions{External: ExternalRepack}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
