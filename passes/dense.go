@@ -2,6 +2,7 @@ package passes
 
 import (
 	"slices"
+	"sync"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -150,12 +151,50 @@ func (d *dense) consumers(j int32) []int32 { return d.cons[d.consOff[j]:d.consOf
 
 // posOf returns n's topological position; ok is false for nodes outside
 // the order (the synthetic selections standing for sparsemixer routers).
+// A node is found through its first output's producer; other nodes
+// (without outputs, or sharing an output in an invalid graph) through a map
+// made the first time one is asked.
 func (c *ctx) posOf(n *pb.NodeProto) (int32, bool) {
-	p, ok := c.order[n]
-	if !ok || p >= len(c.topo) || c.topo[p] != n {
+	if n == nil {
 		return 0, false
 	}
-	return int32(p), true
+	if len(n.Output) > 0 && n.Output[0] != "" {
+		if j := c.g.ValueID(n.Output[0]); j >= 0 {
+			if p := c.d.prod[j]; p >= 0 && c.topo[p] == n {
+				return p, true
+			}
+		}
+	}
+	c.byNode.once.Do(func() {
+		c.byNode.pos = make(map[*pb.NodeProto]int32)
+		for p, nd := range c.topo {
+			if !c.viaOutput(nd, int32(p)) {
+				c.byNode.pos[nd] = int32(p)
+			}
+		}
+	})
+	p, ok := c.byNode.pos[n]
+	return p, ok
+}
+
+// viaOutput reports whether posOf finds the node at position p through
+// its first output (not when it has none, or shares it with a later node).
+func (c *ctx) viaOutput(n *pb.NodeProto, p int32) bool {
+	if len(n.Output) == 0 || n.Output[0] == "" {
+		return false
+	}
+	j := c.g.ValueID(n.Output[0])
+	return j >= 0 && c.d.prod[j] == p
+}
+
+// orderOf returns n's topological position, or for a synthetic selection
+// the position of the last node it stands for.
+func (c *ctx) orderOf(n *pb.NodeProto) (int32, bool) {
+	if p, ok := c.posOf(n); ok {
+		return p, true
+	}
+	p, ok := c.synPos[n]
+	return p, ok
 }
 
 // valueIDs returns the value numbers of the non-empty names among vals
@@ -184,18 +223,22 @@ func (c *ctx) nodesAt(ps []int32) []*pb.NodeProto {
 
 // backPos returns the positions of the nodes v depends on, v's producer
 // first, not walking past the values in stop (value numbers).
-func (c *ctx) backPos(v string, stop []int32) []int32 {
+func (c *ctx) backPos(v string, stop []int32) []int32 { return c.backPosInto(nil, v, stop) }
+
+// backPosInto is backPos appending to out.
+func (c *ctx) backPosInto(out []int32, v string, stop []int32) []int32 {
 	j := c.g.ValueID(v)
 	if j < 0 || slices.Contains(stop, j) || c.d.prod[j] < 0 {
-		return nil
+		return out
 	}
 	d := c.d
 	mk := c.mk
 	ep := mk.next()
 	root := d.prod[j]
 	mk.at[root] = ep
-	out := []int32{root}
-	for i := 0; i < len(out); i++ {
+	start := len(out)
+	out = append(out, root)
+	for i := start; i < len(out); i++ {
 		p := out[i]
 		for e := d.inOff[p]; e < d.inOff[p+1]; e++ {
 			q := d.inPred[e]
@@ -282,4 +325,11 @@ func (c *ctx) inLimit(n *pb.NodeProto) bool {
 	}
 	p, ok := c.posOf(n)
 	return ok && c.lim[p]
+}
+
+// nodePositions is the map posOf falls back on, made once and shared by
+// the detector's goroutines.
+type nodePositions struct {
+	once sync.Once
+	pos  map[*pb.NodeProto]int32
 }

@@ -310,7 +310,7 @@ func (c *ctx) worker() *ctx {
 	w := *c
 	w.mk = &marks{at: make([]uint32, len(c.topo))}
 	w.anc, w.ancRoot, w.lim, w.limBuf, w.limSet, w.idxDeps = nil, 0, nil, nil, nil, nil
-	w.after = memo{}
+	w.after, w.ancAdded, w.ancStack = memo{}, nil, nil
 	return &w
 }
 
@@ -354,15 +354,8 @@ func newCtx(m *graph.Model, g *graph.Graph) (*ctx, error) {
 		return nil, &graph.InputError{File: m.Name(), Msg: err.Error(), Err: err}
 	}
 	c.topo = topo
-	c.order = make(map[*pb.NodeProto]int, len(topo))
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i, n := range topo {
-			c.order[n] = i
-		}
-	})
+	c.byNode = &nodePositions{}
 	c.d = newDense(g, topo)
-	wg.Wait()
 	c.mk = &marks{at: make([]uint32, len(topo))}
 	return c, nil
 }
@@ -806,7 +799,8 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 	for _, j := range c.valueIDs(tk.Output...) {
 		addVal(j)
 	}
-	for i := int32(c.order[tk]) + 1; i < int32(len(c.topo)); i++ {
+	start, _ := c.orderOf(tk)
+	for i := start + 1; i < int32(len(c.topo)); i++ {
 		if !fwd.hasPos(i) {
 			continue
 		}

@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -109,6 +110,7 @@ type emm struct {
 	inOut    bool
 	layer2   bool
 	key      string
+	pos      int32 // topological position of n (set by experts)
 }
 
 func (c *ctx) expertMatMul(n *pb.NodeProto) *emm {
@@ -172,26 +174,36 @@ func (c *ctx) afterBias(v string) (string, *wtrace) {
 
 func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
 	var ems []*emm
-	byNode := map[*pb.NodeProto]*emm{}
-	for _, n := range b.Region {
+	byPos := map[int32]*emm{}
+	for i, n := range b.Region {
 		if n == ri.linear || shared[n] {
 			continue
 		}
 		if e := c.expertMatMul(n); e != nil {
 			ems = append(ems, e)
-			byNode[n] = e
+			if len(b.regionPos) == len(b.Region) {
+				e.pos = b.regionPos[i]
+			} else {
+				e.pos, _ = c.posOf(n)
+			}
+			byPos[e.pos] = e
 		}
 	}
 	if len(ems) == 0 {
 		fail("no expert matmuls between the router and the combine")
 	}
+	// A down projection depends on another expert matmul; its
+	// dependencies pair it with its branch below.
 	stop := c.valueIDs(b.Input)
-	deps := map[*emm][]*pb.NodeProto{}
+	deps := map[*emm][]int32{}
+	var scratch []int32
 	for _, e := range ems {
-		deps[e] = c.nodesAt(c.backPos(e.act, stop))
-		for _, n := range deps[e] {
-			if byNode[n] != nil {
+		scratch = c.backPosInto(scratch[:0], e.act, stop)
+		for _, p := range scratch {
+			if byPos[p] != nil {
 				e.layer2 = true
+				deps[e] = slices.Clone(scratch)
+				break
 			}
 		}
 	}
@@ -240,10 +252,10 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 		}
 		get(e.key).l1 = append(get(e.key).l1, e)
 	}
-	l1Branch := map[*pb.NodeProto]*branch{}
+	l1Branch := map[int32]*branch{}
 	for _, br := range branches {
 		for _, l1 := range br.l1 {
-			l1Branch[l1.n] = br
+			l1Branch[l1.pos] = br
 		}
 	}
 	for _, e := range ems {
@@ -251,8 +263,8 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 			continue
 		}
 		var owner *branch
-		for _, n := range deps[e] {
-			if br := l1Branch[n]; br != nil {
+		for _, p := range deps[e] {
+			if br := l1Branch[p]; br != nil {
 				if owner != nil && owner != br {
 					fail("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
 				}

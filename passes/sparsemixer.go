@@ -40,7 +40,7 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 	info := &sparseInfo{thr: float32(math.NaN())}
 	var ids, ws []string
 	cur, pick := z, am
-	last := c.order[am]
+	last, _ := c.orderOf(am)
 	for pick != nil {
 		i := pick.Output[0]
 		var w string
@@ -68,7 +68,8 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 				continue
 			}
 			info.thr, w = thr, ge.Output[0]
-			last = max(last, c.order[ge])
+			p, _ := c.orderOf(ge)
+			last = max(last, p)
 			break
 		}
 		if w == "" {
@@ -98,7 +99,9 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 		if wsV = c.concatOf(ws); wsV == "" {
 			return nil
 		}
-		last = max(last, c.order[c.g.Producer(idsV)], c.order[c.g.Producer(wsV)])
+		pi, _ := c.orderOf(c.g.Producer(idsV))
+		pw, _ := c.orderOf(c.g.Producer(wsV))
+		last = max(last, pi, pw)
 	}
 	syn := graph.NewNode("TopK", "", graph.NodeLabel(am)+"/sparsemixer", []string{z, ""}, []string{wsV, idsV})
 	syn.Name = proto.String(graph.NodeLabel(am))
@@ -106,7 +109,10 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 		c.sparse = map[*pb.NodeProto]*sparseInfo{}
 	}
 	c.sparse[syn] = info
-	c.order[syn] = last
+	if c.synPos == nil {
+		c.synPos = map[*pb.NodeProto]int32{}
+	}
+	c.synPos[syn] = last
 	return syn
 }
 

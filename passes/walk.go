@@ -23,7 +23,10 @@ var noiseOps = map[string]bool{"Reshape": true, "Squeeze": true, "Unsqueeze": tr
 type ctx struct {
 	m     *graph.Model
 	g     *graph.Graph
-	order map[*pb.NodeProto]int // topological position
+	// synPos holds the positions given to synthetic nodes (see orderOf);
+	// byNode finds the positions of nodes without outputs (see posOf).
+	synPos map[*pb.NodeProto]int32
+	byNode *nodePositions
 	topo  []*pb.NodeProto
 	wmm   []*pb.NodeProto // MatMul/Gemm nodes with a constant weight
 	ranks map[string]int  // declared ranks of values
@@ -40,6 +43,8 @@ type ctx struct {
 	wmmAt   []bool // by position: the nodes of wmm
 	anc     []bool // ancRoot and its ancestors by position (see ancestors)
 	ancRoot int32
+	// ancAdded and ancStack are ancestors' scratch.
+	ancAdded, ancStack []int32
 	auxTopK []bool // by position: nodes from which a TopK is reached without crossing a MatMul/Gemm
 	idxDeps *reach // per block: what the top-k indices reach (see branchExpert)
 	// d numbers nodes, values and edges for the walks (see dense); mk
@@ -208,7 +213,8 @@ func (c *ctx) sortByOrder(nodes []*pb.NodeProto) {
 	}
 	ps := make([]posNode, len(nodes))
 	for i, n := range nodes {
-		ps[i] = posNode{c.order[n], n}
+		p, _ := c.orderOf(n)
+		ps[i] = posNode{int(p), n}
 	}
 	sort.Slice(ps, func(i, j int) bool { return ps[i].pos < ps[j].pos })
 	for i := range ps {
@@ -295,8 +301,8 @@ func (r *reach) has(n *pb.NodeProto) bool {
 	}
 	// A synthetic node: reached when an input is a source or is produced
 	// by a reached node.
-	pos, ok := r.c.order[n]
-	if len(r.src) == 0 || !ok || int32(pos) <= r.cut || r.lim != nil {
+	pos, ok := r.c.synPos[n]
+	if len(r.src) == 0 || !ok || pos <= r.cut || r.lim != nil {
 		return false
 	}
 	for _, in := range graph.NodeInputs(n) {
@@ -360,9 +366,9 @@ func (c *ctx) ancestors(v string) []bool {
 		// to it runs through its descendants, none of which is in the set).
 		mk := c.mk
 		ep := mk.next()
-		var added []int32
+		added := c.ancAdded[:0]
 		reached := false
-		stack := []int32{root}
+		stack := append(c.ancStack[:0], root)
 		for len(stack) > 0 {
 			p := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
@@ -381,6 +387,7 @@ func (c *ctx) ancestors(v string) []bool {
 				}
 			}
 		}
+		c.ancAdded, c.ancStack = added, stack
 		if reached {
 			for _, p := range added {
 				c.anc[p] = true
