@@ -21,15 +21,15 @@ var noiseOps = map[string]bool{"Reshape": true, "Squeeze": true, "Unsqueeze": tr
 
 // ctx bundles a model and its graph index for the detector.
 type ctx struct {
-	m     *graph.Model
-	g     *graph.Graph
+	m *graph.Model
+	g *graph.Graph
 	// synPos holds the positions given to synthetic nodes (see orderOf);
 	// byNode finds the positions of nodes without outputs (see posOf).
 	synPos map[*pb.NodeProto]int32
 	byNode *nodePositions
-	topo  []*pb.NodeProto
-	wmm   []*pb.NodeProto // MatMul/Gemm nodes with a constant weight
-	ranks map[string]int  // declared ranks of values
+	topo   []*pb.NodeProto
+	wmm    []*pb.NodeProto // MatMul/Gemm nodes with a constant weight
+	ranks  map[string]int  // declared ranks of values
 	// restore rebuilds blocks whose trace lost experts (DetectOptions).
 	restore bool
 	// sparse maps the synthetic selection nodes standing for sparsemixer
@@ -45,8 +45,8 @@ type ctx struct {
 	ancRoot int32
 	// ancAdded and ancStack are ancestors' scratch.
 	ancAdded, ancStack []int32
-	auxTopK []bool // by position: nodes from which a TopK is reached without crossing a MatMul/Gemm
-	idxDeps *reach // per block: what the top-k indices reach (see branchExpert)
+	auxTopK            []bool // by position: nodes from which a TopK is reached without crossing a MatMul/Gemm
+	idxDeps            *reach // per block: what the top-k indices reach (see branchExpert)
 	// d numbers nodes, values and edges for the walks (see dense); mk
 	// is this goroutine's visited set for them.
 	d  *dense
