@@ -248,7 +248,6 @@ type topKResult struct {
 // before, exactly as if it had analyzed them one by one.
 func (c *ctx) speculate(cx context.Context, cols map[*pb.NodeProto]ep.Op) (map[int]*pb.NodeProto, map[*pb.NodeProto]*topKResult, error) {
 	// Build the lazily made shared state before the workers read it.
-	c.weightMatMuls()
 	c.rankOf("")
 	syn := map[int]*pb.NodeProto{}
 	var cands []*pb.NodeProto
@@ -310,7 +309,7 @@ func (c *ctx) worker() *ctx {
 	w := *c
 	w.mk = &marks{at: make([]uint32, len(c.topo))}
 	w.anc, w.ancRoot, w.lim, w.limBuf, w.limSet, w.idxDeps = nil, 0, nil, nil, nil, nil
-	w.after, w.ancAdded, w.ancStack = memo{}, nil, nil
+	w.after, w.wmm, w.ancAdded, w.ancStack = memo{}, memo{}, nil, nil
 	return &w
 }
 
@@ -750,7 +749,6 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 	// The combine point comes after expert compute: a MatMul/Gemm with a
 	// constant weight other than the router.
 	anc := c.ancestors(tk.Input[0]) // an earlier layer's experts are not ours
-	c.weightMatMuls()
 	d := c.d
 	router := int32(-1)
 	if routerLinear != nil {
@@ -775,7 +773,7 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 			if q < 0 {
 				continue
 			}
-			if c.wmmAt[q] && q != router && !anc[q] || afterExpert(q) {
+			if c.weightMatMulAt(q) && q != router && !anc[q] || afterExpert(q) {
 				after.set(p, true)
 				return true
 			}
@@ -830,19 +828,21 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 	return ""
 }
 
-// weightMatMuls lists (once per model) the MatMul/Gemm nodes with a constant weight.
-func (c *ctx) weightMatMuls() []*pb.NodeProto {
-	if c.wmm == nil {
-		c.wmm = []*pb.NodeProto{}
-		c.wmmAt = make([]bool, len(c.topo))
-		for p, n := range c.topo {
-			if c.expertMatMul(n) != nil {
-				c.wmm = append(c.wmm, n)
-				c.wmmAt[p] = true
-			}
-		}
+// weightMatMulAt reports whether the node at position p is a MatMul/Gemm
+// with a constant weight, remembering the answer (per goroutine).
+func (c *ctx) weightMatMulAt(p int32) bool {
+	if op := c.topo[p].GetOpType(); op != "MatMul" && op != "Gemm" {
+		return false
 	}
-	return c.wmm
+	if c.wmm.at == nil {
+		c.wmm.reset(len(c.topo))
+	}
+	if known, yes := c.wmm.get(p); known {
+		return yes
+	}
+	yes := c.expertMatMul(c.topo[p]) != nil
+	c.wmm.set(p, yes)
+	return yes
 }
 
 // feedsWeightMatMul reports whether v (through noise) is an input of a

@@ -28,8 +28,7 @@ type ctx struct {
 	synPos map[*pb.NodeProto]int32
 	byNode *nodePositions
 	topo   []*pb.NodeProto
-	wmm    []*pb.NodeProto // MatMul/Gemm nodes with a constant weight
-	ranks  map[string]int  // declared ranks of values
+	ranks  map[string]int // declared ranks of values
 	// restore rebuilds blocks whose trace lost experts (DetectOptions).
 	restore bool
 	// sparse maps the synthetic selection nodes standing for sparsemixer
@@ -40,7 +39,7 @@ type ctx struct {
 	// epClone maps the MoE stand-in of a ShardedMoE node to the node.
 	epClone map[*pb.NodeProto]*pb.NodeProto
 
-	wmmAt   []bool // by position: the nodes of wmm
+	wmm     memo   // by position: MatMul/Gemm with a constant weight (see weightMatMulAt)
 	anc     []bool // ancRoot and its ancestors by position (see ancestors)
 	ancRoot int32
 	// ancAdded and ancStack are ancestors' scratch.
