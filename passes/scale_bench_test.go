@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/models"
@@ -92,4 +93,48 @@ func BenchmarkRewriteFile(b *testing.B) {
 		}
 		m.Close()
 	}
+}
+
+// BenchmarkRewriteVsLoadSave writes a generated unrolled model with external
+// weights (MOKOPT_BENCH_LAYERS layers of 256 experts, H = I = 16, so that
+// the structure dominates), then times, alternately in the same run, what
+// `mokopt rewrite --no-check` does (load, check, rewrite, save) and a plain
+// load, check and save of the same file, and reports their ratio (the
+// bench/scale.sh target: at most 1.5).
+func BenchmarkRewriteVsLoadSave(b *testing.B) {
+	cfg := models.Config{Shape: models.ShapeUnrolled, Layers: scaleLayers(), Experts: 256, TopK: 8, Hidden: 16, Inter: 16, Normalize: true, External: true}
+	dir := b.TempDir()
+	in := filepath.Join(dir, "in.onnx")
+	if err := models.Write(cfg, in); err != nil {
+		b.Fatal(err)
+	}
+	run := func(rewrite bool) time.Duration {
+		start := time.Now()
+		m, err := graph.Load(in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer m.Close()
+		if err := m.Check(); err != nil {
+			b.Fatal(err)
+		}
+		if rewrite {
+			if _, err := Rewrite(m, Options{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := m.Save(filepath.Join(dir, "out.onnx"), graph.SaveOptions{External: graph.ExternalKeep}); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	var rw, ls time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ls += run(false)
+		rw += run(true)
+	}
+	b.ReportMetric(rw.Seconds()/float64(b.N), "rewrite-s/op")
+	b.ReportMetric(ls.Seconds()/float64(b.N), "loadsave-s/op")
+	b.ReportMetric(rw.Seconds()/ls.Seconds(), "rewrite/loadsave")
 }
