@@ -214,7 +214,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	det.NearMiss = append(det.NearMiss, c.routerlessExperts(covered)...)
 	kept := det.Blocks[:0]
 	for _, b := range det.Blocks {
-		if err := attempt(func() { setIOType(m, b) }); err != nil {
+		if err := attempt(func() { c.setIOType(b) }); err != nil {
 			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(b.TopK), Reason: err.Error()})
 			continue
 		}
@@ -248,7 +248,7 @@ type topKResult struct {
 // before, exactly as if it had analyzed them one by one.
 func (c *ctx) speculate(cx context.Context, cols map[*pb.NodeProto]ep.Op) (map[int]*pb.NodeProto, map[*pb.NodeProto]*topKResult, error) {
 	// Build the lazily made shared state before the workers read it.
-	c.rankOf("")
+	c.declare()
 	syn := map[int]*pb.NodeProto{}
 	var cands []*pb.NodeProto
 	for i, n := range c.topo {
@@ -487,9 +487,12 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	if y == "" {
 		fail("no single value combines the experts' outputs after the router")
 	}
-	// Extend through shape noise and a shared-expert Add.
+	// Extend through shape noise, a cast back to a half-precision input's
+	// type (exports of float16/bfloat16 models combine in float32) and a
+	// shared-expert Add.
 	xDeps := c.reachFrom(x0)
 	var sharedVal string
+	castBack := false
 	for {
 		cons := c.g.Consumers(y)
 		if len(cons) != 1 || c.g.IsOutput(y) {
@@ -497,6 +500,11 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		}
 		n := cons[0]
 		if noiseOps[n.GetOpType()] && n.GetOpType() != "Cast" || n.GetOpType() == "ReduceSum" && sharedVal == "" {
+			y = n.Output[0]
+			continue
+		}
+		if n.GetOpType() == "Cast" && (!castBack && c.castsBackTo(n, x0) || c.upcasts(n)) {
+			castBack = castBack || !c.upcasts(n)
 			y = n.Output[0]
 			continue
 		}
@@ -989,21 +997,35 @@ func (c *ctx) epsilonGuard(p *pb.NodeProto) *pb.NodeProto {
 
 // rankOf returns the rank of v from the graph's declared types, or -1.
 func (c *ctx) rankOf(v string) int {
-	if c.ranks == nil {
-		c.ranks = map[string]int{}
-		gp := c.g.P
-		for _, list := range [][]*pb.ValueInfoProto{gp.Input, gp.Output, gp.ValueInfo} {
-			for _, vi := range list {
-				if sh := vi.GetType().GetTensorType().GetShape(); sh != nil {
-					c.ranks[vi.GetName()] = len(sh.Dim)
-				}
-			}
-		}
-	}
+	c.declare()
 	if r, ok := c.ranks[v]; ok {
 		return r
 	}
 	return -1
+}
+
+// declare reads, once, the ranks and element types the graph declares for
+// its inputs, outputs and value_info.
+func (c *ctx) declare() {
+	if c.ranks != nil {
+		return
+	}
+	c.ranks, c.types = map[string]int{}, map[string]pb.TensorProto_DataType{}
+	gp := c.g.P
+	for _, list := range [][]*pb.ValueInfoProto{gp.Input, gp.Output, gp.ValueInfo} {
+		for _, vi := range list {
+			tt := vi.GetType().GetTensorType()
+			if tt == nil {
+				continue
+			}
+			if sh := tt.GetShape(); sh != nil {
+				c.ranks[vi.GetName()] = len(sh.Dim)
+			}
+			if et := pb.TensorProto_DataType(tt.GetElemType()); et != pb.TensorProto_UNDEFINED {
+				c.types[vi.GetName()] = et
+			}
+		}
+	}
 }
 
 // inputLike picks, among the block input x0 and the values between it and

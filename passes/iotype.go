@@ -9,29 +9,68 @@ import (
 	"github.com/mokopt/mokopt/moe"
 )
 
-// declaredElemType returns the element type the graph declares for value v
-// (as a graph input, output or value_info), or UNDEFINED.
-func declaredElemType(g *pb.GraphProto, v string) pb.TensorProto_DataType {
-	for _, list := range [][]*pb.ValueInfoProto{g.Input, g.ValueInfo, g.Output} {
-		for _, vi := range list {
-			if vi.GetName() == v {
-				if tt := vi.GetType().GetTensorType(); tt != nil {
-					return pb.TensorProto_DataType(tt.GetElemType())
-				}
-			}
+// elemType returns v's element type: declared, an initializer's, or
+// followed back through shape ops to a Cast or a declared value; UNDEFINED
+// when it cannot be told.
+func (c *ctx) elemType(v string) pb.TensorProto_DataType {
+	c.declare()
+	for steps := 0; steps < 64; steps++ {
+		if t, ok := c.types[v]; ok {
+			return t
+		}
+		if t := c.g.Initializer(v); t != nil {
+			return graph.DataType(t)
+		}
+		p := c.g.Producer(v)
+		if p == nil || len(p.Input) == 0 {
+			break
+		}
+		switch p.GetOpType() {
+		case "Cast":
+			return pb.TensorProto_DataType(graph.AttrInt(p, "to", 0))
+		case "Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand", "Transpose":
+			v = p.Input[0]
+		default:
+			return pb.TensorProto_UNDEFINED
 		}
 	}
 	return pb.TensorProto_UNDEFINED
 }
 
+// castsBackTo reports whether Cast n turns a block's result back into the
+// half-precision type of its input x0: an export of a float16 or bfloat16
+// model that combines the experts' outputs in float32 and casts the sum
+// back, which the fused node (cast in, float32 compute, cast out) does too.
+func (c *ctx) castsBackTo(n *pb.NodeProto, x0 string) bool {
+	in := c.elemType(x0)
+	if in != pb.TensorProto_FLOAT16 && in != pb.TensorProto_BFLOAT16 {
+		return false
+	}
+	return pb.TensorProto_DataType(graph.AttrInt(n, "to", 0)) == in && c.elemType(n.Input[0]) == pb.TensorProto_FLOAT
+}
+
+// upcasts reports whether Cast n turns a float16 or bfloat16 value into
+// float32, which is exact (an export summing half-precision expert outputs
+// in float32).
+func (c *ctx) upcasts(n *pb.NodeProto) bool {
+	in := c.elemType(n.Input[0])
+	return (in == pb.TensorProto_FLOAT16 || in == pb.TensorProto_BFLOAT16) && pb.TensorProto_DataType(graph.AttrInt(n, "to", 0)) == pb.TensorProto_FLOAT
+}
+
 // setIOType records a block's I/O element type in its spec: the type the
-// graph declares for the block's input or output, else that of the router
-// weight (a half-precision export stores half-precision weights). Types
-// other than float32, float16 and bfloat16 refuse the block.
-func setIOType(m *graph.Model, b *Block) {
-	dt := declaredElemType(m.Proto.Graph, b.Input)
+// graph declares (or its casts and shape ops tell) for the block's input
+// or output, else that of the router weight (a half-precision export
+// stores half-precision weights). Types other than float32, float16 and
+// bfloat16 refuse the block, and so does an input and output of two
+// different types (the fused node's output has its input's type).
+func (c *ctx) setIOType(b *Block) {
+	in, out := c.elemType(b.Input), c.elemType(b.Output)
+	if in != pb.TensorProto_UNDEFINED && out != pb.TensorProto_UNDEFINED && in != out {
+		fail("block input %q is %s but its output %q is %s: the fused node's output has its input's type", b.Input, in, b.Output, out)
+	}
+	dt := in
 	if dt == pb.TensorProto_UNDEFINED {
-		dt = declaredElemType(m.Proto.Graph, b.Output)
+		dt = out
 	}
 	if dt == pb.TensorProto_UNDEFINED && b.W != nil && b.W.Router.Init != nil {
 		dt = graph.DataType(b.W.Router.Init)

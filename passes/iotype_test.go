@@ -86,66 +86,124 @@ func TestHalfPrecisionExports(t *testing.T) {
 				if len(rep.Fused) != 1 || rep.Fused[0].Block.Spec.IOType != io || !strings.HasSuffix(rep.Fused[0].Variant, "io") {
 					t.Fatalf("fused %d blocks, variant %q, io_type %q; want 1 with io_type %q", len(rep.Fused), rep.Fused[0].Variant, rep.Fused[0].Block.Spec.IOType, io)
 				}
-				rng := rand.New(rand.NewPCG(7, uint64(dt)))
-				x := eval.New(dt, []int{2, 8, 64})
-				for i := range x.F32 {
-					x.F32[i] = float32(rng.NormFloat64())
-				}
-				for i, v := range x.F32 {
-					if dt == pb.TensorProto_FLOAT16 {
-						x.F32[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
-					} else {
-						x.F32[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
-					}
-				}
-				feeds := map[string]*eval.Tensor{orig.Proto.Graph.Input[0].GetName(): x}
-				want, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				out := orig.Proto.Graph.Output[0].GetName()
-				w := want[out]
-				peak := 0.0
-				for _, v := range w.F32 {
-					peak = max(peak, math.Abs(float64(v)))
-				}
-				rtol, atol, _ := checkTolerance(dt, peak)
-				// Tokens whose routing is a near-tie at this precision may
-				// go to other experts in the rounded original.
-				spec := rep.Fused[0].Block.Spec
-				gaps := moe.RouteGaps(&spec, routerWeights(t, fused), x.F32, 16)
-				skipped := 0
-				skip := func(tok int) bool {
-					if gaps[tok] < nearTie(dt) {
-						skipped++
-						return true
-					}
-					return false
-				}
-				defer func() {
-					// 16 tokens, two runs: some near-ties (the tiny random routers
-					// of the fixtures have close scores), but most tokens compared.
-					if skipped > 16 {
-						t.Errorf("%d of 32 token comparisons skipped as near-ties", skipped)
-					}
-					t.Logf("%d of 32 token comparisons skipped as near-ties", skipped)
-				}()
-				for _, body := range []bool{false, true} {
-					got, err := eval.Run(context.Background(), fused, feeds, eval.Options{PreferFunctions: body})
-					if err != nil {
-						t.Fatalf("function body %v: %v", body, err)
-					}
-					g := got[out]
-					if g.DType != dt {
-						t.Fatalf("function body %v: output is %s, want %s", body, g.DType, dt)
-					}
-					off, worst, at := tokensOff(g.F32, w.F32, 64, rtol, atol, skip)
-					if off > 0 {
-						t.Errorf("function body %v: %d of 16 tokens off, worst %.3g at %d (peak %.3g)", body, off, worst, at, peak)
-					}
-				}
+				matchesHalf(t, orig, fused, dt, rep.Fused[0].Block.Spec)
 			})
 		}
+	}
+}
+
+// matchesHalf runs a half-precision model and its fused rewrite (through
+// the reference kernel and through the function body) on 16 random tokens
+// of type dt and requires the fused outputs, in the original's type, to
+// match to the precision dt carries, skipping tokens whose routing is a
+// near-tie at that precision (at most half of them).
+func matchesHalf(t *testing.T, orig, fused *graph.Model, dt pb.TensorProto_DataType, spec moe.Spec) {
+	t.Helper()
+	var shape []int
+	for _, d := range orig.Proto.Graph.Input[0].GetType().GetTensorType().GetShape().GetDim() {
+		shape = append(shape, int(d.GetDimValue()))
+	}
+	H := shape[len(shape)-1]
+	rng := rand.New(rand.NewPCG(7, uint64(dt)))
+	x := eval.New(dt, shape)
+	for i := range x.F32 {
+		v := float32(rng.NormFloat64())
+		if dt == pb.TensorProto_FLOAT16 {
+			x.F32[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
+		} else {
+			x.F32[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
+		}
+	}
+	feeds := map[string]*eval.Tensor{orig.Proto.Graph.Input[0].GetName(): x}
+	want, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := orig.Proto.Graph.Output[0].GetName()
+	w := want[out]
+	peak := 0.0
+	for _, v := range w.F32 {
+		peak = max(peak, math.Abs(float64(v)))
+	}
+	rtol, atol, _ := checkTolerance(dt, peak)
+	tokens := len(x.F32) / H
+	gaps := moe.RouteGaps(&spec, routerWeights(t, fused), x.F32, tokens)
+	skipped := 0
+	skip := func(tok int) bool {
+		if gaps[tok] < nearTie(dt) {
+			skipped++
+			return true
+		}
+		return false
+	}
+	for _, body := range []bool{false, true} {
+		got, err := eval.Run(context.Background(), fused, feeds, eval.Options{PreferFunctions: body})
+		if err != nil {
+			t.Fatalf("function body %v: %v", body, err)
+		}
+		g := got[out]
+		if g.DType != dt {
+			t.Fatalf("function body %v: output is %s, want %s", body, g.DType, dt)
+		}
+		if off, worst, at := tokensOff(g.F32, w.F32, H, rtol, atol, skip); off > 0 {
+			t.Errorf("function body %v: %d of %d tokens off, worst %.3g at %d (peak %.3g)", body, off, tokens, worst, at, peak)
+		}
+	}
+	// Some near-ties (tiny random routers have close scores), but most
+	// tokens compared.
+	if skipped > tokens {
+		t.Errorf("%d of %d token comparisons skipped as near-ties", skipped, 2*tokens)
+	}
+	t.Logf("%d of %d token comparisons skipped as near-ties", skipped, 2*tokens)
+}
+
+// TestRealHalfPrecisionExports: blocks exported by torch.onnx (dynamo) from
+// float16 and bfloat16 transformers models (testdata/exported_half), which
+// route and combine in float32 between half-precision casts, fuse with the
+// half-precision I/O type (the block extends through the cast back to it
+// and, for DeepSeek-V3, through the shared expert's Add), pass the
+// numerical check, and match the original to the type's precision.
+func TestRealHalfPrecisionExports(t *testing.T) {
+	cases := map[string]string{
+		"mixtral_block_dynamo_float16":      "softmax_act_topk_norm_swiglu_f16io",
+		"mixtral_block_dynamo_bfloat16":     "softmax_act_topk_norm_swiglu_bf16io",
+		"qwen3_moe_block_dynamo_float16":    "softmax_act_topk_norm_swiglu_f16io",
+		"qwen3_moe_block_dynamo_bfloat16":   "softmax_act_topk_norm_swiglu_bf16io",
+		"deepseek_v3_block_dynamo_float16":  "sigmoid_act_topk_norm_scaled_g1of2_cbias_swiglu_shared_f16io",
+		"deepseek_v3_block_dynamo_bfloat16": "sigmoid_act_topk_norm_scaled_g1of2_cbias_swiglu_shared_bf16io",
+	}
+	files, _ := filepath.Glob(filepath.Join("../testdata/exported_half", "*.onnx"))
+	if len(files) != len(cases) {
+		t.Fatalf("%d models in testdata/exported_half, %d expectations", len(files), len(cases))
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".onnx")
+		variant, ok := cases[name]
+		if !ok {
+			t.Fatalf("no expectation for %s", name)
+		}
+		t.Run(name, func(t *testing.T) {
+			orig, err := graph.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dt := pb.TensorProto_DataType(orig.Proto.Graph.Input[0].GetType().GetTensorType().GetElemType())
+			fused, err := graph.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := Rewrite(fused, Options{Check: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Fused) != 1 || rep.Fused[0].Variant != variant {
+				t.Fatalf("fused %+v, want one block %s", rep.Fused, variant)
+			}
+			if n := len(fused.Proto.Graph.Node); n > 4 {
+				t.Errorf("%d nodes left after fusion, want the fused node and shape ops only", n)
+			}
+			matchesHalf(t, orig, fused, dt, rep.Fused[0].Block.Spec)
+		})
 	}
 }
 

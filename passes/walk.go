@@ -28,7 +28,8 @@ type ctx struct {
 	synPos map[*pb.NodeProto]int32
 	byNode *nodePositions
 	topo   []*pb.NodeProto
-	ranks  map[string]int // declared ranks of values
+	ranks  map[string]int                     // declared ranks of values (see declare)
+	types  map[string]pb.TensorProto_DataType // declared element types of values
 	// restore rebuilds blocks whose trace lost experts (DetectOptions).
 	restore bool
 	// sparse maps the synthetic selection nodes standing for sparsemixer
