@@ -59,9 +59,76 @@ func TestExportedFamilies(t *testing.T) {
 		"phimoe_block_dynamo_batched_mm": {variant: "sparsemixer_topk_act_swiglu", I: 128},
 		"phimoe_block_torchscript":       {variant: "sparsemixer_topk_act_swiglu", I: 128},
 	}
-	files, _ := filepath.Glob(filepath.Join(exportedDir, "*.onnx"))
+	forEachExpected(t, exportedDir, cases, func(t *testing.T, f string, w want) {
+		name := strings.TrimSuffix(filepath.Base(f), ".onnx")
+		m, err := graph.Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Rewrite(m, Options{Check: true})
+		if w.refuse != "" {
+			if err == nil || !strings.Contains(err.Error(), w.refuse) {
+				t.Fatalf("want a refusal containing %q, got %v", w.refuse, err)
+			}
+			if len(m.Proto.Graph.Node) == 0 || rep == nil || len(rep.Fused) != 0 {
+				t.Fatal("a refused rewrite edited the model")
+			}
+			if !w.restore {
+				return
+			}
+			if m, err = graph.Load(f); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err = Rewrite(m, Options{Check: true, RestoreTracedExperts: true}); err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Fused) != 1 {
+			t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
+		}
+		fb := rep.Fused[0]
+		if fb.Variant != w.variant || fb.Block.Spec.NumExperts != 8 || fb.Block.Spec.TopK != 2 || fb.Block.Spec.Inter != w.I || fb.Block.Spec.SharedInter != w.Is {
+			t.Fatalf("fused %s E=%d k=%d I=%d Is=%d, want %s E=8 k=2 I=%d Is=%d", fb.Variant, fb.Block.Spec.NumExperts, fb.Block.Spec.TopK, fb.Block.Spec.Inter, fb.Block.Spec.SharedInter, w.variant, w.I, w.Is)
+		}
+		for _, n := range m.Proto.Graph.Node {
+			if n.GetOpType() == "TopK" {
+				t.Fatalf("TopK %q left after fusion", n.GetName())
+			}
+		}
+		ds, err := eval.ReadDataSet(filepath.Join(exportedDir, name+"_data", "test_data_set_0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		feeds, err := eval.Feeds(m, ds.Inputs, ds.InputNames)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, body := range []bool{false, true} {
+			out, err := eval.Run(context.Background(), m, feeds, eval.Options{PreferFunctions: body})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := eval.Compare(out[m.Proto.Graph.Output[0].GetName()], ds.Outputs[0], 1e-4, 1e-5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.OK() {
+				t.Errorf("function body %v: differs from ONNX Runtime's golden output: %+v", body, d)
+			}
+		}
+	})
+}
+
+// forEachExpected runs check, as a subtest named after the model, on each
+// ONNX model in dir, whose expectation cases holds by that name; a model
+// without one, or an expectation without a model, fails the test.
+func forEachExpected[W any](t *testing.T, dir string, cases map[string]W, check func(t *testing.T, path string, w W)) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "*.onnx"))
 	if len(files) != len(cases) {
-		t.Fatalf("%d models in %s, %d expectations", len(files), exportedDir, len(cases))
+		t.Fatalf("%d models in %s, %d expectations", len(files), dir, len(cases))
 	}
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".onnx")
@@ -69,64 +136,6 @@ func TestExportedFamilies(t *testing.T) {
 		if !ok {
 			t.Fatalf("no expectation for %s", name)
 		}
-		t.Run(name, func(t *testing.T) {
-			m, err := graph.Load(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rep, err := Rewrite(m, Options{Check: true})
-			if w.refuse != "" {
-				if err == nil || !strings.Contains(err.Error(), w.refuse) {
-					t.Fatalf("want a refusal containing %q, got %v", w.refuse, err)
-				}
-				if len(m.Proto.Graph.Node) == 0 || rep == nil || len(rep.Fused) != 0 {
-					t.Fatal("a refused rewrite edited the model")
-				}
-				if !w.restore {
-					return
-				}
-				if m, err = graph.Load(f); err != nil {
-					t.Fatal(err)
-				}
-				if rep, err = Rewrite(m, Options{Check: true, RestoreTracedExperts: true}); err != nil {
-					t.Fatalf("restore: %v", err)
-				}
-			} else if err != nil {
-				t.Fatal(err)
-			}
-			if len(rep.Fused) != 1 {
-				t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
-			}
-			fb := rep.Fused[0]
-			if fb.Variant != w.variant || fb.Block.Spec.NumExperts != 8 || fb.Block.Spec.TopK != 2 || fb.Block.Spec.Inter != w.I || fb.Block.Spec.SharedInter != w.Is {
-				t.Fatalf("fused %s E=%d k=%d I=%d Is=%d, want %s E=8 k=2 I=%d Is=%d", fb.Variant, fb.Block.Spec.NumExperts, fb.Block.Spec.TopK, fb.Block.Spec.Inter, fb.Block.Spec.SharedInter, w.variant, w.I, w.Is)
-			}
-			for _, n := range m.Proto.Graph.Node {
-				if n.GetOpType() == "TopK" {
-					t.Fatalf("TopK %q left after fusion", n.GetName())
-				}
-			}
-			ds, err := eval.ReadDataSet(filepath.Join(exportedDir, name+"_data", "test_data_set_0"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			feeds, err := eval.Feeds(m, ds.Inputs, ds.InputNames)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, body := range []bool{false, true} {
-				out, err := eval.Run(context.Background(), m, feeds, eval.Options{PreferFunctions: body})
-				if err != nil {
-					t.Fatal(err)
-				}
-				d, err := eval.Compare(out[m.Proto.Graph.Output[0].GetName()], ds.Outputs[0], 1e-4, 1e-5)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !d.OK() {
-					t.Errorf("function body %v: differs from ONNX Runtime's golden output: %+v", body, d)
-				}
-			}
-		})
+		t.Run(name, func(t *testing.T) { check(t, f, w) })
 	}
 }

@@ -172,39 +172,28 @@ func TestRealHalfPrecisionExports(t *testing.T) {
 		"deepseek_v3_block_dynamo_float16":  "sigmoid_act_topk_norm_scaled_g1of2_cbias_swiglu_shared_f16io",
 		"deepseek_v3_block_dynamo_bfloat16": "sigmoid_act_topk_norm_scaled_g1of2_cbias_swiglu_shared_bf16io",
 	}
-	files, _ := filepath.Glob(filepath.Join("../testdata/exported_half", "*.onnx"))
-	if len(files) != len(cases) {
-		t.Fatalf("%d models in testdata/exported_half, %d expectations", len(files), len(cases))
-	}
-	for _, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), ".onnx")
-		variant, ok := cases[name]
-		if !ok {
-			t.Fatalf("no expectation for %s", name)
+	forEachExpected(t, "../testdata/exported_half", cases, func(t *testing.T, f, variant string) {
+		orig, err := graph.Load(f)
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Run(name, func(t *testing.T) {
-			orig, err := graph.Load(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dt := pb.TensorProto_DataType(orig.Proto.Graph.Input[0].GetType().GetTensorType().GetElemType())
-			fused, err := graph.Load(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rep, err := Rewrite(fused, Options{Check: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(rep.Fused) != 1 || rep.Fused[0].Variant != variant {
-				t.Fatalf("fused %+v, want one block %s", rep.Fused, variant)
-			}
-			if n := len(fused.Proto.Graph.Node); n > 4 {
-				t.Errorf("%d nodes left after fusion, want the fused node and shape ops only", n)
-			}
-			matchesHalf(t, orig, fused, dt, rep.Fused[0].Block.Spec)
-		})
-	}
+		dt := pb.TensorProto_DataType(orig.Proto.Graph.Input[0].GetType().GetTensorType().GetElemType())
+		fused, err := graph.Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Rewrite(fused, Options{Check: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Fused) != 1 || rep.Fused[0].Variant != variant {
+			t.Fatalf("fused %+v, want one block %s", rep.Fused, variant)
+		}
+		if n := len(fused.Proto.Graph.Node); n > 4 {
+			t.Errorf("%d nodes left after fusion, want the fused node and shape ops only", n)
+		}
+		matchesHalf(t, orig, fused, dt, rep.Fused[0].Block.Spec)
+	})
 }
 
 // routerWeights reads the router inputs of m's fused node.
