@@ -20,9 +20,6 @@ const (
 	CodeWeightsNotConstant = "WEIGHTS_NOT_CONSTANT"
 	// CodeBadSpec: the fused node's attributes or weights are inconsistent.
 	CodeBadSpec = "FUSED_NODE_INVALID"
-	// CodeHalfIO: the block's hidden states are float16 or bfloat16 (a
-	// half-precision export); the lowering binds float32 activations.
-	CodeHalfIO = "HALF_PRECISION_IO"
 )
 
 var loweringRules = []kernel.Constraint{
@@ -31,7 +28,6 @@ var loweringRules = []kernel.Constraint{
 	{Code: CodeWeightsNotConstant, Severity: kernel.SeverityError, Text: "routed and shared expert weights are initializers (quantized ahead of time)"},
 	{Code: CodeBadSpec, Severity: kernel.SeverityError, Text: "the fused ai.mok::MoE node is well formed (moe.SpecFromNode)"},
 	{Code: CodeEPShard, Severity: kernel.SeverityError, Text: "the fused node holds all experts (an EP rank's shard is merged first)"},
-	{Code: CodeHalfIO, Severity: kernel.SeverityError, Text: "the block's hidden states are float32 (half-precision I/O is not lowered yet)"},
 }
 
 // NumberedConstraint is one rule a lowering checks, with its number.
@@ -120,9 +116,6 @@ func checkBlock(s *moe.Spec, opt *Options, knobs kernel.Knobs) []Violation {
 	}
 	if s.WeightsOnInput {
 		vs = append(vs, newViolation(CodeWeightsOnInput, "the routing weight scales the expert input (weights_on_input=1); MoK applies router_weights to the expert outputs after combine, which differs for a non-linear expert"))
-	}
-	if s.IOType != "" {
-		vs = append(vs, newViolation(CodeHalfIO, "the hidden states are %s (io_type=%s); this lowering binds float32 activations", s.IOType, s.IOType))
 	}
 	if s.EPSize > 1 && s.EPSize != opt.EP {
 		vs = append(vs, newViolation(CodeEPAttr, "the fused node has ep_size=%d, the lowering asks for EP=%d", s.EPSize, opt.EP))

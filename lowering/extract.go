@@ -27,7 +27,8 @@ type decomposition struct {
 // decompose builds the fused node's body and locates the values a lowering
 // needs in it. The body's routing matrix is ScatterElements(Mul(logits, 0),
 // ids, weights), with logits the router Gemm; the shared expert's output is
-// the second operand of the Add before the final Reshape.
+// the second operand of the Add before the final Reshape (followed, with a
+// half-precision io_type, by the Cast to it).
 func decompose(s *moe.Spec, opset int64) (*decomposition, error) {
 	f, err := moe.Function(s, opset)
 	if err != nil {
@@ -58,6 +59,9 @@ func decompose(s *moe.Spec, opset int64) (*decomposition, error) {
 	}
 	if s.SharedInter > 0 && len(f.Node) > 0 {
 		last := f.Node[len(f.Node)-1]
+		if last.GetOpType() == "Cast" && s.IOType != "" && len(f.Node) > 1 { // half-precision I/O: cast after the reshape
+			last = f.Node[len(f.Node)-2]
+		}
 		if last.GetOpType() == "Reshape" {
 			if add := prod[last.Input[0]]; add != nil && add.GetOpType() == "Add" {
 				d.shared = add.Input[1]

@@ -33,6 +33,7 @@ type blockCfg struct {
 	ZeroRouted     bool    // routed weights all zero (only the shared expert contributes)
 	SMThreshold    float32 // sparsemixer_threshold, with RouterAct moe.SparseMixer
 	GroupMax       bool    // groups scored by their best expert
+	IO             string  // io_type: moe.IOFloat16 or moe.IOBFloat16 ("" float32)
 	Seed           int64
 }
 
@@ -44,7 +45,7 @@ func (c blockCfg) spec() *moe.Spec {
 	if s.RouterActivation == "" {
 		s.RouterActivation = moe.Softmax
 	}
-	s.SparseMixerThreshold = c.SMThreshold
+	s.SparseMixerThreshold, s.IOType = c.SMThreshold, c.IO
 	if c.GroupMax {
 		s.GroupScore = moe.GroupScoreMax
 	}
@@ -135,8 +136,8 @@ func buildFused(t testing.TB, c blockCfg) (*graph.Model, *moe.Spec, *moe.Weights
 	n := graph.NewNode(moe.OpType, moe.Domain, "layer0/MoE", in, []string{"y"}, s.Attributes()...)
 	n.Overload = proto.String(s.Variant())
 	g.Node = []*pb.NodeProto{n}
-	g.Input = []*pb.ValueInfoProto{floatValue("hidden_states", "T", H)}
-	g.Output = []*pb.ValueInfoProto{floatValue("y", "T", H)}
+	g.Input = []*pb.ValueInfoProto{typedValue("hidden_states", "T", H, s.IOElemType())}
+	g.Output = []*pb.ValueInfoProto{typedValue("y", "T", H, s.IOElemType())}
 	f, err := moe.Function(s, 18)
 	if err != nil {
 		t.Fatal(err)
@@ -157,14 +158,14 @@ func buildFused(t testing.TB, c blockCfg) (*graph.Model, *moe.Spec, *moe.Weights
 	return m, s, w
 }
 
-// floatValue declares a float tensor [sym, h].
-func floatValue(name, sym string, h int) *pb.ValueInfoProto {
+// typedValue declares a tensor [sym, h] of element type dt.
+func typedValue(name, sym string, h int, dt pb.TensorProto_DataType) *pb.ValueInfoProto {
 	dims := []*pb.TensorShapeProto_Dimension{
 		{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: sym}},
 		{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: int64(h)}},
 	}
 	return &pb.ValueInfoProto{Name: proto.String(name), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{
-		TensorType: &pb.TypeProto_Tensor{ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)), Shape: &pb.TensorShapeProto{Dim: dims}}}}}
+		TensorType: &pb.TypeProto_Tensor{ElemType: proto.Int32(int32(dt)), Shape: &pb.TensorShapeProto{Dim: dims}}}}}
 }
 
 // cloneModel returns an independent copy of an in-memory model.

@@ -374,6 +374,13 @@ func emit(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *Block, outside b
 		nodes = append(nodes, graph.NewNode("Add", "", prefix+"/Add_shared", []string{y, prefix + "/" + d.shared}, []string{sum}))
 		y = sum
 	}
+	if s.IOType != "" {
+		// Half-precision I/O: the router ran on the input cast to float32
+		// (the body's first Cast); the output goes back to the I/O type.
+		yio := prefix + "/y_" + s.IOType
+		nodes = append(nodes, graph.NewNode("Cast", "", prefix+"/Cast_y_"+s.IOType, []string{y}, []string{yio}, graph.IntAttr("to", int64(s.IOElemType()))))
+		y = yio
+	}
 	shape := prefix + "/input_shape"
 	nodes = append(nodes,
 		graph.NewNode("Shape", "", prefix+"/Shape_input", []string{actual[moe.InHidden]}, []string{shape}),

@@ -1,6 +1,7 @@
 package lowering
 
 import (
+	"context"
 	"math"
 	"testing"
 
@@ -262,6 +263,61 @@ func TestStreamedQuantization(t *testing.T) {
 	for _, pos := range []int{moe.InGate, moe.InUp, moe.InDown, moe.InSharedGate} {
 		if _, ok := inits["w/"+moe.InputNames[pos]]; ok {
 			t.Errorf("float weight %s is still in the lowered model", moe.InputNames[pos])
+		}
+	}
+}
+
+// TestLoweredHalfIO: a fused block with float16 or bfloat16 hidden states
+// (a half-precision export) lowers to the kernel between casts: the router
+// runs on the input cast to float32, the kernel on its bf16 cast, and the
+// output returns in the block's type. Through the kernel and through its
+// function body the lowered model matches the fused one within MXFP8's
+// error, with the shared expert in the kernel and outside it.
+func TestLoweredHalfIO(t *testing.T) {
+	dir := t.TempDir()
+	for _, io := range []string{moe.IOFloat16, moe.IOBFloat16} {
+		for _, tc := range []struct {
+			name   string
+			gated  bool
+			shared string
+		}{{"shared in kernel", false, SharedInKernel}, {"gated shared outside", true, SharedOutside}} {
+			t.Run(io+"/"+tc.name, func(t *testing.T) {
+				cfg := blockCfg{E: 8, K: 2, H: 256, I: 256, Is: 256, Norm: true, Gated: tc.gated, IO: io, Seed: 11}
+				m, s, _ := buildFused(t, cfg)
+				dt := s.IOElemType()
+				x := eval.New(dt, []int{testTokens, cfg.H})
+				for i, v := range randInput(testTokens, cfg.H, 111) {
+					if dt == pb.TensorProto_FLOAT16 {
+						x.F32[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
+					} else {
+						x.F32[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
+					}
+				}
+				feeds := map[string]*eval.Tensor{"hidden_states": x}
+				want, err := eval.Run(context.Background(), m, feeds, eval.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				rep, path := lowerAndSave(t, m, defaultOpts(), dir, io+tc.name)
+				if b := rep.Blocks[0]; !b.Lowered || b.SharedExpert != tc.shared {
+					t.Fatalf("block %+v, want lowered with shared %q", b, tc.shared)
+				}
+				low := loadForEval(t, path)
+				for _, body := range []bool{false, true} {
+					got, err := eval.Run(context.Background(), low, feeds, eval.Options{PreferFunctions: body})
+					if err != nil {
+						t.Fatalf("function body %v: %v", body, err)
+					}
+					if got["y"].DType != dt {
+						t.Fatalf("function body %v: output is %s, want %s", body, got["y"].DType, dt)
+					}
+					st := compare(got["y"].F32, want["y"].F32)
+					t.Logf("function body %v: max|err| %.4g of max|y| %.3g, mean rel %.2f%%", body, st.MaxAbs, st.MaxRef, 100*st.MeanRel)
+					if st.MaxAbs > 0.1*st.MaxRef || st.MeanRel > 0.08 || math.IsNaN(st.RelL2) {
+						t.Errorf("function body %v: error beyond MXFP8: %+v", body, st)
+					}
+				}
+			})
 		}
 	}
 }
