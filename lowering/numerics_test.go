@@ -285,15 +285,7 @@ func TestLoweredHalfIO(t *testing.T) {
 				cfg := blockCfg{E: 8, K: 2, H: 256, I: 256, Is: 256, Norm: true, Gated: tc.gated, IO: io, Seed: 11}
 				m, s, _ := buildFused(t, cfg)
 				dt := s.IOElemType()
-				x := eval.New(dt, []int{testTokens, cfg.H})
-				for i, v := range randInput(testTokens, cfg.H, 111) {
-					if dt == pb.TensorProto_FLOAT16 {
-						x.F32[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
-					} else {
-						x.F32[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
-					}
-				}
-				feeds := map[string]*eval.Tensor{"hidden_states": x}
+				feeds := map[string]*eval.Tensor{"hidden_states": halfInput(dt, testTokens, cfg.H, 111)}
 				want, err := eval.Run(context.Background(), m, feeds, eval.Options{})
 				if err != nil {
 					t.Fatal(err)
@@ -320,4 +312,18 @@ func TestLoweredHalfIO(t *testing.T) {
 			})
 		}
 	}
+}
+
+// halfInput returns random hidden states [T, H] of half-precision type dt
+// (values already rounded to it).
+func halfInput(dt pb.TensorProto_DataType, T, H int, seed int64) *eval.Tensor {
+	x := eval.New(dt, []int{T, H})
+	for i, v := range randInput(T, H, seed) {
+		if dt == pb.TensorProto_FLOAT16 {
+			x.F32[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
+		} else {
+			x.F32[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
+		}
+	}
+	return x
 }

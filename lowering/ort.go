@@ -105,9 +105,6 @@ func ORTUnsupported(s *moe.Spec, quant string) []string {
 	if s.Activation == moe.GELU {
 		why = append(why, "the exact-erf GELU expert (the op's gelu is the tanh approximation)")
 	}
-	if s.IOType != "" {
-		why = append(why, fmt.Sprintf("%s hidden states (io_type; this lowering binds float32 activations)", s.IOType))
-	}
 	normalized := s.NormalizeTopK || s.RouterOrder == moe.TopKThenActivation
 	if quant != "" && !normalized {
 		why = append(why, "unnormalised top-k weights (ONNX Runtime 1.30's CPU QMoE always renormalises them)")
@@ -263,7 +260,19 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 		g.AddInitializer(moe.Float32Tensor(name, dims, v))
 		return name
 	}
-	x := n.Input[moe.InHidden]
+	// Half-precision I/O: the op and the shared expert run on the input cast
+	// to float32, and the result is cast back to the block's type.
+	x, out := n.Input[moe.InHidden], n.Output[0]
+	if s.IOType != "" {
+		x = b.Op("Cast", []string{x}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+		out = prefix + "/y_float"
+	}
+	finish := func() []*pb.NodeProto {
+		if s.IOType != "" {
+			b.Nodes = append(b.Nodes, graph.NewNode("Cast", "", prefix+"/Cast_y_"+s.IOType, []string{out}, []string{n.Output[0]}, graph.IntAttr("to", int64(s.IOElemType()))))
+		}
+		return b.Nodes
+	}
 	x2 := b.Op("Reshape", []string{x, b.Ints(-1, int64(H))})
 	gemmIn := []string{x2, init("router_weight", []int64{int64(E), int64(H)}, w.RouterW)}
 	if w.RouterB != nil {
@@ -382,7 +391,7 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	no := b.Op("Constant", nil, graph.TensorAttr("value", &pb.TensorProto{DataType: proto.Int32(int32(pb.TensorProto_BOOL)), Int32Data: []int32{0}}))
 	y := prefix + "/keep_input"
 	if Is == 0 {
-		y = n.Output[0]
+		y = out
 	}
 	b.Nodes = append(b.Nodes, graph.NewNode("Where", "", prefix+"/keep_input_alive", []string{no, x, raw}, []string{y}))
 	blk.Lowered, blk.Op, blk.ORTNode = true, ortmoe.Domain+"::"+op, ortName
@@ -398,7 +407,7 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 		}
 	}
 	if Is == 0 {
-		return b.Nodes, nil
+		return finish(), nil
 	}
 	// The shared expert reads the block input as it comes (MatMul takes
 	// [..., H]) and is added to the op's output.
@@ -422,6 +431,6 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 		sd = b.Op("Mul", []string{sd, gate})
 		blk.SharedExpert = "sigmoid-gated SwiGLU in standard ops (MatMul, Sigmoid, Mul) added to the op's output"
 	}
-	b.Nodes = append(b.Nodes, graph.NewNode("Add", "", prefix+"/add_shared", []string{y, sd}, []string{n.Output[0]}))
-	return b.Nodes, nil
+	b.Nodes = append(b.Nodes, graph.NewNode("Add", "", prefix+"/add_shared", []string{y, sd}, []string{out}))
+	return finish(), nil
 }

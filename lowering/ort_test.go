@@ -1,7 +1,9 @@
 package lowering
 
 import (
+	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -94,5 +96,42 @@ func TestLowerORTNumerics(t *testing.T) {
 			}
 			t.Logf("RESULT %s lowered-vs-fused maxabs=%.3g relL2=%.3g %s", tc.name, st.MaxAbs, st.RelL2, strings.TrimSpace(rep.Summary()))
 		})
+	}
+}
+
+// TestLowerORTHalfIO: a fused block with float16 or bfloat16 hidden states
+// lowers to com.microsoft::MoE between casts (the op and the shared expert
+// in float32), and the lowered model returns the block's type and matches
+// the fused node to that type's precision.
+func TestLowerORTHalfIO(t *testing.T) {
+	for _, io := range []string{moe.IOFloat16, moe.IOBFloat16} {
+		for _, is := range []int{0, 16} {
+			cfg := blockCfg{E: 8, K: 2, H: 32, I: 48, Is: is, Norm: true, IO: io, Seed: 5}
+			m, s, _ := buildFused(t, cfg)
+			dt := s.IOElemType()
+			feeds := map[string]*eval.Tensor{"hidden_states": halfInput(dt, testTokens, cfg.H, 55)}
+			want, err := eval.Run(context.Background(), m, feeds, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			low := cloneModel(t, m)
+			rep, err := LowerORT(low, ORTOptions{})
+			if err != nil || !rep.Blocks[0].Lowered {
+				t.Fatalf("%s, shared %d: %v %+v", io, is, err, rep)
+			}
+			got, err := eval.Run(context.Background(), low, feeds, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got["y"].DType != dt {
+				t.Fatalf("%s, shared %d: output is %s", io, is, got["y"].DType)
+			}
+			st := compare(got["y"].F32, want["y"].F32)
+			rel, _ := eval.HalfTolerance(dt)
+			t.Logf("%s, shared %d: max|err| %.3g of max|y| %.3g", io, is, st.MaxAbs, st.MaxRef)
+			if st.MaxAbs > rel*st.MaxRef || math.IsNaN(st.RelL2) {
+				t.Errorf("%s, shared %d: beyond the type's precision: %+v", io, is, st)
+			}
+		}
 	}
 }
