@@ -317,13 +317,5 @@ func TestLoweredHalfIO(t *testing.T) {
 // halfInput returns random hidden states [T, H] of half-precision type dt
 // (values already rounded to it).
 func halfInput(dt pb.TensorProto_DataType, T, H int, seed int64) *eval.Tensor {
-	x := eval.New(dt, []int{T, H})
-	for i, v := range randInput(T, H, seed) {
-		if dt == pb.TensorProto_FLOAT16 {
-			x.F32[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
-		} else {
-			x.F32[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
-		}
-	}
-	return x
+	return eval.NewFloatAs(dt, []int{T, H}, randInput(T, H, seed))
 }

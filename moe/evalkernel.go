@@ -6,7 +6,6 @@ import (
 
 	"github.com/mokopt/mokopt/ep"
 
-	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
@@ -77,20 +76,11 @@ func evalKernel(c *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.
 	if err != nil {
 		return nil, err
 	}
-	out := eval.NewFloat32(append([]int(nil), x.Shape...), y)
-	switch x.DType { // the output has the input's type (half-precision I/O)
-	case pb.TensorProto_FLOAT16:
-		for i, v := range y {
-			y[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
-		}
-		out.DType = x.DType
-	case pb.TensorProto_BFLOAT16:
-		for i, v := range y {
-			y[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
-		}
-		out.DType = x.DType
+	dt := pb.TensorProto_FLOAT
+	if x.DType == pb.TensorProto_FLOAT16 || x.DType == pb.TensorProto_BFLOAT16 {
+		dt = x.DType // the output has the input's type (half-precision I/O)
 	}
-	return []*eval.Tensor{out}, nil
+	return []*eval.Tensor{eval.NewFloatAs(dt, x.Shape, y)}, nil
 }
 
 // shardPart is what one EP rank contributes to gatherShards.

@@ -105,15 +105,15 @@ func matchesHalf(t *testing.T, orig, fused *graph.Model, dt pb.TensorProto_DataT
 	}
 	H := shape[len(shape)-1]
 	rng := rand.New(rand.NewPCG(7, uint64(dt)))
-	x := eval.New(dt, shape)
-	for i := range x.F32 {
-		v := float32(rng.NormFloat64())
-		if dt == pb.TensorProto_FLOAT16 {
-			x.F32[i] = graph.HalfToFloat32(graph.Float32ToHalf(v))
-		} else {
-			x.F32[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(v))
-		}
+	n := 1
+	for _, d := range shape {
+		n *= d
 	}
+	vals := make([]float32, n)
+	for i := range vals {
+		vals[i] = float32(rng.NormFloat64())
+	}
+	x := eval.NewFloatAs(dt, shape, vals)
 	feeds := map[string]*eval.Tensor{orig.Proto.Graph.Input[0].GetName(): x}
 	want, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
 	if err != nil {

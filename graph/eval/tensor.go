@@ -132,6 +132,19 @@ func NewFloat32(shape []int, data []float32) *Tensor {
 	return &Tensor{DType: pb.TensorProto_FLOAT, Shape: append([]int{}, shape...), F32: data}
 }
 
+// NewFloatAs wraps data (not copied, rounded in place) as a tensor of the
+// float type dt stored as float32 values (FLOAT, FLOAT16, BFLOAT16 or a
+// float8 type): each value is rounded to dt's precision, as the interpreter
+// rounds results of that type. It panics if dt is not such a type.
+func NewFloatAs(dt pb.TensorProto_DataType, shape []int, data []float32) *Tensor {
+	if kindOf(dt) != kF32 {
+		panic(fmt.Sprintf("eval.NewFloatAs: %s is not stored as float32", dt))
+	}
+	t := &Tensor{DType: dt, Shape: append([]int{}, shape...), F32: data}
+	t.normalize()
+	return t
+}
+
 // NewFloat64 wraps data (not copied) as a DOUBLE tensor of the given shape.
 func NewFloat64(shape []int, data []float64) *Tensor {
 	return &Tensor{DType: pb.TensorProto_DOUBLE, Shape: append([]int{}, shape...), F64: data}
