@@ -1,7 +1,5 @@
-//go:build evalcheck
-
-// This file runs the generated graphs in the graph/eval interpreter:
-// go test -tags evalcheck ./models/
+// This file runs the generated graphs in the graph/eval interpreter and
+// compares them with the generator's own math.
 
 package models
 
