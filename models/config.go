@@ -19,8 +19,8 @@
 // The tests check that passes.Detect finds every block of the batched,
 // unrolled and dense shapes with the right Spec and weights, and that
 // moe.Forward on them matches an independent evaluation of the generator's
-// math; go test -tags evalcheck also runs the generated graphs in the
-// graph/eval interpreter.
+// math, and run the generated graphs in the graph/eval interpreter against
+// that math too.
 package models
 
 import (
