@@ -10,18 +10,19 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	fx "github.com/mokopt/mokopt/internal/fixtures"
 	"github.com/mokopt/mokopt/passes"
 	"google.golang.org/protobuf/proto"
 )
 
-// fixtureDir is the shared folder of exported MoE fixtures beside the checkout.
-const fixtureDir = "../../shared/fixtures/exported"
+// fixtureDir holds the exported MoE fixtures (testdata/fixtures).
+var fixtureDir = fx.Dir()
 
 func fixtures(t testing.TB) []string {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(fixtureDir, "*.onnx"))
 	if len(files) == 0 {
-		t.Skip("no fixtures beside the checkout")
+		t.Fatalf("no fixtures in %s", fixtureDir)
 	}
 	return files
 }

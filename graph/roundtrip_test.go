@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/mokopt/mokopt/internal/fixtures"
 )
 
-// fixtureDir is the shared folder of exported MoE fixtures beside the checkout.
-const fixtureDir = "../../shared/fixtures/exported"
+// fixtureDir holds the exported MoE fixtures (testdata/fixtures).
+var fixtureDir = fixtures.Dir()
 
 func roundTrip(t *testing.T, path string) {
 	t.Helper()
@@ -32,7 +34,7 @@ func roundTrip(t *testing.T, path string) {
 func TestRoundTripFixtures(t *testing.T) {
 	files, _ := filepath.Glob(filepath.Join(fixtureDir, "*.onnx"))
 	if len(files) == 0 {
-		t.Skip("no fixtures beside the checkout")
+		t.Fatalf("no fixtures in %s", fixtureDir)
 	}
 	for _, f := range files {
 		roundTrip(t, f)

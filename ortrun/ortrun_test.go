@@ -14,10 +14,11 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	fx "github.com/mokopt/mokopt/internal/fixtures"
 	"github.com/mokopt/mokopt/passes"
 )
 
-const fixtureDir = "../../shared/fixtures/exported"
+var fixtureDir = fx.Dir()
 
 // refused are the fixtures whose traces baked in only some experts: Rewrite
 // must refuse them.
@@ -27,9 +28,8 @@ const rtol, atol = 1e-4, 1e-5
 
 func needORT(t *testing.T) {
 	t.Helper()
-	lib := LibraryPath()
-	if _, err := os.Stat(lib); err != nil {
-		t.Skipf("ONNX Runtime library missing (%v); run .ci/fetch-ort.sh or set %s", err, EnvLib)
+	if _, err := FindLibrary(); err != nil {
+		t.Skip(err)
 	}
 	if err := Init(); err != nil {
 		t.Fatal(err)
@@ -48,7 +48,7 @@ func fixtures(t *testing.T) []string {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(fixtureDir, "*.onnx"))
 	if len(files) == 0 {
-		t.Skipf("no fixtures in %s", fixtureDir)
+		t.Fatalf("no fixtures in %s", fixtureDir)
 	}
 	return files
 }

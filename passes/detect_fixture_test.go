@@ -10,11 +10,12 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/fixtures"
 	"github.com/mokopt/mokopt/moe"
 	"google.golang.org/protobuf/proto"
 )
 
-const fixtureDir = "../../shared/fixtures/exported"
+var fixtureDir = fixtures.Dir()
 
 func readPB(t *testing.T, path string) []float32 {
 	t.Helper()
@@ -45,7 +46,7 @@ func readPB(t *testing.T, path string) []float32 {
 func TestDetectFixturesReferenceMath(t *testing.T) {
 	files, _ := filepath.Glob(filepath.Join(fixtureDir, "*.onnx"))
 	if len(files) == 0 {
-		t.Skip("no fixtures")
+		t.Fatalf("no fixtures in %s", fixtureDir)
 	}
 	for _, f := range files {
 		m, err := graph.Load(f)

@@ -8,6 +8,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/fixtures"
 	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/passes"
 	"github.com/mokopt/mokopt/verify"
@@ -17,14 +18,14 @@ import (
 // brokenFixture is a Mixtral block (E=8, k=2, softmax -> top-k -> renormalise):
 // with 64 random tokens every expert is routed to, so a change to any one
 // expert shows in the output.
-const brokenFixture = "../../shared/fixtures/exported/mixtral_block_dynamo_batched_mm.onnx"
+var brokenFixture = fixtures.Path("fixtures", "mixtral_block_dynamo_batched_mm.onnx")
 
 // rewritten loads the fixture twice: the original and its fused rewrite.
 func rewritten(t *testing.T) (orig, fused *graph.Model) {
 	t.Helper()
 	orig, err := graph.Load(brokenFixture)
 	if err != nil {
-		t.Skipf("fixture not available: %v", err)
+		t.Fatal(err)
 	}
 	fused, err = graph.Load(brokenFixture)
 	if err != nil {

@@ -13,17 +13,18 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	fx "github.com/mokopt/mokopt/internal/fixtures"
 	"google.golang.org/protobuf/proto"
 )
 
-// fixtureDir is the shared folder of exported MoE fixtures beside the checkout.
-const fixtureDir = "../../shared/fixtures/exported"
+// fixtureDir holds the exported MoE fixtures (testdata/fixtures).
+var fixtureDir = fx.Dir()
 
 func fixtures(t *testing.T) []string {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(fixtureDir, "*.onnx"))
 	if len(files) == 0 {
-		t.Skip("no fixtures beside the checkout")
+		t.Fatalf("no fixtures in %s", fixtureDir)
 	}
 	return files
 }

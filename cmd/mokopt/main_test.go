@@ -7,9 +7,10 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/internal/fixtures"
 )
 
-const fixtureDir = "../../../shared/fixtures/exported"
+var fixtureDir = fixtures.Dir()
 
 func TestRewriteExitCodes(t *testing.T) {
 	dir := t.TempDir()
@@ -36,7 +37,7 @@ func TestRewriteExitCodes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if strings.HasPrefix(tc.name, "lost experts") {
 				if _, err := os.Stat(lost); err != nil {
-					t.Skip("fixtures not available")
+					t.Fatal(err)
 				}
 			}
 			if code := execute(tc.args); code != tc.code {

@@ -10,22 +10,23 @@ import (
 	"time"
 
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/internal/fixtures"
 )
 
-// fixtureDir is the shared folder of exported MoE fixtures beside the
-// checkout; MOKOPT_FIXTURES overrides it.
+// fixtureDir holds the exported MoE fixtures (testdata/fixtures);
+// MOKOPT_FIXTURES overrides it.
 var fixtureDir = func() string {
 	if d := os.Getenv("MOKOPT_FIXTURES"); d != "" {
 		return d
 	}
-	return "../../../shared/fixtures/exported"
+	return fixtures.Dir()
 }()
 
 func fixtureFiles(t *testing.T) []string {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(fixtureDir, "*.onnx"))
 	if len(files) == 0 {
-		t.Skip("no fixtures beside the checkout")
+		t.Fatalf("no fixtures in %s", fixtureDir)
 	}
 	return files
 }
