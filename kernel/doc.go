@@ -5,8 +5,8 @@
 // which is refused), the hard constraints a lowering must verify (Check), the
 // schedule capacity rule and a workspace estimate.
 //
-// The source of every number and rule is /work/shared/docs/MOK_KERNEL.md (facts
-// gathered from the public MoK sources); where this package goes beyond it, the
-// doc comment says so. The MXFP8 codec lives in the sub-package kernel/mxfp8 and
+// Every number and rule comes from the public MoK sources and is written down,
+// with those sources, in the repository's docs/kernel.md; where this package
+// goes beyond them, the doc comment says so. The MXFP8 codec lives in the sub-package kernel/mxfp8 and
 // the analytic NVL72 performance model in kernel/perf.
 package kernel

@@ -11,7 +11,7 @@ import (
 )
 
 // exportedDir holds more real exports (testdata/exported/README.md): MoE
-// families that ../shared/fixtures lacks, exported the same way.
+// families that testdata/fixtures lacks, exported the same way.
 const exportedDir = "../testdata/exported"
 
 // TestExportedFamilies checks the detector on families it was not written

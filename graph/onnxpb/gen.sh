@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates onnx-ml.pb.go from the ONNX v1.22.0 proto2 schema in ../shared/onnx.
+# Regenerates onnx-ml.pb.go from the ONNX v1.22.0 proto2 schema beside this script (onnx-ml.proto).
 # Needs protoc (Debian: protobuf-compiler) and protoc-gen-go v1.36.12
 # (go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12).
 # The proto package is renamed to mokopt.onnx so that no other module in the same

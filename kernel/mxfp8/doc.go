@@ -2,7 +2,9 @@
 // FP8 E4M3 elements, UE8M0 block scales over 1×32 blocks along the contraction
 // axis, and the Blackwell tcgen05 "scale factor 1x" layout the kernel reads.
 //
-// The numerics follow /work/shared/docs/MOK_KERNEL.md ("MXFP8 as MoK does it"):
+// The numerics follow MoK's MXFP8 rule (docs/kernel.md in the repository, "MXFP8
+// as MoK does it"; the element and scale formats are those of the OCP Microscaling
+// Formats (MX) specification v1.0):
 //
 //	amax = max |x|                         over a 1×32 block along K (float32)
 //	s    = max(amax / 448, 1e-12)          float32 division, float32 floor

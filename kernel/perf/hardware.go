@@ -5,8 +5,8 @@
 // It is a first-order model (roofline compute and bandwidth terms, documented
 // overlap rules, a handful of efficiency parameters), meant to rank lowering
 // choices and to explain where time goes, not to reproduce measured numbers. The
-// hardware figures come from /work/shared/docs/MOK_KERNEL.md, which itself marks
-// them as third-party leads.
+// hardware figures are vendor and third-party published figures, collected in
+// the repository's docs/kernel.md; treat them as leads, not measurements.
 package perf
 
 import (

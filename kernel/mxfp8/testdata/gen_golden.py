@@ -4,7 +4,7 @@ implementation (PyTorch), so the Go codec is checked against code it shares noth
 
 Usage:  python3 gen_golden.py OUT.json
 
-What it computes (the MoK MXFP8 rule, see /work/shared/docs/MOK_KERNEL.md):
+What it computes (the MoK MXFP8 rule, see docs/kernel.md in the repository):
   amax = max |x| over a 1x32 block                      (float32)
   s    = max(amax / 448, 1e-12)                         (float32 tensor ops)
   e    = ceil(log2(s)), clamped to >= -127              (via torch.frexp; cross-checked
