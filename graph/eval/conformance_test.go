@@ -140,7 +140,6 @@ func TestConformance(t *testing.T) {
 	}
 	counts := map[string]int{}
 	skipOps := map[string]int{}
-	var failed []string
 	passedOps := map[string]bool{}
 	for _, d := range dirs {
 		r := runNodeTest(d)
@@ -151,7 +150,6 @@ func TestConformance(t *testing.T) {
 				passedOps[o] = true
 			}
 		case "fail":
-			failed = append(failed, r.name)
 			t.Errorf("%s %v: %s", r.name, r.ops, r.detail)
 		case "skip":
 			skipOps[r.detail]++

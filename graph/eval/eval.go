@@ -372,7 +372,9 @@ func Run(ctx context.Context, m *graph.Model, feeds map[string]*Tensor, opt Opti
 	if opt.KeepAll || opt.Capture != nil {
 		for n, t := range sc.vals {
 			if keep(n) {
-				out[n] = t
+				if out[n], err = r.materialize(t, nil); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
@@ -449,6 +451,11 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 			if err != nil {
 				return nil, &graph.InputError{File: r.m.Name(), Object: nodeObj(n), Msg: err.Error()}
 			}
+			if t.lazy != nil && !r.lazyAware(n) {
+				if t, err = r.materialize(t, n); err != nil {
+					return nil, err
+				}
+			}
 			inputs = append(inputs, t)
 		}
 		res, err := r.runNode(sc, n, opsets, inputs)
@@ -491,7 +498,9 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 		if err != nil {
 			return nil, &graph.InputError{File: r.m.Name(), Msg: fmt.Sprintf("output %q: %v", o, err)}
 		}
-		res[i] = t
+		if res[i], err = r.materialize(t, nil); err != nil {
+			return nil, err
+		}
 	}
 	return res, nil
 }

@@ -57,6 +57,19 @@ func kGather(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		return nil, err
 	}
 	shape := append(append(append([]int{}, x.Shape[:axis]...), it.Shape...), x.Shape[axis+1:]...)
+	if _, err := checkedNumel(shape); err != nil {
+		return nil, err
+	}
+	if axis == 0 && x.Rank() > 1 {
+		inner := numel(x.Shape[1:])
+		offs := make([]int, len(idx))
+		for i, v := range idx {
+			offs[i] = v * inner
+		}
+		if t := lazyGather(x, offs, inner, shape); t != nil {
+			return []*Tensor{t}, c.checkLazy(t)
+		}
+	}
 	if err := c.checkAlloc(x.DType, shape); err != nil {
 		return nil, err
 	}
@@ -173,6 +186,12 @@ func kGatherND(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		return nil, err
 	}
 	shape := append(append([]int{}, it.Shape[:it.Rank()-1]...), sliceShape...)
+	if _, err := checkedNumel(shape); err != nil {
+		return nil, err
+	}
+	if t := lazyGather(x, offs, numel(sliceShape), shape); t != nil {
+		return []*Tensor{t}, c.checkLazy(t)
+	}
 	if err := c.checkAlloc(x.DType, shape); err != nil {
 		return nil, err
 	}

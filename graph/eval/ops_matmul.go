@@ -7,11 +7,9 @@ import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
-// gemmF32 computes c[M,N] += a[M,K] * b[K,N] (row-major), blocked over K
-// and N so the touched rows of b stay in cache.
-func gemmF32(a, b, c []float32, M, K, N int) { gemmF32Cols(a, b, c, M, K, N, 0, N) }
-
-// gemmF32Cols is gemmF32 restricted to the output columns [c0, c1).
+// gemmF32Cols computes the output columns [c0, c1) of c[M,N] += a[M,K] *
+// b[K,N] (row-major), blocked over K and N so the touched rows of b stay in
+// cache.
 func gemmF32Cols(a, b, c []float32, M, K, N, c0, c1 int) {
 	const kb, nb = 256, 512
 	for k0 := 0; k0 < K; k0 += kb {
@@ -89,7 +87,22 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 	if err != nil {
 		return nil, errf("MatMul batch dims: %v", err)
 	}
+	// A lazy operand is read in place when each of its batch matrices is
+	// one gathered slab; otherwise it is materialized.
+	if a.lazy != nil && (len(ash) < 3 || a.lazy.slab != M*K) {
+		if a, err = c.materialize(a); err != nil {
+			return nil, err
+		}
+	}
+	if b.lazy != nil && (len(bsh) < 3 || b.lazy.slab != K*N) {
+		if b, err = c.materialize(b); err != nil {
+			return nil, err
+		}
+	}
 	shape := append(append([]int{}, batch...), M, N)
+	if out, ok, err := matmulDistinctRows(c, a, b, ash, bsh, shape); ok || err != nil {
+		return out, err
+	}
 	out, err := c.alloc(a.DType, shape)
 	if err != nil {
 		return nil, err
@@ -98,6 +111,24 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 	ab := bcastIndex(ash[:len(ash)-2], batch)
 	bb := bcastIndex(bsh[:len(bsh)-2], batch)
 	nb := numel(batch)
+	aoff := func(ai int) int { return ai * M * K }
+	boff := func(bi int) int { return bi * K * N }
+	abuf, bbuf := a.F32, b.F32
+	if a.lazy != nil {
+		abuf, aoff = a.lazy.src.F32, func(ai int) int { return a.lazy.offs[ai] }
+	}
+	if b.lazy != nil {
+		bbuf, boff = b.lazy.src.F32, func(bi int) int { return b.lazy.offs[bi] }
+	}
+	// Batches whose two matrices equal an earlier batch's (the same
+	// gathered slab, the same bits) are computed once and copied.
+	var akey, bkey []int
+	if nb > 1 && a.kind() == kF32 {
+		akey = batchKeys(a, numel(ash[:len(ash)-2]), M*K)
+		bkey = batchKeys(b, numel(bsh[:len(bsh)-2]), K*N)
+	}
+	var dups [][2]int // (batch, batch it copies)
+	seen := map[[2]int]int{}
 	jobs := make([]matmulJob, 0, nb)
 	for i := 0; i < nb; i++ {
 		ai, bi := i, i
@@ -107,7 +138,21 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		if bb != nil {
 			bi = bb[i]
 		}
-		jobs = append(jobs, matmulJob{ao: ai * M * K, bo: bi * K * N, co: i * M * N, r0: 0, r1: M, c0: 0, c1: N})
+		if akey != nil || bkey != nil {
+			k := [2]int{-1, -1}
+			if akey != nil {
+				k[0] = akey[ai]
+			}
+			if bkey != nil {
+				k[1] = bkey[bi]
+			}
+			if j, ok := seen[k]; ok {
+				dups = append(dups, [2]int{i, j})
+				continue
+			}
+			seen[k] = i
+		}
+		jobs = append(jobs, matmulJob{ao: aoff(ai), bo: boff(bi), co: i * M * N, r0: 0, r1: M, c0: 0, c1: N})
 	}
 	// split rows (then columns, in blocks of 64) when there are fewer
 	// batches than threads and the work is worth it.
@@ -138,7 +183,7 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		rows := j.r1 - j.r0
 		switch a.kind() {
 		case kF32:
-			gemmF32Cols(a.F32[j.ao+j.r0*K:j.ao+j.r1*K], b.F32[j.bo:j.bo+K*N], out.F32[j.co+j.r0*N:j.co+j.r1*N], rows, K, N, j.c0, j.c1)
+			gemmF32Cols(abuf[j.ao+j.r0*K:j.ao+j.r1*K], bbuf[j.bo:j.bo+K*N], out.F32[j.co+j.r0*N:j.co+j.r1*N], rows, K, N, j.c0, j.c1)
 		case kF64:
 			gemmGeneric(a.F64[j.ao+j.r0*K:j.ao+j.r1*K], b.F64[j.bo:j.bo+K*N], out.F64[j.co+j.r0*N:j.co+j.r1*N], rows, K, N, j.c0, j.c1)
 		case kI64:
@@ -171,6 +216,9 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		}
 		close(ch)
 		wg.Wait()
+	}
+	for _, d := range dups {
+		copy(out.F32[d[0]*M*N:(d[0]+1)*M*N], out.F32[d[1]*M*N:(d[1]+1)*M*N])
 	}
 	// drop promoted dims of 1-D operands
 	final := append([]int{}, batch...)
@@ -257,4 +305,61 @@ func scale(t *Tensor, s float64) {
 func init() {
 	builtin("", kMatMul, "MatMul")
 	builtin("", kGemm, "Gemm")
+}
+
+// batchKeys names each of the n batch matrices (size elements) of a float
+// operand so that equal keys mean equal matrices: a lazy operand's slab
+// offset, else its content class (slabClasses). It returns nil for one
+// batch (broadcast) or non-float data.
+func batchKeys(t *Tensor, n, size int) []int {
+	if n <= 1 || t.kind() != kF32 {
+		return nil
+	}
+	if t.lazy != nil {
+		return t.lazy.offs
+	}
+	cls, _ := slabClasses(n, size, func(i int) []float32 { return t.F32[i*size : (i+1)*size] })
+	return cls
+}
+
+// matmulDistinctRows multiplies a [..., M, K] by a 2-D b [K, N] computing
+// each distinct row of a (bit for bit) once: rows of a are independent, so
+// equal rows give equal results. It returns ok false, and does nothing,
+// when that does not apply or a has no repeated row.
+func matmulDistinctRows(c *OpContext, a, b *Tensor, ash, bsh, shape []int) (*Tensor, bool, error) {
+	if len(bsh) != 2 || a.kind() != kF32 || a.lazy != nil || b.lazy != nil || a.Rank() == 1 || b.Rank() == 1 {
+		return nil, false, nil
+	}
+	K, N := bsh[0], bsh[1]
+	rows := numel(ash[:len(ash)-1])
+	if rows < 8 || N < 8 || K == 0 {
+		return nil, false, nil
+	}
+	cls, d := slabClasses(rows, K, func(i int) []float32 { return a.F32[i*K : (i+1)*K] })
+	if d == rows {
+		return nil, false, nil
+	}
+	out, err := c.alloc(a.DType, shape)
+	if err != nil {
+		return nil, true, err
+	}
+	ca, err := c.alloc(a.DType, []int{d, K})
+	if err != nil {
+		return nil, true, err
+	}
+	from := make([]int, d)
+	for i := rows - 1; i >= 0; i-- {
+		from[cls[i]] = i
+	}
+	for j, i := range from {
+		copy(ca.F32[j*K:(j+1)*K], a.F32[i*K:(i+1)*K])
+	}
+	cy, err := matmul(c, ca, b)
+	if err != nil {
+		return nil, true, err
+	}
+	for i, k := range cls {
+		copy(out.F32[i*N:(i+1)*N], cy.F32[k*N:(k+1)*N])
+	}
+	return out, true, nil
 }

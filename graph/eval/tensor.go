@@ -38,6 +38,9 @@ type Tensor struct {
 	Bool []bool
 	// Str holds STRING data.
 	Str []string
+	// lazy, when set, holds the data as slabs of another tensor (F32 is
+	// then nil); only lazy-aware kernels see such tensors.
+	lazy *gathered
 }
 
 // kind is the storage class of a data type.
@@ -170,6 +173,9 @@ func (t *Tensor) kind() kind { return kindOf(t.DType) }
 
 // Len returns the number of elements.
 func (t *Tensor) Len() int {
+	if t.lazy != nil {
+		return len(t.lazy.offs) * t.lazy.slab
+	}
 	switch t.kind() {
 	case kF32:
 		return len(t.F32)
@@ -191,6 +197,9 @@ func (t *Tensor) Rank() int { return len(t.Shape) }
 // ByteSize estimates the memory the tensor's data occupies in this
 // interpreter (not its ONNX storage size).
 func (t *Tensor) ByteSize() int64 {
+	if t.lazy != nil {
+		return 8 * int64(len(t.lazy.offs))
+	}
 	switch t.kind() {
 	case kF32:
 		return 4 * int64(len(t.F32))
@@ -378,10 +387,3 @@ func isNarrow(dt pb.TensorProto_DataType) bool {
 	return false
 }
 
-func isUnsigned(dt pb.TensorProto_DataType) bool {
-	switch dt {
-	case pb.TensorProto_UINT8, pb.TensorProto_UINT16, pb.TensorProto_UINT32, pb.TensorProto_UINT64:
-		return true
-	}
-	return false
-}
