@@ -386,4 +386,3 @@ func isNarrow(dt pb.TensorProto_DataType) bool {
 	}
 	return false
 }
-
