@@ -1,0 +1,235 @@
+"""Export tiny random-initialised MoE blocks and decoders from Hugging Face
+transformers to ONNX with PyTorch's own exporters, and record ONNX Runtime
+outputs as golden data (ONNX test_data_set layout).
+
+The graphs are what real export pipelines produce; nobody on the project wrote
+them. Runs where torch + transformers + onnx + onnxruntime are installed.
+
+usage: python3 export_moe.py OUTDIR [family ...]
+Importable: the block classes, fams(), find_moe, First, set_sizes, set_experts_impl and
+save_case are reused by export_producers.py; importing runs nothing.
+Sizes and modes come from the environment: MOE_H (hidden, 64), MOE_I (intermediate, 128),
+MOE_MI (MoE intermediate, 32), MOE_E (experts, 8), MOE_K (top-k, 2), MOE_L (layers, 2),
+MOE_B / MOE_T (batch 2, tokens 8), MOE_WHAT (block,full), MOE_EXPORTERS (dynamo,torchscript).
+"""
+import json, os, sys, traceback, time
+import numpy as np
+import torch
+import transformers
+import onnx
+from onnx import numpy_helper
+import onnxruntime as ort
+
+H, I, MI, E, K, L, V = (int(os.environ.get(k, d)) for k, d in
+                         (("MOE_H", 64), ("MOE_I", 128), ("MOE_MI", 32), ("MOE_E", 8), ("MOE_K", 2), ("MOE_L", 2), ("MOE_V", 128)))
+common = dict(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
+              num_attention_heads=4, num_key_value_heads=2, vocab_size=V,
+              max_position_embeddings=128, head_dim=16)
+
+
+def set_sizes(**kw):
+    """Change the module-wide sizes (H, I, MI, E, K, L, V) that the block classes and fams() read."""
+    g = globals()
+    for k, v in kw.items():
+        if k not in ("H", "I", "MI", "E", "K", "L", "V"):
+            raise KeyError(k)
+        g[k] = int(v)
+    common.update(hidden_size=g["H"], intermediate_size=g["I"], num_hidden_layers=g["L"], vocab_size=g["V"])
+
+
+def set_experts_impl(model, impl):
+    """Select transformers' experts implementation (None: eager loop) on a model and its submodules."""
+    model.config._experts_implementation = impl or "eager"
+    for mm_ in model.modules():
+        if hasattr(mm_, "config") and mm_ is not model:
+            try: mm_.config._experts_implementation = impl or "eager"
+            except Exception: pass
+
+
+class _HF4Expert(torch.nn.Module):
+    """Per-expert SwiGLU MLP laid out as transformers 4.x did (w1 gate, w3 up, w2 down)."""
+    def __init__(s):
+        super().__init__()
+        s.w1 = torch.nn.Linear(H, I, bias=False); s.w3 = torch.nn.Linear(H, I, bias=False); s.w2 = torch.nn.Linear(I, H, bias=False)
+    def forward(s, x):
+        return s.w2(torch.nn.functional.silu(s.w1(x)) * s.w3(x))
+
+class HF4SparseMoe(torch.nn.Module):
+    """The transformers 4.x Mixtral sparse block: softmax -> topk -> renormalise -> loop over experts."""
+    def __init__(s, shared=False):
+        super().__init__()
+        s.gate = torch.nn.Linear(H, E, bias=False)
+        s.experts = torch.nn.ModuleList([_HF4Expert() for _ in range(E)])
+        s.shared = _HF4Expert() if shared else None
+        s.shared_gate = torch.nn.Linear(H, 1, bias=False) if shared else None
+    def forward(s, x):
+        b, t, h = x.shape
+        x = x.view(-1, h)
+        logits = s.gate(x)
+        w = torch.softmax(logits, dim=1, dtype=torch.float)
+        w, sel = torch.topk(w, K, dim=-1)
+        w = w / w.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        mask = torch.nn.functional.one_hot(sel, num_classes=E).permute(2, 1, 0)
+        for e in range(E):
+            idx, top = torch.where(mask[e])
+            cur = x[None, top].reshape(-1, h)
+            y = s.experts[e](cur) * w[top, idx, None]
+            out.index_add_(0, top, y)
+        if s.shared is not None:
+            out = out + torch.sigmoid(s.shared_gate(x)) * s.shared(x)
+        return out.reshape(b, t, h)
+
+class DenseMoe(torch.nn.Module):
+    """Export-friendly dense form: every expert runs on every token, weighted by a scattered routing matrix."""
+    def __init__(s):
+        super().__init__()
+        s.gate = torch.nn.Linear(H, E, bias=False)
+        s.w_gate = torch.nn.Parameter(torch.randn(E, H, I) * 0.05)
+        s.w_up = torch.nn.Parameter(torch.randn(E, H, I) * 0.05)
+        s.w_down = torch.nn.Parameter(torch.randn(E, I, H) * 0.05)
+    def forward(s, x):
+        b, t, h = x.shape
+        x = x.reshape(-1, h)
+        p = torch.softmax(s.gate(x), dim=-1)
+        w, sel = torch.topk(p, K, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        r = torch.zeros_like(p).scatter(1, sel, w)            # [T, E]
+        xe = x.unsqueeze(0).expand(E, -1, -1)                  # [E, T, H]
+        y = torch.bmm(torch.nn.functional.silu(torch.bmm(xe, s.w_gate)) * torch.bmm(xe, s.w_up), s.w_down)  # [E, T, H]
+        return (y * r.t().unsqueeze(-1)).sum(0).reshape(b, t, h)
+
+class _Hold(torch.nn.Module):
+    def __init__(s, blk):
+        super().__init__(); s.blk = blk; s.config = transformers.PretrainedConfig()
+    def forward(s, input_ids=None, use_cache=False):
+        raise RuntimeError("block-only family")
+
+def fams():
+    t = transformers
+    yield "hf4_mixtral", None, HF4SparseMoe
+    yield "hf4_qwen2_shared", None, (lambda: HF4SparseMoe(shared=True))
+    yield "dense_topk", None, DenseMoe
+    yield "mixtral", lambda: t.MixtralConfig(**common, num_local_experts=E, num_experts_per_tok=K), "MixtralForCausalLM"
+    yield "qwen2_moe", lambda: t.Qwen2MoeConfig(**common, num_experts=E, num_experts_per_tok=K, moe_intermediate_size=MI,
+                                               shared_expert_intermediate_size=I, decoder_sparse_step=1, norm_topk_prob=False), "Qwen2MoeForCausalLM"
+    yield "qwen3_moe", lambda: t.Qwen3MoeConfig(**common, num_experts=E, num_experts_per_tok=K, moe_intermediate_size=MI,
+                                               decoder_sparse_step=1, norm_topk_prob=True), "Qwen3MoeForCausalLM"
+    yield "olmoe", lambda: t.OlmoeConfig(**common, num_experts=E, num_experts_per_tok=K), "OlmoeForCausalLM"
+    yield "deepseek_v3", lambda: t.DeepseekV3Config(**{k: v for k, v in common.items() if k != "head_dim"},
+                                                   n_routed_experts=E, num_experts_per_tok=K, moe_intermediate_size=MI,
+                                                   n_shared_experts=1, first_k_dense_replace=0, n_group=2, topk_group=1,
+                                                   q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                                   v_head_dim=16, routed_scaling_factor=2.5, norm_topk_prob=True), "DeepseekV3ForCausalLM"
+    yield "gpt_oss", lambda: t.GptOssConfig(**common, num_local_experts=E, num_experts_per_tok=K,
+                                           layer_types=["full_attention"] * L), "GptOssForCausalLM"
+    yield "phimoe", lambda: t.PhimoeConfig(**common, num_local_experts=E, num_experts_per_tok=K), "PhimoeForCausalLM"
+    yield "granitemoe", lambda: t.GraniteMoeConfig(**common, num_local_experts=E, num_experts_per_tok=K), "GraniteMoeForCausalLM"
+    yield "llama4", lambda: t.Llama4TextConfig(**common, num_local_experts=E, num_experts_per_tok=1,
+                                              intermediate_size_mlp=I, interleave_moe_layer_step=1), "Llama4ForCausalLM"
+    yield "glm4_moe", lambda: t.Glm4MoeConfig(**common, n_routed_experts=E, num_experts_per_tok=K, moe_intermediate_size=MI,
+                                             n_shared_experts=1, first_k_dense_replace=0, n_group=1, topk_group=1), "Glm4MoeForCausalLM"
+    yield "ernie4_5_moe", lambda: t.Ernie4_5_MoeConfig(**common, moe_num_experts=E, moe_k=K, moe_intermediate_size=MI,
+                                                      moe_num_shared_experts=1, moe_layer_start_index=0), "Ernie4_5_MoeForCausalLM"
+
+def find_moe(model):
+    for name, m in model.named_modules():
+        if hasattr(m, "experts") and not isinstance(m, torch.nn.ModuleList):
+            return name, m
+    return None, None
+
+class First(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__(); self.m = m
+    def forward(self, x):
+        y = self.m(x)
+        if isinstance(y, tuple):
+            y = y[0]
+        return y
+
+def save_case(path_onnx, feeds, tag, index=0):
+    """Run path_onnx on feeds with ONNX Runtime (CPU EP) and write TAG_data/test_data_set_INDEX."""
+    sess = ort.InferenceSession(path_onnx, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    outs = sess.run(None, {n: feeds[j] for j, n in enumerate(names)})
+    d = os.path.join(os.path.dirname(path_onnx), tag + "_data", f"test_data_set_{index}")
+    os.makedirs(d, exist_ok=True)
+    for j, n in enumerate(names):
+        t = numpy_helper.from_array(feeds[j], n)
+        open(os.path.join(d, f"input_{j}.pb"), "wb").write(t.SerializeToString())
+    for j, (o, meta) in enumerate(zip(outs, sess.get_outputs())):
+        t = numpy_helper.from_array(np.asarray(o), meta.name)
+        open(os.path.join(d, f"output_{j}.pb"), "wb").write(t.SerializeToString())
+    return outs
+
+def main():
+    OUT = sys.argv[1]
+    ONLY = set(sys.argv[2:])
+    os.makedirs(OUT, exist_ok=True)
+    manifest = {"versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                             "onnx": onnx.__version__, "onnxruntime": ort.__version__}, "cases": []}
+    for fam, mkcfg, clsname in fams():
+        if ONLY and fam not in ONLY:
+            continue
+        rec = {"family": fam}
+        try:
+            torch.manual_seed(0)
+            if mkcfg is None:
+                moe = clsname().eval(); name = "block"; model = _Hold(moe); cfg = model.config
+            else:
+                cfg = mkcfg()
+                model = getattr(transformers, clsname)(cfg).eval().float()
+                name, moe = find_moe(model)
+            rec["moe_module"] = name
+            rec["moe_class"] = type(moe).__name__ if moe is not None else None
+            rec["config"] = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool)) and ("expert" in k or "moe" in k or "top" in k or "k" == k or "group" in k or "scal" in k or "norm" in k)}
+        except Exception as e:
+            rec["error_build"] = repr(e)[:500]
+            manifest["cases"].append(rec); print(fam, "BUILD FAIL", repr(e)[:300], flush=True); continue
+        x = torch.randn(int(os.environ.get("MOE_B", 2)), int(os.environ.get("MOE_T", 8)), H)
+        IMPLS = [None] if mkcfg is None else [None, "batched_mm", "grouped_mm"]
+        for exporter in tuple(os.environ.get("MOE_EXPORTERS", "dynamo,torchscript").split(",")):
+            for what in (("block",) if mkcfg is None else tuple(os.environ.get("MOE_WHAT", "block,full").split(","))):
+              for impl in IMPLS:
+                tag = f"{fam}_{what}_{exporter}" + (f"_{impl}" if impl else "")
+                p = os.path.join(OUT, tag + ".onnx")
+                t0 = time.time()
+                try:
+                    if mkcfg is not None:
+                        set_experts_impl(model, impl)
+                    if what == "block":
+                        mod, args, inames, onames = First(moe), (x,), ["hidden_states"], ["moe_out"]
+                    else:
+                        ids = torch.randint(0, V, (x.shape[0], x.shape[1]))
+                        class Full(torch.nn.Module):
+                            def __init__(s, m): super().__init__(); s.m = m
+                            def forward(s, input_ids): return s.m(input_ids=input_ids, use_cache=False).logits
+                        mod, args, inames, onames = Full(model), (ids,), ["input_ids"], ["logits"]
+                    with torch.no_grad():
+                        ref = mod(*args).numpy()
+                        torch.onnx.export(mod, args, p, input_names=inames, output_names=onames,
+                                          dynamo=(exporter == "dynamo"), opset_version=18 if exporter == "dynamo" else 17,
+                                          external_data=False)
+                    m = onnx.load(p)
+                    ops = {}
+                    for n in m.graph.node:
+                        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+                    outs = save_case(p, [a.numpy() for a in args], tag)
+                    err = float(np.abs(outs[0] - ref).max())
+                    rec[tag] = {"ok": True, "nodes": len(m.graph.node), "ops": ops, "max_abs_err_vs_torch": err,
+                                "bytes": os.path.getsize(p), "s": round(time.time() - t0, 1), "functions": len(m.functions)}
+                    print(tag, "OK nodes", len(m.graph.node), "err", err, "ops", sorted(ops.items(), key=lambda kv: -kv[1])[:12], flush=True)
+                    break
+                except Exception as e:
+                    c = e
+                    while c.__cause__ is not None: c = c.__cause__
+                    rec[tag] = {"ok": False, "error": repr(c)[:1200], "s": round(time.time() - t0, 1)}
+                    print(tag, "FAIL", repr(c)[:600], flush=True)
+                    if os.path.exists(p): os.remove(p)
+        manifest["cases"].append(rec)
+    json.dump(manifest, open(os.path.join(OUT, "manifest.json"), "w"), indent=1)
+    print("done")
+
+
+if __name__ == "__main__":
+    main()
