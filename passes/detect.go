@@ -372,7 +372,8 @@ func (c *ctx) isAuxTopK(n *pb.NodeProto) bool {
 		for i := len(c.topo) - 1; i >= 0; i-- {
 			switch c.topo[i].GetOpType() {
 			case "TopK":
-				c.auxTopK[i] = true
+				// A sort of the selected expert ids permutes, not selects.
+				c.auxTopK[i] = !c.isSortTopK(c.topo[i])
 				continue
 			case "MatMul", "Gemm":
 				continue
@@ -380,7 +381,7 @@ func (c *ctx) isAuxTopK(n *pb.NodeProto) bool {
 			c.auxTopK[i] = c.feedsTopK(c.d.outVal[c.d.outOff[i]:c.d.outOff[i+1]])
 		}
 	}
-	return c.feedsTopK(c.valueIDs(n.Output...))
+	return c.isSortTopK(n) || c.feedsTopK(c.valueIDs(n.Output...))
 }
 
 // feedsTopK reports whether a consumer of the values outs (value numbers)

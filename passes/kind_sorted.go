@@ -1,0 +1,699 @@
+package passes
+
+import (
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+)
+
+// KindSorted is sort-based grouped dispatch (the MegaBlocks shape, as
+// JetMoE's and GraniteMoE's ParallelExperts write it): the token/expert
+// pairs are sorted by expert id, the tokens gathered in that order and split
+// into one contiguous group per expert by the per-expert counts, each group
+// goes through its expert's projections, and the weighted results are
+// scattered back to token order with an additive scatter.
+const KindSorted = "sorted"
+
+// sortedDispatch is the dispatch machinery of a sort-based block.
+type sortedDispatch struct {
+	sort   *pb.NodeProto // TopK(largest=0) over the flattened expert ids
+	perm   string        // the sort's permutation of the token/expert pairs
+	tok    string        // token of each sorted pair (perm div top_k)
+	gates  string        // routing weight of each sorted pair
+	xs     string        // the tokens gathered in sorted order
+	counts string        // per-expert pair counts (the group sizes)
+}
+
+// isSortTopK reports whether n sorts the expert ids another TopK selected:
+// a TopK with largest=0 whose input is (through noise) a TopK's indices.
+// Such a TopK permutes the token/expert pairs; it selects nothing.
+func (c *ctx) isSortTopK(n *pb.NodeProto) bool {
+	if n.GetOpType() != "TopK" || n.GetDomain() != "" || graph.AttrInt(n, "largest", 1) != 0 || len(n.Input) < 1 {
+		return false
+	}
+	v := c.through(n.Input[0])
+	p := c.g.Producer(v)
+	return p != nil && p.GetOpType() == "TopK" && len(p.Output) > 1 && p.Output[1] == v
+}
+
+// consumersThrough lists the consumers of v and of values derived from it
+// by noise ops, leaving out the noise ops themselves.
+func (c *ctx) consumersThrough(v string) []*pb.NodeProto {
+	var out []*pb.NodeProto
+	seen := map[string]bool{}
+	stack := []string{v}
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if seen[x] {
+			continue
+		}
+		seen[x] = true
+		for _, n := range c.g.Consumers(x) {
+			if noiseOps[n.GetOpType()] && len(n.Input) > 0 && n.Input[0] == x {
+				stack = append(stack, n.Output...)
+				continue
+			}
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// sortOf returns the TopK that sorts tk's expert ids, or nil when tk's
+// indices are not sorted (not a sort-based block).
+func (c *ctx) sortOf(tk *pb.NodeProto) *pb.NodeProto {
+	if len(tk.Output) < 2 {
+		return nil
+	}
+	var found *pb.NodeProto
+	for _, n := range c.consumersThrough(tk.Output[1]) {
+		if c.inLimit(n) && c.isSortTopK(n) {
+			if found != nil && found != n {
+				fail("the expert ids are sorted twice (%q and %q)", graph.NodeLabel(found), graph.NodeLabel(n))
+			}
+			found = n
+		}
+	}
+	return found
+}
+
+// sortedTag says where a value stands in a sort-based block's expert
+// pipeline: its stage (0: the gathered tokens, 1: after the first
+// projection(s), 2: after the down projection, 3: weighted by the routing
+// weights) and the expert group it holds (-1: every sorted pair).
+type sortedTag struct{ stage, seg int }
+
+// sortedExperts reads a sort-based block's experts: it checks that the
+// dispatch permutes, groups and scatters back the token/expert pairs
+// consistently, and fills plan with each expert's weights (see KindSorted).
+func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
+	E, k := s.NumExperts, s.TopK
+	sd := &sortedDispatch{sort: sortTK}
+	if len(sortTK.Output) < 2 || len(sortTK.Input) < 2 {
+		fail("sort %q lacks its permutation output", graph.NodeLabel(sortTK))
+	}
+	if ax := graph.AttrInt(sortTK, "axis", -1); ax != 0 && ax != -1 {
+		fail("sort %q runs along axis %d, not over the flattened pairs", graph.NodeLabel(sortTK), ax)
+	}
+	if graph.AttrInt(sortTK, "sorted", 1) != 1 {
+		fail("sort %q does not order its output", graph.NodeLabel(sortTK))
+	}
+	if r := c.rankOf(c.through(sortTK.Input[0])); r > 1 || !c.flattens(sortTK.Input[0]) {
+		fail("sort %q does not sort the flattened token/expert pairs", graph.NodeLabel(sortTK))
+	}
+	sd.perm = sortTK.Output[1]
+
+	// The permutation gives each sorted pair its token (perm div k) and its
+	// routing weight (the flattened weights gathered by perm).
+	for _, n := range c.consumersThrough(sd.perm) {
+		if !c.inLimit(n) {
+			continue
+		}
+		switch n.GetOpType() {
+		case "Div":
+			if c.through(n.Input[0]) != c.through(sd.perm) {
+				fail("%q divides by the sort permutation", graph.NodeLabel(n))
+			}
+			if d, ok := c.scalarInt(n.Input[1]); !ok || int(d) != k {
+				fail("%q divides the sort permutation by %v, not by top_k %d: not the pairs' tokens", graph.NodeLabel(n), d, k)
+			}
+			c.setOnce(&sd.tok, n.Output[0], "token index")
+		case "Gather":
+			if graph.AttrInt(n, "axis", 0) != 0 || c.through(n.Input[1]) != c.through(sd.perm) {
+				fail("%q gathers by the sort permutation along another axis", graph.NodeLabel(n))
+			}
+			if k == 1 && c.through(n.Input[0]) == c.through(ri.x) {
+				c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
+				sd.tok = sd.perm
+				continue
+			}
+			if !c.flattens(n.Input[0]) || !c.isRoutingWeights(tk, ri, n.Input[0]) {
+				fail("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
+			}
+			c.setOnce(&sd.gates, n.Output[0], "sorted routing weights")
+		case "Shape", "Size":
+		default:
+			fail("unexpected %s %q reads the sort permutation", n.GetOpType(), graph.NodeLabel(n))
+		}
+	}
+	if sd.tok == "" && k == 1 {
+		sd.tok = sd.perm
+	}
+	if sd.tok == "" || sd.gates == "" {
+		fail("the sort permutation does not give both the pairs' tokens (a division by top_k) and their routing weights")
+	}
+	// The tokens gathered in sorted order, and the scatter back.
+	var scatter *pb.NodeProto
+	for _, n := range c.consumersThrough(sd.tok) {
+		if !c.inLimit(n) {
+			continue
+		}
+		switch n.GetOpType() {
+		case "Gather":
+			if graph.AttrInt(n, "axis", 0) == 0 && c.through(n.Input[1]) == c.through(sd.tok) && c.through(n.Input[0]) == c.through(ri.x) {
+				c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
+				continue
+			}
+			if sd.tok != sd.perm { // with top_k 1 the permutation also gathers the weights
+				fail("%q gathers by the pairs' tokens something other than the router's input", graph.NodeLabel(n))
+			}
+		case "ScatterND", "ScatterElements", "Expand":
+			// checked from the scatter below
+		case "Shape", "Size":
+		default:
+			if sd.tok != sd.perm {
+				fail("unexpected %s %q reads the pairs' tokens", n.GetOpType(), graph.NodeLabel(n))
+			}
+		}
+	}
+	if sd.xs == "" {
+		fail("the tokens are not gathered in sorted order")
+	}
+
+	// Follow the gathered tokens through the per-expert groups.
+	tags := map[string]sortedTag{sd.xs: {0, -1}}
+	type segMM struct{ l1, l2 []*emm }
+	segs := make([]segMM, E)
+	concatOf := map[string]string{} // group value -> the Concat output that joins the groups
+	for _, n := range c.forwardNodes(sd.xs) {
+		var in []sortedTag
+		tagged := -1
+		for i, v := range n.Input {
+			if t, ok := tags[v]; ok && v != "" {
+				in = append(in, t)
+				if tagged < 0 {
+					tagged = i
+				}
+			}
+		}
+		if len(in) == 0 {
+			continue
+		}
+		t0 := in[0]
+		for _, t := range in[1:] {
+			if t.stage != t0.stage || t.seg != t0.seg && n.GetOpType() != "Concat" {
+				fail("%q mixes values of different expert groups or stages", graph.NodeLabel(n))
+			}
+		}
+		set := func(t sortedTag, outs ...string) {
+			for _, o := range outs {
+				if o != "" {
+					tags[o] = t
+				}
+			}
+		}
+		op := n.GetOpType()
+		switch {
+		case op == "Shape" || op == "Size":
+			continue
+		case op == "Identity" || op == "Cast":
+			set(t0, n.Output...)
+		case op == "Split" && c.splitAxis(n) == 0:
+			if t0.seg != -1 || tagged != 0 || len(n.Input) < 2 || len(n.Output) != E {
+				fail("%q splits the sorted pairs into %d parts, not by the %d experts' counts", graph.NodeLabel(n), len(n.Output), E)
+			}
+			cnt := c.countsOf(n.Input[1], tk.Output[1], E)
+			c.setOnce(&sd.counts, cnt, "per-expert counts")
+			for e, o := range n.Output {
+				set(sortedTag{t0.stage, e}, o)
+			}
+		case op == "Concat" && c.concatAxis(n) == 0:
+			if len(n.Input) != E || len(in) != E {
+				fail("%q joins %d parts, not the %d expert groups", graph.NodeLabel(n), len(n.Input), E)
+			}
+			for e, v := range n.Input {
+				if tags[v].seg != e {
+					fail("%q joins the expert groups out of order", graph.NodeLabel(n))
+				}
+			}
+			for _, v := range n.Input {
+				concatOf[v] = n.Output[0]
+			}
+			set(sortedTag{t0.stage, -1}, n.Output...)
+		case op == "MatMul" || op == "Gemm":
+			e := c.expertMatMul(n)
+			if e == nil || e.act != n.Input[tagged] {
+				fail("%q multiplies expert activations by something other than a constant weight", graph.NodeLabel(n))
+			}
+			if t0.seg < 0 {
+				fail("%q projects every sorted pair with one weight, not one expert's group", graph.NodeLabel(n))
+			}
+			switch t0.stage {
+			case 0:
+				segs[t0.seg].l1 = append(segs[t0.seg].l1, e)
+			case 1:
+				segs[t0.seg].l2 = append(segs[t0.seg].l2, e)
+			default:
+				fail("%q is a third projection after the expert's down projection", graph.NodeLabel(n))
+			}
+			set(sortedTag{t0.stage + 1, t0.seg}, n.Output...)
+		case t0.stage == 1 && (sortedElementwise[op] || op == "Split" || op == "Slice"):
+			if op == "Split" || op == "Slice" {
+				if tagged != 0 || !c.lastAxisOnly(n) {
+					fail("%q cuts expert activations along an axis other than the last", graph.NodeLabel(n))
+				}
+			} else {
+				for i, v := range n.Input {
+					if _, ok := tags[v]; !ok && v != "" && !c.isConst(v) {
+						fail("%q combines expert activations with the non-constant %q", graph.NodeLabel(n), n.Input[i])
+					}
+				}
+			}
+			set(t0, n.Output...)
+		case t0.stage == 2 && op == "Add" && t0.seg == -1:
+			// a bias shared by every expert (read by roles)
+			other := n.Input[1-tagged]
+			if !c.isConst(other) {
+				fail("%q adds the non-constant %q to the experts' outputs", graph.NodeLabel(n), other)
+			}
+			set(t0, n.Output...)
+		case t0.stage == 2 && op == "Mul" && t0.seg == -1 && len(n.Input) == 2:
+			if c.through(n.Input[1-tagged]) != c.through(sd.gates) {
+				fail("%q weights the experts' outputs by something other than the sorted routing weights", graph.NodeLabel(n))
+			}
+			set(sortedTag{3, -1}, n.Output...)
+		case t0.stage == 3 && (op == "ScatterND" || op == "ScatterElements") && tagged == 2:
+			if scatter != nil {
+				fail("the weighted expert outputs are scattered twice")
+			}
+			scatter = n
+		default:
+			fail("unexpected %s %q in the expert pipeline of a sort-based block (stage %d)", op, graph.NodeLabel(n), t0.stage)
+		}
+	}
+	if scatter == nil {
+		fail("the weighted expert outputs are not scattered back to token order")
+	}
+	c.checkScatterBack(scatter, sd.tok)
+	if c.combineInput(b.Output, shared) != scatter.Output[0] {
+		fail("the block output is not the scatter back to token order")
+	}
+	if sd.counts == "" {
+		fail("the sorted pairs are not split by the per-expert counts")
+	}
+	// lift: a group's value, or the Concat output joining all groups.
+	lift := func(v string) string {
+		for {
+			if o, ok := concatOf[v]; ok {
+				return o
+			}
+			cons := c.g.Consumers(v)
+			if len(cons) != 1 || (cons[0].GetOpType() != "Identity" && cons[0].GetOpType() != "Cast") {
+				return v
+			}
+			v = cons[0].Output[0]
+		}
+	}
+	plan.Experts = make([]ExpertProj, E)
+	for e := range E {
+		sg := segs[e]
+		if len(sg.l1) == 0 || len(sg.l1) > 2 || len(sg.l2) != 1 {
+			fail("expert %d's group has %d input and %d down projections, want 1 or 2 and 1", e, len(sg.l1), len(sg.l2))
+		}
+		l1 := make([]*emm, len(sg.l1))
+		for i, m := range sg.l1 {
+			cp := *m
+			cp.out = lift(m.out)
+			l1[i] = &cp
+		}
+		l2 := *sg.l2[0]
+		l2.out = lift(l2.out)
+		rs := c.roles(l1, &l2, s, e == 0)
+		mk := func(r *roleRef) *Proj {
+			if r == nil {
+				return nil
+			}
+			idx := -1
+			switch {
+			case r.w.sel == selConst:
+				idx = r.w.expert
+			case r.w.sel == selNone && (len(r.w.t.GetDims()) == 2 && !r.isBias || len(r.w.t.GetDims()) == 1 && r.isBias):
+			default:
+				fail("expert %d's weight %q is not one expert's matrix", e, r.w.t.GetName())
+			}
+			return &Proj{Init: r.w.t, Expert: idx, InOut: r.inOut, Part: r.part}
+		}
+		plan.Experts[e] = ExpertProj{Gate: mk(rs.gate), Up: mk(rs.up), Down: mk(rs.down), GateB: mk(rs.gateB), UpB: mk(rs.upB), DownB: mk(rs.downB)}
+	}
+	up := plan.Experts[0].Up
+	d := up.Init.GetDims()
+	out := int(d[len(d)-2])
+	if up.InOut {
+		out = int(d[len(d)-1])
+	}
+	if up.Part != PartWhole {
+		out /= 2
+	}
+	s.Inter = out
+	e0 := plan.Experts[0]
+	s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
+	return KindSorted
+}
+
+// sortedElementwise are the ops an activation between a sort-based
+// block's projections may use.
+var sortedElementwise = map[string]bool{
+	"Sigmoid": true, "Tanh": true, "Relu": true, "Erf": true, "Gelu": true, "Neg": true, "Exp": true, "Softplus": true,
+	"Mul": true, "Add": true, "Sub": true, "Div": true, "Min": true, "Max": true, "Clip": true, "Pow": true,
+}
+
+// setOnce sets *dst to v, failing when it already holds another value.
+func (c *ctx) setOnce(dst *string, v, what string) {
+	if *dst != "" && *dst != v {
+		fail("two candidates for the %s of a sort-based block (%q and %q)", what, *dst, v)
+	}
+	*dst = v
+}
+
+// flattens reports whether v is a flattening of a value to one axis: a
+// Reshape to [-1] (or a one-element shape), a Flatten, or a value of
+// declared rank 1.
+func (c *ctx) flattens(v string) bool {
+	for {
+		if c.rankOf(v) == 1 {
+			return true
+		}
+		p := c.g.Producer(v)
+		if p == nil {
+			return false
+		}
+		switch p.GetOpType() {
+		case "Reshape":
+			if sh := c.constInts(p.Input[1]); len(sh) == 1 {
+				return true
+			}
+			// a computed one-element shape
+			if c.rankOf(p.Output[0]) == 1 {
+				return true
+			}
+			return false
+		case "Identity", "Cast":
+			v = p.Input[0]
+		default:
+			return false
+		}
+	}
+}
+
+// isRoutingWeights reports whether v (through noise) is the routing
+// weights of tk's selection: computed from the top-k values, or gathered
+// from the activated scores by the top-k indices, with no expert compute.
+func (c *ctx) isRoutingWeights(tk *pb.NodeProto, ri *routerInfo, v string) bool {
+	v = c.through(v)
+	if v == c.through(tk.Output[0]) {
+		return true
+	}
+	p := c.g.Producer(v)
+	if p == nil {
+		return false
+	}
+	vals := c.reachFrom(tk.Output[0])
+	if vals.has(p) {
+		return true
+	}
+	return ri.scores != "" && p.GetOpType() == "GatherElements" && c.through(p.Input[0]) == c.through(ri.scores) && c.through(p.Input[1]) == c.through(tk.Output[1])
+}
+
+// splitAxis returns a Split's axis (normalised against a declared rank
+// where negative), or -99 when not a Split.
+func (c *ctx) splitAxis(n *pb.NodeProto) int {
+	if n.GetOpType() != "Split" {
+		return -99
+	}
+	return c.normAxis(n.Input[0], int(graph.AttrInt(n, "axis", 0)))
+}
+
+// concatAxis returns a Concat's axis, normalised like splitAxis.
+func (c *ctx) concatAxis(n *pb.NodeProto) int {
+	if len(n.Input) == 0 {
+		return -99
+	}
+	return c.normAxis(n.Input[0], int(graph.AttrInt(n, "axis", 0)))
+}
+
+// normAxis normalises a negative axis of v by its declared rank; the
+// sorted pairs are two-dimensional ([pairs, features]) when undeclared.
+func (c *ctx) normAxis(v string, ax int) int {
+	if ax >= 0 {
+		return ax
+	}
+	r := c.rankOf(v)
+	if r < 0 {
+		r = 2
+	}
+	return ax + r
+}
+
+// lastAxisOnly reports whether a Split or Slice cuts only the last axis of
+// its (two-dimensional, when undeclared) input.
+func (c *ctx) lastAxisOnly(n *pb.NodeProto) bool {
+	r := c.rankOf(n.Input[0])
+	if r < 0 {
+		r = 2
+	}
+	if n.GetOpType() == "Split" {
+		return c.normAxis(n.Input[0], int(graph.AttrInt(n, "axis", 0))) == r-1
+	}
+	// Slice: starts, ends[, axes[, steps]]
+	if len(n.Input) < 4 || n.Input[3] == "" {
+		return r == 1
+	}
+	axes := c.constInts(n.Input[3])
+	if len(axes) == 0 {
+		return false
+	}
+	for _, a := range axes {
+		if c.normAxis(n.Input[0], int(a)) != r-1 {
+			return false
+		}
+	}
+	return true
+}
+
+// countsOf checks that v, a Split's sizes, is the number of pairs routed to
+// each of the E experts, in expert order, counted from the top-k indices
+// idx, and returns the counts value. The counts are a sum over the tokens
+// (and top-k slots) of a one-hot of idx: ScatterElements of ones into
+// zeros along the expert axis, or OneHot; they may be listed element by
+// element (Gathers or Slices of the counts, concatenated in order).
+func (c *ctx) countsOf(v, idx string, E int) string {
+	v = c.through(v)
+	if p := c.g.Producer(v); p != nil && p.GetOpType() == "Concat" {
+		src := ""
+		for e, in := range p.Input {
+			q := c.producerOp(in)
+			var from string
+			switch {
+			case q != nil && q.GetOpType() == "Gather" && graph.AttrInt(q, "axis", 0) == 0:
+				if i, ok := c.scalarInt(q.Input[1]); !ok || int(i) != e {
+					fail("the split sizes list the counts out of order at %q", graph.NodeLabel(q))
+				}
+				from = c.through(q.Input[0])
+			case q != nil && q.GetOpType() == "Slice":
+				st, en := c.constInts(q.Input[1]), c.constInts(q.Input[2])
+				if len(st) != 1 || len(en) != 1 || int(st[0]) != e || int(en[0]) != e+1 {
+					fail("the split sizes list the counts out of order at %q", graph.NodeLabel(q))
+				}
+				from = c.through(q.Input[0])
+			default:
+				fail("the split sizes are not the per-expert counts (%q)", in)
+			}
+			if src != "" && src != from {
+				fail("the split sizes mix two count vectors")
+			}
+			src = from
+		}
+		if len(p.Input) != E {
+			fail("the split sizes list %d counts for %d experts", len(p.Input), E)
+		}
+		v = src
+	}
+	counts := v
+	reduced := map[int]bool{}
+	for steps := 0; steps < 8; steps++ {
+		p := c.g.Producer(v)
+		if p == nil {
+			break
+		}
+		switch p.GetOpType() {
+		case "Cast", "Identity", "Squeeze", "Reshape", "Flatten":
+			v = p.Input[0]
+			continue
+		case "ReduceSum":
+			var axes []int64
+			if len(p.Input) > 1 && p.Input[1] != "" {
+				axes = c.constInts(p.Input[1])
+			} else {
+				axes = graph.AttrInts(p, "axes")
+			}
+			if len(axes) == 0 {
+				fail("the per-expert counts reduce %q over all axes", graph.NodeLabel(p))
+			}
+			r := c.rankOf(p.Input[0])
+			for _, a := range axes {
+				if a < 0 && r > 0 {
+					a += int64(r)
+				}
+				reduced[int(a)] = true
+			}
+			v = p.Input[0]
+			continue
+		case "ScatterElements":
+			// ones scattered into [tokens, experts] zeros along the expert axis
+			ax := c.normAxis(p.Input[0], int(graph.AttrInt(p, "axis", 0)))
+			if ax != 1 || c.through(p.Input[1]) != c.through(idx) || !c.isFilled(p.Input[0], 0) || !c.isFilled(p.Input[2], 1) {
+				fail("%q is not a one-hot of the top-k indices", graph.NodeLabel(p))
+			}
+			if r := graph.AttrString(p, "reduction", "none"); r != "none" && r != "add" && r != "max" {
+				fail("%q scatters with reduction %s", graph.NodeLabel(p), r)
+			}
+			if len(reduced) != 1 || !reduced[0] {
+				fail("the per-expert counts do not sum the one-hot over the tokens")
+			}
+			return counts
+		case "OneHot":
+			vals := c.constFloatsAny(p.Input[2])
+			if c.through(p.Input[0]) != c.through(idx) || graph.AttrInt(p, "axis", -1) != -1 || len(vals) != 2 || vals[0] != 0 || vals[1] != 1 {
+				fail("%q is not a one-hot of the top-k indices", graph.NodeLabel(p))
+			}
+			if d, ok := c.scalarInt(p.Input[1]); !ok || int(d) != E {
+				fail("%q has depth other than the %d experts", graph.NodeLabel(p), E)
+			}
+			if len(reduced) != 2 || !reduced[0] || !reduced[1] {
+				fail("the per-expert counts do not sum the one-hot over the tokens and top-k slots")
+			}
+			return counts
+		}
+		break
+	}
+	fail("the split sizes are not per-expert counts of the top-k indices")
+	return ""
+}
+
+// constFloatsAny reads a small constant as float64s, whatever its numeric type.
+func (c *ctx) constFloatsAny(v string) []float64 {
+	t, b := c.constBytes(v, 16)
+	if t == nil {
+		return nil
+	}
+	if f := c.floatsOf(t, b); f != nil {
+		out := make([]float64, len(f))
+		for i, x := range f {
+			out[i] = float64(x)
+		}
+		return out
+	}
+	if is := intsOf(t, b); is != nil {
+		out := make([]float64, len(is))
+		for i, x := range is {
+			out[i] = float64(x)
+		}
+		return out
+	}
+	return nil
+}
+
+// isFilled reports whether v holds the value f everywhere: a constant whose
+// elements all equal f, ConstantOfShape with that value, or an Expand of
+// such a constant.
+func (c *ctx) isFilled(v string, f float64) bool {
+	v = c.through(v)
+	if t := c.constTensor(v); t != nil {
+		vals := c.constFloatsAny(v)
+		if vals == nil {
+			return false
+		}
+		for _, x := range vals {
+			if x != f {
+				return false
+			}
+		}
+		return len(vals) > 0
+	}
+	p := c.g.Producer(v)
+	if p == nil {
+		return false
+	}
+	switch p.GetOpType() {
+	case "ConstantOfShape":
+		t := graph.AttrTensor(p, "value")
+		if t == nil {
+			return f == 0
+		}
+		b, err := c.m.TensorBytes(t)
+		if err != nil {
+			return false
+		}
+		vals := c.floatsOf(t, b)
+		if vals != nil {
+			return len(vals) == 1 && float64(vals[0]) == f
+		}
+		is := intsOf(t, b)
+		return len(is) == 1 && float64(is[0]) == f
+	case "Expand":
+		return c.isFilled(p.Input[0], f)
+	case "Mul":
+		if f == 0 {
+			for _, in := range p.Input {
+				if x, ok := c.scalarFloat(in); ok && x == 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// checkScatterBack checks that n adds each weighted sorted pair into a zero
+// tensor at its token's row: ScatterND(zeros, tok as [pairs, 1], updates,
+// reduction=add), or ScatterElements along axis 0 with tok expanded over
+// the features and reduction=add.
+func (c *ctx) checkScatterBack(n *pb.NodeProto, tok string) {
+	if graph.AttrString(n, "reduction", "none") != "add" {
+		fail("%q scatters the expert outputs back without adding them up (reduction %q)", graph.NodeLabel(n), graph.AttrString(n, "reduction", "none"))
+	}
+	if !c.isFilled(n.Input[0], 0) {
+		fail("%q scatters the expert outputs into something other than zeros", graph.NodeLabel(n))
+	}
+	idx := n.Input[1]
+	switch n.GetOpType() {
+	case "ScatterND":
+		if c.through(idx) != c.through(tok) {
+			fail("%q scatters back to rows other than the sorted pairs' tokens", graph.NodeLabel(n))
+		}
+	case "ScatterElements":
+		if c.normAxis(n.Input[0], int(graph.AttrInt(n, "axis", 0))) != 0 {
+			fail("%q scatters back along an axis other than the tokens'", graph.NodeLabel(n))
+		}
+		p := c.producerOp(idx)
+		if p == nil || p.GetOpType() != "Expand" || c.through(p.Input[0]) != c.through(tok) {
+			fail("%q scatters back to rows other than the sorted pairs' tokens", graph.NodeLabel(n))
+		}
+	}
+}
+
+// combineInput walks back from a block output over noise and a
+// shared-expert Add to the value that combines the routed experts.
+func (c *ctx) combineInput(y string, shared map[*pb.NodeProto]bool) string {
+	for steps := 0; steps < 16; steps++ {
+		p := c.g.Producer(y)
+		if p == nil {
+			return y
+		}
+		switch {
+		case noiseOps[p.GetOpType()]:
+			y = p.Input[0]
+		case p.GetOpType() == "Add" && shared != nil && len(p.Input) == 2:
+			a := c.g.Producer(p.Input[0])
+			if a != nil && shared[a] {
+				y = p.Input[1]
+			} else {
+				y = p.Input[0]
+			}
+		default:
+			return y
+		}
+	}
+	return y
+}

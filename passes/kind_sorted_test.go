@@ -1,0 +1,304 @@
+package passes
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"strings"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+// sortedOpts shapes a synthetic sort-based (MegaBlocks-style) MoE block.
+type sortedOpts struct {
+	E, K, H, I, B, S int
+	gateSecond       bool   // the gate is the second half of the fused projection
+	separate         bool   // separate gate and up weights, activation per group
+	actThenTopK      bool   // softmax over all experts before the top-k
+	scatterElements  bool   // scatter back with ScatterElements instead of ScatterND
+	listCounts       bool   // split sizes listed count by count (Gather + Concat)
+	oneHot           bool   // counts from OneHot instead of ScatterElements
+	bias             bool   // an output bias after the scatter
+	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
+	breakSplit       string // "const": split by constant sizes
+	breakDiv         int    // divide the permutation by this instead of K
+}
+
+// sortedModel builds a sort-based block as JetMoE's ParallelExperts export
+// writes it (see KindSorted), with random weights from seed.
+func sortedModel(o sortedOpts, seed int64) *graph.Model {
+	r := rand.New(rand.NewSource(seed))
+	rnd := func(n int, scale float32) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = (r.Float32()*2 - 1) * scale
+		}
+		return v
+	}
+	E, K, H, I := o.E, o.K, o.H, o.I
+	var nodes []*pb.NodeProto
+	var inits []*pb.TensorProto
+	nn := 0
+	add := func(op string, in []string, nout int, attrs ...*pb.AttributeProto) []string {
+		nn++
+		outs := make([]string, nout)
+		for i := range outs {
+			outs[i] = fmt.Sprintf("v%d_%d", nn, i)
+		}
+		nodes = append(nodes, graph.NewNode(op, "", fmt.Sprintf("n%d", nn), in, outs, attrs...))
+		return outs
+	}
+	one := func(op string, in []string, attrs ...*pb.AttributeProto) string { return add(op, in, 1, attrs...)[0] }
+	ints := func(v ...int64) string {
+		name := fmt.Sprintf("c%d", len(inits))
+		inits = append(inits, moe.Int64Tensor(name, []int64{int64(len(v))}, v))
+		return name
+	}
+	scalarI := func(v int64) string {
+		name := fmt.Sprintf("c%d", len(inits))
+		inits = append(inits, moe.Int64Tensor(name, nil, []int64{v}))
+		return name
+	}
+	floats := func(dims []int64, v []float32) string {
+		name := fmt.Sprintf("w%d", len(inits))
+		inits = append(inits, moe.Float32Tensor(name, dims, v))
+		return name
+	}
+	zeroF := graph.TensorAttr("value", moe.Float32Tensor("", []int64{1}, []float32{0}))
+
+	x2 := one("Reshape", []string{"x", ints(-1, int64(H))})
+	logits := one("MatMul", []string{x2, floats([]int64{int64(H), int64(E)}, rnd(H*E, 1))})
+	var vals, idx, w string
+	if o.actThenTopK {
+		p := one("Softmax", []string{logits}, graph.IntAttr("axis", -1))
+		tk := add("TopK", []string{p, ints(int64(K))}, 2, graph.IntAttr("axis", -1))
+		vals, idx = tk[0], tk[1]
+		w = vals
+	} else {
+		tk := add("TopK", []string{logits, ints(int64(K))}, 2, graph.IntAttr("axis", -1))
+		vals, idx = tk[0], tk[1]
+		w = one("Softmax", []string{vals}, graph.IntAttr("axis", 1))
+	}
+	// per-expert counts
+	var counts string
+	if o.oneHot {
+		oh := one("OneHot", []string{idx, scalarI(int64(E)), floats([]int64{2}, []float32{0, 1})}, graph.IntAttr("axis", -1))
+		counts = one("Cast", []string{one("ReduceSum", []string{oh, ints(0, 1)}, graph.IntAttr("keepdims", 0))}, graph.IntAttr("to", int64(pb.TensorProto_INT64)))
+	} else {
+		z := one("ConstantOfShape", []string{one("Shape", []string{logits})}, zeroF)
+		ones := one("Expand", []string{floats(nil, []float32{1}), one("Shape", []string{idx})})
+		mh := one("ScatterElements", []string{z, idx, ones}, graph.IntAttr("axis", 1))
+		counts = one("ReduceSum", []string{one("Cast", []string{mh}, graph.IntAttr("to", int64(pb.TensorProto_INT64))), ints(0)}, graph.IntAttr("keepdims", 0))
+	}
+	if o.listCounts {
+		parts := make([]string, E)
+		for e := range E {
+			parts[e] = one("Unsqueeze", []string{one("Gather", []string{counts, scalarI(int64(e))}, graph.IntAttr("axis", 0)), ints(0)})
+		}
+		counts = one("Concat", parts, graph.IntAttr("axis", 0))
+	}
+	split := counts
+	if o.breakSplit == "const" {
+		per := int64(o.B * o.S * K / E)
+		sz := make([]int64, E)
+		for e := range sz {
+			sz[e] = per
+		}
+		sz[E-1] += int64(o.B*o.S*K) - per*int64(E)
+		split = ints(sz...)
+	}
+	flat := one("Reshape", []string{idx, ints(-1)})
+	st := add("TopK", []string{flat, one("Shape", []string{flat})}, 2, graph.IntAttr("axis", 0), graph.IntAttr("largest", 0))
+	perm := st[1]
+	div := int64(K)
+	if o.breakDiv != 0 {
+		div = int64(o.breakDiv)
+	}
+	tok := one("Div", []string{perm, scalarI(div)})
+	bg := one("Gather", []string{one("Reshape", []string{w, ints(-1)}), perm}, graph.IntAttr("axis", 0))
+	xs := one("Gather", []string{x2, tok}, graph.IntAttr("axis", 0))
+	segs := add("Split", []string{xs, split}, E, graph.IntAttr("axis", 0))
+	tr := graph.IntsAttr("perm", 1, 0)
+	perExpert := func(wName string, e int, in string) string {
+		we := one("Gather", []string{wName, scalarI(int64(e))}, graph.IntAttr("axis", 0))
+		return one("MatMul", []string{in, one("Transpose", []string{we}, tr)})
+	}
+	silu := func(g string) string { return one("Mul", []string{g, one("Sigmoid", []string{g})}) }
+	wOut := floats([]int64{int64(E), int64(H), int64(I)}, rnd(E*H*I, 0.5))
+	var outs []string
+	if o.separate {
+		wG := floats([]int64{int64(E), int64(I), int64(H)}, rnd(E*I*H, 0.5))
+		wU := floats([]int64{int64(E), int64(I), int64(H)}, rnd(E*I*H, 0.5))
+		for e := range E {
+			a := one("Mul", []string{silu(perExpert(wG, e, segs[e])), perExpert(wU, e, segs[e])})
+			outs = append(outs, perExpert(wOut, e, a))
+		}
+	} else {
+		wIn := floats([]int64{int64(E), int64(2 * I), int64(H)}, rnd(E*2*I*H, 0.5))
+		var hs []string
+		for e := range E {
+			hs = append(hs, perExpert(wIn, e, segs[e]))
+		}
+		h := one("Concat", hs, graph.IntAttr("axis", 0))
+		ch := add("Split", []string{h, ints(int64(I), int64(I))}, 2, graph.IntAttr("axis", -1))
+		g, u := ch[0], ch[1]
+		if o.gateSecond {
+			g, u = u, g
+		}
+		a := one("Mul", []string{silu(g), u})
+		as := add("Split", []string{a, split}, E, graph.IntAttr("axis", 0))
+		for e := range E {
+			outs = append(outs, perExpert(wOut, e, as[e]))
+		}
+	}
+	out := one("Concat", outs, graph.IntAttr("axis", 0))
+	ow := one("Mul", []string{out, one("Unsqueeze", []string{bg, ints(1)})})
+	zTH := one("ConstantOfShape", []string{one("Shape", []string{x2})}, zeroF)
+	back := tok
+	switch o.breakScatter {
+	case "perm":
+		back = perm
+	case "identity": // the pairs' tokens in unsorted order
+		n := one("Squeeze", []string{one("Shape", []string{flat}), ints(0)})
+		back = one("Div", []string{one("Range", []string{scalarI(0), n, scalarI(1)}), scalarI(int64(K))})
+	}
+	var sc string
+	if o.scatterElements {
+		ix := one("Expand", []string{one("Unsqueeze", []string{back, ints(1)}), one("Shape", []string{ow})})
+		sc = one("ScatterElements", []string{zTH, ix, ow}, graph.IntAttr("axis", 0), graph.StringAttr("reduction", "add"))
+	} else {
+		sc = one("ScatterND", []string{zTH, one("Unsqueeze", []string{back, ints(1)}), ow}, graph.StringAttr("reduction", "add"))
+	}
+	y := one("Reshape", []string{sc, one("Shape", []string{"x"})})
+	if o.bias {
+		y = one("Add", []string{y, floats([]int64{int64(H)}, rnd(H, 1))})
+	}
+	nodes = append(nodes, graph.NewNode("Identity", "", "out", []string{y}, []string{"y"}))
+	vi := func(n string, dims ...int64) *pb.ValueInfoProto {
+		var ds []*pb.TensorShapeProto_Dimension
+		for _, d := range dims {
+			ds = append(ds, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: d}})
+		}
+		return &pb.ValueInfoProto{Name: proto.String(n), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
+			ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)), Shape: &pb.TensorShapeProto{Dim: ds}}}}}
+	}
+	dims := []int64{int64(o.B), int64(o.S), int64(H)}
+	mp := &pb.ModelProto{IrVersion: proto.Int64(10), OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}},
+		Graph: &pb.GraphProto{Name: proto.String("sorted"), Node: nodes, Initializer: inits,
+			Input: []*pb.ValueInfoProto{vi("x", dims...)}, Output: []*pb.ValueInfoProto{vi("y", dims...)}}}
+	return &graph.Model{Proto: mp, Dir: "."}
+}
+
+// runBoth runs m on feeds through the fused node's reference kernel and
+// through its function body, and compares each with want.
+func runBoth(t *testing.T, m *graph.Model, feeds map[string]*eval.Tensor, want *eval.Tensor) {
+	t.Helper()
+	for _, body := range []bool{false, true} {
+		out, err := eval.Run(context.Background(), m, feeds, eval.Options{PreferFunctions: body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := eval.Compare(out[m.Proto.Graph.Output[0].GetName()], want, 1e-4, 1e-5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.OK() {
+			t.Errorf("function body %v: differs from the original graph: %+v", body, d)
+		}
+	}
+}
+
+// TestSortedSynthetic fuses synthetic sort-based blocks of several shapes
+// and checks the fused node, through the reference kernel and the function
+// body, against the original graph evaluated op by op.
+func TestSortedSynthetic(t *testing.T) {
+	base := sortedOpts{E: 4, K: 2, H: 16, I: 8, B: 2, S: 5}
+	cases := []struct {
+		name    string
+		mod     func(o *sortedOpts)
+		variant string
+	}{
+		{"jetmoe", func(o *sortedOpts) { o.bias = true }, "softmax_topk_act_swiglu"},
+		{"gate second", func(o *sortedOpts) { o.gateSecond = true }, "softmax_topk_act_swiglu"},
+		{"separate gate and up", func(o *sortedOpts) { o.separate = true; o.bias = true }, "softmax_topk_act_swiglu"},
+		{"softmax then top-k", func(o *sortedOpts) { o.actThenTopK = true }, "softmax_act_topk_swiglu"},
+		{"ScatterElements back", func(o *sortedOpts) { o.scatterElements = true }, "softmax_topk_act_swiglu"},
+		{"listed counts", func(o *sortedOpts) { o.listCounts = true }, "softmax_topk_act_swiglu"},
+		{"one-hot counts", func(o *sortedOpts) { o.oneHot = true }, "softmax_topk_act_swiglu"},
+		{"top-1 of 8", func(o *sortedOpts) { o.E, o.K = 8, 1 }, "softmax_topk_act_swiglu"},
+		{"top-3 of 6, wide", func(o *sortedOpts) { o.E, o.K, o.H, o.I = 6, 3, 24, 12 }, "softmax_topk_act_swiglu"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.mod(&o)
+			m := sortedModel(o, int64(i+1))
+			orig := sortedModel(o, int64(i+1))
+			x := eval.NewFloat32([]int{o.B, o.S, o.H}, make([]float32, o.B*o.S*o.H))
+			r := rand.New(rand.NewSource(int64(100 + i)))
+			for j := range x.F32 {
+				x.F32[j] = r.Float32()*2 - 1
+			}
+			feeds := map[string]*eval.Tensor{"x": x}
+			ref, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := Rewrite(m, Options{Check: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Fused) != 1 {
+				t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
+			}
+			fb := rep.Fused[0]
+			sp := fb.Block.Spec
+			if fb.Block.Kind != KindSorted || fb.Variant != tc.variant || sp.NumExperts != o.E || sp.TopK != o.K || sp.Hidden != o.H || sp.Inter != o.I {
+				t.Fatalf("fused kind %s %s E=%d k=%d H=%d I=%d, want %s %s E=%d k=%d H=%d I=%d", fb.Block.Kind, fb.Variant, sp.NumExperts, sp.TopK, sp.Hidden, sp.Inter,
+					KindSorted, tc.variant, o.E, o.K, o.H, o.I)
+			}
+			for _, n := range m.Proto.Graph.Node {
+				if n.GetOpType() == "TopK" || n.GetOpType() == "ScatterND" || n.GetOpType() == "Split" {
+					t.Fatalf("%s %q left after fusion", n.GetOpType(), n.GetName())
+				}
+			}
+			runBoth(t, m, feeds, ref["y"])
+		})
+	}
+}
+
+// TestSortedRefused breaks one link of the dispatch and expects the block
+// refused: by the matcher, or else by the numerical check.
+func TestSortedRefused(t *testing.T) {
+	base := sortedOpts{E: 4, K: 2, H: 16, I: 8, B: 2, S: 5}
+	cases := []struct {
+		name, reason string
+		mod          func(o *sortedOpts)
+	}{
+		{"scatter back by the permutation", "reads the sort permutation", func(o *sortedOpts) { o.breakScatter = "perm" }},
+		{"scatter back by the permutation (ScatterElements)", "reads the sort permutation", func(o *sortedOpts) { o.breakScatter = "perm"; o.scatterElements = true }},
+		{"scatter back in unsorted order", "rows other than the sorted pairs' tokens", func(o *sortedOpts) { o.breakScatter = "identity" }},
+		{"split by constant sizes", "split sizes are not per-expert counts", func(o *sortedOpts) { o.breakSplit = "const" }},
+		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.mod(&o)
+			m := sortedModel(o, int64(i+1))
+			n := len(m.Proto.Graph.Node)
+			rep, err := Rewrite(m, Options{Check: true})
+			if err == nil || !strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("want a refusal containing %q, got %v", tc.reason, err)
+			}
+			if rep != nil && len(rep.Fused) != 0 || len(m.Proto.Graph.Node) != n {
+				t.Fatal("a refused rewrite edited the model")
+			}
+		})
+	}
+}
