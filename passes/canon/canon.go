@@ -1,0 +1,190 @@
+// Package canon rewrites a working copy of an ONNX model into one canonical
+// form, so that pattern matchers downstream see one spelling of each
+// computation whatever the producer wrote: model-local functions inlined,
+// ONNX Runtime contrib fused ops decomposed into the standard ops they stand
+// for, sequence ops with static splits turned into tensor ops, identities and
+// no-op casts dropped, constant shape arithmetic folded, and opsets below 13
+// raised.
+//
+// Every rule is one small file: a Rule names the op types it looks at and
+// rewrites one node at a time through a *Work. Rules keep the output value
+// names of the nodes they replace (a dropped node's consumers read its input
+// instead), so that every value name of the working copy either names the
+// same value in the original model or is new. The package knows nothing of
+// what is matched afterwards.
+package canon
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// Rule is one canonicalization: a pattern (the op types in Ops, as
+// graph.OpKey spells them: "Op" for the default domain, "domain::Op"
+// otherwise; nil means every node), a condition and a replacement, both in
+// Apply. Apply returns false, leaving the graph as it was, when the node does
+// not match; it edits through w only.
+type Rule struct {
+	// Name names the rule in logs and tests.
+	Name string
+	// Ops lists the op keys the rule looks at; nil means any node.
+	Ops []string
+	// Apply rewrites n and reports whether it did.
+	Apply func(w *Work, n *pb.NodeProto) (bool, error)
+}
+
+// Rules returns the default rules, in the order the driver tries them on
+// each node.
+func Rules() []Rule {
+	return []Rule{
+		Inline,
+		SequenceToSplit,
+		CastLikeToCast,
+		SingleInputVariadic,
+		DropIdentity,
+		DropIdentityTranspose,
+		DropNoOpCast,
+		DropNoOpReshape,
+		QuickGelu,
+		FusedGemm,
+		FusedMatMul,
+		BiasGelu,
+		FastGelu,
+		ContribGelu,
+		FoldConstants,
+	}
+}
+
+// Result says what Canonicalize did.
+type Result struct {
+	// Applied counts rule applications by rule name.
+	Applied map[string]int
+	// Notes are model-level remarks (an opset raised).
+	Notes []string
+	// OpsetFrom and OpsetTo are the default-domain opsets before and after
+	// (equal when the opset was not raised).
+	OpsetFrom, OpsetTo int64
+	// OpsetRefused, when not empty, says why an opset below 13 could not be
+	// raised (naming the op); the working copy keeps its opset then.
+	OpsetRefused string
+}
+
+// Changed reports whether the working copy differs from the model.
+func (r *Result) Changed() bool {
+	return len(r.Applied) > 0 || r.OpsetTo != r.OpsetFrom
+}
+
+// Summary lists the rules applied as "rule×count", sorted by name.
+func (r *Result) Summary() string {
+	var parts []string
+	for k, v := range r.Applied {
+		parts = append(parts, fmt.Sprintf("%s×%d", k, v))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// MinOpset is the default-domain opset the working copy is raised to.
+const MinOpset = 13
+
+// maxSweeps bounds the driver's sweeps over the graph: each sweep that
+// changes nothing ends it, and every rule shrinks the graph or moves it
+// toward canonical ops, so this is never reached on a sane model.
+const maxSweeps = 64
+
+// Options control Canonicalize.
+type Options struct {
+	// Rules are the rules to apply; nil means Rules().
+	Rules []Rule
+	// KeepFunctionDomains lists the domains whose model-local functions
+	// are never inlined (ops a later stage knows by name).
+	KeepFunctionDomains []string
+	// KeepOpset leaves an opset below MinOpset as it is.
+	KeepOpset bool
+}
+
+// Canonicalize returns a working copy of m in canonical form (see the
+// package comment) and what was done; m is not edited.
+func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Model, *Result, error) {
+	rules := opt.Rules
+	if rules == nil {
+		rules = Rules()
+	}
+	wc := m.WorkingCopy()
+	res := &Result{Applied: map[string]int{}, OpsetFrom: m.Opset(""), OpsetTo: m.Opset("")}
+	w := newWork(wc, opt)
+	if err := Apply(ctx, w, rules, res); err != nil {
+		return nil, nil, err
+	}
+	if !opt.KeepOpset && res.OpsetFrom > 0 && res.OpsetFrom < MinOpset {
+		n, err := RaiseOpset(w, MinOpset)
+		switch {
+		case err != nil:
+			res.OpsetRefused = err.Error()
+		default:
+			res.OpsetTo = MinOpset
+			res.Notes = append(res.Notes, fmt.Sprintf("default-domain opset raised from %d to %d (%d nodes converted); every op in the model keeps its meaning across these versions", res.OpsetFrom, MinOpset, n))
+			// Converted nodes may fold further (axes now constant inputs).
+			if err := Apply(ctx, w, rules, res); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	w.flush()
+	res.Notes = append(res.Notes, w.notes...)
+	return wc, res, nil
+}
+
+// Apply runs rules over w's graph to a fixed point, counting applications
+// in res.Applied.
+func Apply(ctx context.Context, w *Work, rules []Rule, res *Result) error {
+	byOp := map[string][]*Rule{}
+	var any []*Rule
+	for i := range rules {
+		r := &rules[i]
+		if r.Ops == nil {
+			any = append(any, r)
+			continue
+		}
+		for _, op := range r.Ops {
+			byOp[op] = append(byOp[op], r)
+		}
+	}
+	for sweep := 0; sweep < maxSweeps; sweep++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		w.flush()
+		order, err := w.G.TopoSort()
+		if err != nil {
+			return err
+		}
+		changed := false
+		for _, n := range order {
+			if w.removed[n] {
+				continue
+			}
+			for _, r := range slices.Concat(byOp[graph.OpKey(n)], any) {
+				ok, err := r.Apply(w, n)
+				if err != nil {
+					return fmt.Errorf("canonicalize (%s) at node %s: %w", r.Name, graph.NodeLabel(n), err)
+				}
+				if ok {
+					res.Applied[r.Name]++
+					changed = true
+					break
+				}
+			}
+		}
+		if !changed {
+			return nil
+		}
+	}
+	return fmt.Errorf("canonicalize: no fixed point after %d sweeps", maxSweeps)
+}

@@ -1,0 +1,141 @@
+package canon
+
+import (
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// SequenceToSplit turns a SplitToSequence whose every consumer is a
+// SequenceAt at a constant position into one Split: the piece SequenceAt
+// reads at position i keeps SequenceAt's output name. The pieces must be
+// known statically: a constant 1-D split, or a constant chunk size (or
+// none: pieces of one) over an axis of static length. keepdims=0 without a
+// split squeezes each piece, as SplitToSequence does.
+var SequenceToSplit = Rule{
+	Name: "sequence-to-split",
+	Ops:  []string{"SplitToSequence"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if len(n.Input) < 1 || len(n.Output) != 1 || w.G.IsOutput(n.Output[0]) {
+			return false, nil
+		}
+		x := n.Input[0]
+		axis := graph.AttrInt(n, "axis", 0)
+		if axis < 0 {
+			r, ok := w.Rank(x)
+			if !ok {
+				return false, nil
+			}
+			axis += int64(r)
+		}
+		squeeze := false
+		var sizes []int64
+		if len(n.Input) > 1 && n.Input[1] != "" {
+			c, ok := w.Const(n.Input[1])
+			if !ok || (c.DType != pb.TensorProto_INT64 && c.DType != pb.TensorProto_INT32) {
+				return false, nil
+			}
+			if len(c.Shape) == 1 {
+				sizes = c.Int64s()
+			} else {
+				chunk := c.Int64s()[0]
+				dim, ok := w.dim(x, axis)
+				if !ok || chunk <= 0 {
+					return false, nil
+				}
+				for left := dim; left > 0; left -= chunk {
+					sizes = append(sizes, min(chunk, left))
+				}
+			}
+		} else {
+			dim, ok := w.dim(x, axis)
+			if !ok {
+				return false, nil
+			}
+			for range dim {
+				sizes = append(sizes, 1)
+			}
+			squeeze = graph.AttrInt(n, "keepdims", 1) == 0
+		}
+		if len(sizes) == 0 {
+			return false, nil
+		}
+		uses := w.Consumers(n.Output[0])
+		if len(uses) == 0 {
+			return false, nil
+		}
+		at := make([][]*pb.NodeProto, len(sizes))
+		for _, u := range uses {
+			if u.GetOpType() != "SequenceAt" || u.GetDomain() != "" || len(u.Input) != 2 || u.Input[0] != n.Output[0] || len(u.Output) != 1 {
+				return false, nil
+			}
+			pos, ok := w.ConstInts(u.Input[1])
+			if !ok || len(pos) != 1 {
+				return false, nil
+			}
+			p := pos[0]
+			if p < 0 {
+				p += int64(len(sizes))
+			}
+			if p < 0 || p >= int64(len(sizes)) {
+				return false, nil
+			}
+			at[p] = append(at[p], u)
+		}
+		outs := make([]string, len(sizes))
+		var extra []*pb.NodeProto
+		for i, us := range at {
+			if len(us) == 0 {
+				outs[i] = w.Temp(n, "piece")
+				continue
+			}
+			name := us[0].Output[0]
+			if squeeze {
+				outs[i] = w.Temp(n, "piece")
+				extra = append(extra, w.squeeze(n, outs[i], name, axis))
+			} else {
+				outs[i] = name
+			}
+			for _, u := range us[1:] {
+				extra = append(extra, w.Node("Identity", "", u.GetName()+"/Identity", []string{name}, u.Output))
+			}
+		}
+		var split *pb.NodeProto
+		if w.Opset() >= 13 {
+			split = w.Node("Split", "", n.GetName()+"/Split", []string{x, w.Int64s(n.GetName()+"/split", false, sizes...)}, outs, graph.IntAttr("axis", axis))
+		} else {
+			split = w.Node("Split", "", n.GetName()+"/Split", []string{x}, outs, graph.IntAttr("axis", axis), graph.IntsAttr("split", sizes...))
+		}
+		for _, us := range at {
+			for _, u := range us {
+				w.Remove(u)
+			}
+		}
+		w.Replace(n, append([]*pb.NodeProto{split}, extra...)...)
+		return true, nil
+	},
+}
+
+// dim returns dimension axis of v when v's shape declares it as a number.
+func (w *Work) dim(v string, axis int64) (int64, bool) {
+	t := w.Type(v)
+	if c, ok := w.Const(v); ok && axis < int64(len(c.Shape)) {
+		return int64(c.Shape[axis]), true
+	}
+	if t == nil || t.GetShape() == nil || axis >= int64(len(t.GetShape().GetDim())) {
+		return 0, false
+	}
+	dv, ok := t.GetShape().GetDim()[axis].GetValue().(*pb.TensorShapeProto_Dimension_DimValue)
+	if !ok || dv.DimValue < 0 {
+		return 0, false
+	}
+	return dv.DimValue, true
+}
+
+// squeeze builds a Squeeze of axis from in to out, in the form the opset
+// wants (axes input from 13, attribute before).
+func (w *Work) squeeze(n *pb.NodeProto, in, out string, axis int64) *pb.NodeProto {
+	if w.Opset() >= 13 {
+		return w.Node("Squeeze", "", n.GetName()+"/Squeeze", []string{in, w.Int64s(n.GetName()+"/axes", false, axis)}, []string{out})
+	}
+	return w.Node("Squeeze", "", n.GetName()+"/Squeeze", []string{in}, []string{out}, graph.IntsAttr("axes", axis))
+}

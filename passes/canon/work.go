@@ -1,0 +1,375 @@
+package canon
+
+import (
+	"fmt"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// maxConstElems bounds the constants a rule reads or folds: shape
+// arithmetic is small, and weights are never copied.
+const maxConstElems = 1 << 16
+
+// Work is the working copy a rule edits: the model, an index over its main
+// graph, and helpers that keep the index right while a sweep runs. Nodes a
+// rule removes leave the graph at the end of the sweep.
+type Work struct {
+	// M is the working copy.
+	M *graph.Model
+	// G indexes M's main graph.
+	G *graph.Graph
+
+	opt     Options
+	notes   []string
+	removed map[*pb.NodeProto]bool
+	types   map[string]*pb.TypeProto_Tensor // declared tensor types by value name
+	consts  map[string]*eval.Tensor
+}
+
+func newWork(m *graph.Model, opt Options) *Work {
+	w := &Work{M: m, opt: opt, G: m.Graph(), removed: map[*pb.NodeProto]bool{}, types: map[string]*pb.TypeProto_Tensor{}, consts: map[string]*eval.Tensor{}}
+	gp := m.Proto.GetGraph()
+	for _, l := range [][]*pb.ValueInfoProto{gp.GetInput(), gp.GetOutput(), gp.GetValueInfo()} {
+		for _, v := range l {
+			if tt := v.GetType().GetTensorType(); tt != nil {
+				w.types[v.GetName()] = tt
+			}
+		}
+	}
+	return w
+}
+
+// NewWork returns a Work over m's main graph (m is edited in place).
+func NewWork(m *graph.Model, opt Options) *Work { return newWork(m, opt) }
+
+// note records a remark for Result.Notes (once per text).
+func (w *Work) note(s string) {
+	for _, x := range w.notes {
+		if x == s {
+			return
+		}
+	}
+	w.notes = append(w.notes, s)
+}
+
+// flush drops the nodes removed during the sweep from the graph.
+func (w *Work) flush() {
+	if len(w.removed) == 0 {
+		return
+	}
+	w.G.RemoveNodes(w.removed)
+	w.removed = map[*pb.NodeProto]bool{}
+}
+
+// Flush drops the nodes removed so far from the graph (the driver does this
+// after each sweep).
+func (w *Work) Flush() { w.flush() }
+
+// Opset returns the working copy's default-domain opset.
+func (w *Work) Opset() int64 { return w.M.Opset("") }
+
+// Remove takes n out of the graph (at the end of the sweep).
+func (w *Work) Remove(n *pb.NodeProto) { w.removed[n] = true }
+
+// Replace takes n out and adds nodes in its place. The nodes must produce
+// every output of n that is read, under the same names.
+func (w *Work) Replace(n *pb.NodeProto, nodes ...*pb.NodeProto) {
+	w.removed[n] = true
+	for _, r := range nodes {
+		w.G.AddNode(r)
+	}
+	for _, o := range n.Output {
+		delete(w.consts, o)
+	}
+}
+
+// Consumers returns the nodes that read v and are not removed.
+func (w *Work) Consumers(v string) []*pb.NodeProto {
+	var out []*pb.NodeProto
+	for _, c := range w.G.Consumers(v) {
+		if !w.removed[c] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Producer returns the node producing v, or nil.
+func (w *Work) Producer(v string) *pb.NodeProto {
+	p := w.G.Producer(v)
+	if p == nil || w.removed[p] {
+		return nil
+	}
+	return p
+}
+
+// CanAlias reports whether the consumers of old can read repl instead:
+// old is not a graph output and no subgraph reads it from the outer scope.
+func (w *Work) CanAlias(old string) bool {
+	if w.G.IsOutput(old) {
+		return false
+	}
+	for _, c := range w.Consumers(old) {
+		if !slices_contains(c.Input, old) {
+			return false // read inside a subgraph
+		}
+	}
+	return true
+}
+
+func slices_contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Drop removes n, a node whose only output equals its input in, and makes
+// its consumers read in; false (nothing done) when that is not possible
+// (see CanAlias).
+func (w *Work) Drop(n *pb.NodeProto, in string) bool {
+	if len(n.Output) != 1 || in == "" || !w.CanAlias(n.Output[0]) {
+		return false
+	}
+	out := n.Output[0]
+	w.removed[n] = true
+	w.G.ReplaceAllUses(out, in)
+	return true
+}
+
+// NewName returns a value or node name starting with prefix that the graph
+// does not use yet.
+func (w *Work) NewName(prefix string) string { return w.G.UniqueName(prefix) }
+
+// Type returns v's declared tensor type (element type and shape), or nil.
+func (w *Work) Type(v string) *pb.TypeProto_Tensor {
+	if t := w.G.Initializer(v); t != nil {
+		shape := &pb.TensorShapeProto{}
+		for _, d := range t.GetDims() {
+			shape.Dim = append(shape.Dim, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: d}})
+		}
+		return &pb.TypeProto_Tensor{ElemType: proto.Int32(t.GetDataType()), Shape: shape}
+	}
+	return w.types[v]
+}
+
+// ElemType returns v's element type: declared, or followed back through
+// producers that keep their input's type; 0 when unknown.
+func (w *Work) ElemType(v string) int32 { return w.inferElemType(v, 0) }
+
+// StaticShape returns v's declared shape when every dimension is a known
+// number, and whether it is.
+func (w *Work) StaticShape(v string) ([]int64, bool) {
+	if c, ok := w.Const(v); ok {
+		out := make([]int64, len(c.Shape))
+		for i, d := range c.Shape {
+			out[i] = int64(d)
+		}
+		return out, true
+	}
+	t := w.Type(v)
+	if t == nil || t.GetShape() == nil {
+		return nil, false
+	}
+	out := make([]int64, 0, len(t.GetShape().GetDim()))
+	for _, d := range t.GetShape().GetDim() {
+		dv, ok := d.GetValue().(*pb.TensorShapeProto_Dimension_DimValue)
+		if !ok || dv.DimValue < 0 {
+			return nil, false
+		}
+		out = append(out, dv.DimValue)
+	}
+	return out, true
+}
+
+// Const returns v's value when v is a small constant: an initializer that
+// is not a graph input, or the output of a Constant node.
+func (w *Work) Const(v string) (*eval.Tensor, bool) {
+	if v == "" {
+		return nil, false
+	}
+	if c, ok := w.consts[v]; ok {
+		return c, c != nil
+	}
+	c := w.readConst(v)
+	w.consts[v] = c
+	return c, c != nil
+}
+
+func (w *Work) readConst(v string) *eval.Tensor {
+	if t := w.G.Initializer(v); t != nil {
+		if w.G.IsInput(v) {
+			return nil // overridable by a feed
+		}
+		n := int64(1)
+		for _, d := range t.GetDims() {
+			n *= d
+		}
+		if n > maxConstElems || !eval.SupportedDType(pb.TensorProto_DataType(t.GetDataType())) {
+			return nil
+		}
+		c, err := eval.FromProto(t, w.M.TensorBytes)
+		if err != nil {
+			return nil
+		}
+		return c
+	}
+	p := w.Producer(v)
+	if p == nil || p.GetOpType() != "Constant" || p.GetDomain() != "" || len(p.Attribute) != 1 {
+		return nil
+	}
+	a := p.Attribute[0]
+	switch a.GetName() {
+	case "value":
+		t := a.GetT()
+		if t == nil || !eval.SupportedDType(pb.TensorProto_DataType(t.GetDataType())) {
+			return nil
+		}
+		c, err := eval.FromProto(t, nil)
+		if err != nil || c.Len() > maxConstElems {
+			return nil
+		}
+		return c
+	case "value_int":
+		return eval.ScalarInt64(a.GetI())
+	case "value_ints":
+		return eval.NewInt64([]int{len(a.GetInts())}, append([]int64(nil), a.GetInts()...))
+	case "value_float":
+		return eval.ScalarFloat32(a.GetF())
+	case "value_floats":
+		return eval.NewFloat32([]int{len(a.GetFloats())}, append([]float32(nil), a.GetFloats()...))
+	}
+	return nil
+}
+
+// ConstInts returns v's value as int64s when it is a small integer constant.
+func (w *Work) ConstInts(v string) ([]int64, bool) {
+	c, ok := w.Const(v)
+	if !ok || (c.DType != pb.TensorProto_INT64 && c.DType != pb.TensorProto_INT32) {
+		return nil, false
+	}
+	return c.Int64s(), true
+}
+
+// ConstScalar returns v's value as a float64 when it is a one-element
+// numeric constant.
+func (w *Work) ConstScalar(v string) (float64, bool) {
+	c, ok := w.Const(v)
+	if !ok || c.Len() != 1 || c.DType == pb.TensorProto_STRING {
+		return 0, false
+	}
+	return c.Float64At(0), true
+}
+
+// AddConst adds t as an initializer named name (which must be new or the
+// output of a node being replaced) and returns name.
+func (w *Work) AddConst(name string, t *eval.Tensor) (string, error) {
+	tp, err := eval.ToProto(t, name)
+	if err != nil {
+		return "", fmt.Errorf("constant %q: %w", name, err)
+	}
+	w.G.AddInitializer(tp)
+	w.consts[name] = t
+	return name, nil
+}
+
+// Int64s adds a new int64 initializer (a 1-D tensor of vals, or a scalar
+// when scalar is set) with a name from prefix, and returns its name.
+func (w *Work) Int64s(prefix string, scalar bool, vals ...int64) string {
+	shape := []int{len(vals)}
+	if scalar {
+		shape = nil
+	}
+	name, _ := w.AddConst(w.NewName(prefix), eval.NewInt64(shape, vals))
+	return name
+}
+
+// Scalar adds a new scalar initializer of element type dt holding v, with a
+// name from prefix, and returns its name.
+func (w *Work) Scalar(prefix string, dt int32, v float64) (string, error) {
+	var t *eval.Tensor
+	switch pb.TensorProto_DataType(dt) {
+	case pb.TensorProto_FLOAT, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16:
+		t = eval.NewFloatAs(pb.TensorProto_DataType(dt), nil, []float32{float32(v)})
+	case pb.TensorProto_DOUBLE:
+		t = eval.NewFloat64(nil, []float64{v})
+	default:
+		return "", fmt.Errorf("scalar of element type %s is not supported", pb.TensorProto_DataType(dt))
+	}
+	return w.AddConst(w.NewName(prefix), t)
+}
+
+// Node builds a node named from prefix (made unique).
+func (w *Work) Node(op, domain, prefix string, in, out []string, attrs ...*pb.AttributeProto) *pb.NodeProto {
+	return graph.NewNode(op, domain, w.NewName(prefix), in, out, attrs...)
+}
+
+// Temp returns a new value name for an intermediate of a replacement.
+func (w *Work) Temp(n *pb.NodeProto, what string) string {
+	base := n.GetName()
+	if base == "" && len(n.Output) > 0 {
+		base = n.Output[0]
+	}
+	return w.NewName(base + "/" + what)
+}
+
+// Rank returns v's rank when its type declares a shape (symbolic
+// dimensions allowed), or when v is a constant.
+func (w *Work) Rank(v string) (int, bool) {
+	if c, ok := w.Const(v); ok {
+		return len(c.Shape), true
+	}
+	t := w.Type(v)
+	if t == nil || t.GetShape() == nil {
+		return 0, false
+	}
+	return len(t.GetShape().GetDim()), true
+}
+
+// sameTypeOps lists ops whose output element type is their first input's.
+var sameTypeOps = map[string]bool{
+	"Add": true, "Sub": true, "Mul": true, "Div": true, "Neg": true, "Abs": true, "Sigmoid": true, "Tanh": true,
+	"Relu": true, "Erf": true, "Exp": true, "Sqrt": true, "Pow": true, "Softmax": true, "LogSoftmax": true,
+	"MatMul": true, "Gemm": true, "Identity": true, "Reshape": true, "Transpose": true, "Squeeze": true,
+	"Unsqueeze": true, "Flatten": true, "Slice": true, "Gather": true, "GatherElements": true, "GatherND": true,
+	"Concat": true, "Expand": true, "Tile": true, "Split": true, "Max": true, "Min": true, "Sum": true, "Mean": true,
+	"ReduceSum": true, "ReduceMean": true, "ReduceMax": true, "Where": false, "TopK": true, "Clip": true,
+	"LeakyRelu": true, "HardSigmoid": true, "Elu": true, "Softplus": true, "Gelu": true, "ScatterND": true, "ScatterElements": true,
+	"com.microsoft::QuickGelu": true, "com.microsoft::FusedGemm": true, "com.microsoft::FusedMatMul": true,
+	"com.microsoft::Gelu": true, "com.microsoft::BiasGelu": true, "com.microsoft::FastGelu": true,
+}
+
+// inferElemType follows producers back (a few steps) to the element type of
+// v when no type is declared.
+func (w *Work) inferElemType(v string, depth int) int32 {
+	if t := w.Type(v); t != nil && t.GetElemType() != 0 {
+		return t.GetElemType()
+	}
+	if c, ok := w.Const(v); ok {
+		return int32(c.DType)
+	}
+	if t := w.G.Initializer(v); t != nil {
+		return t.GetDataType()
+	}
+	p := w.Producer(v)
+	if p == nil || depth > 16 {
+		return 0
+	}
+	key := graph.OpKey(p)
+	switch {
+	case key == "Cast":
+		return int32(graph.AttrInt(p, "to", 0))
+	case key == "Where" && len(p.Input) == 3:
+		return w.inferElemType(p.Input[1], depth+1)
+	case key == "TopK" && len(p.Output) > 1 && v == p.Output[1], key == "ArgMax", key == "ArgMin", key == "Shape", key == "Size":
+		return int32(pb.TensorProto_INT64)
+	case sameTypeOps[key] && len(p.Input) > 0:
+		return w.inferElemType(p.Input[0], depth+1)
+	}
+	return 0
+}
