@@ -28,7 +28,7 @@ const MetaEPRank = passes.MetaEPRank
 
 // RewriteRanks fuses the rank models of one EP group (ranks[r] is rank r
 // unless its metadata says otherwise), merges their shards into one global
-// model, and, with opt.Check, runs the original ranks in lockstep with
+// model, and, unless opt.SkipCheck, runs the original ranks in lockstep with
 // simulated collectives against the merged model (tokensPerRank tokens per
 // rank, two seeds). The rank models are edited in place.
 func RewriteRanks(ctx context.Context, ranks []*Model, opt RewriteOptions, tokensPerRank int) (*Model, *MergeReport, []*RewriteReport, error) {
@@ -39,7 +39,7 @@ func RewriteRanks(ctx context.Context, ranks []*Model, opt RewriteOptions, token
 	for i, m := range ranks {
 		gs[i] = m.g
 	}
-	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable}
+	po := passes.Options{Partial: opt.Partial, Check: !opt.SkipCheck, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable}
 	merged, mrep, reps, err := passes.RewriteRanks(gs, po, tokensPerRank)
 	if err != nil {
 		return nil, mrep, reps, err

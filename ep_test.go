@@ -17,7 +17,7 @@ func TestRewriteRanksFacade(t *testing.T) {
 		}
 		ranks[r] = Wrap(g)
 	}
-	merged, mrep, reps, err := RewriteRanks(context.Background(), ranks, RewriteOptions{Check: true}, 2)
+	merged, mrep, reps, err := RewriteRanks(context.Background(), ranks, RewriteOptions{}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,9 +62,10 @@ type ConstraintViolation struct {
 // String formats the violation with its node, number and code.
 func (v ConstraintViolation) String() string { return v.Node + ": " + v.Violation.String() }
 
-// KernelConstraintError is returned by Lower with Strict when some block
-// violates an error-severity rule of the kernel contract; the model is then
-// unchanged.
+// KernelConstraintError is returned by Lower when the kernel contract
+// refuses the model: with Strict, some block violates an error-severity
+// rule; without Partial, some fused node cannot be lowered. The model is
+// then unchanged.
 type KernelConstraintError struct {
 	// Violations lists every error-severity violation, in graph order.
 	Violations []ConstraintViolation

@@ -44,7 +44,7 @@ func ExampleRewrite() {
 		return
 	}
 	defer m.Close()
-	rep, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{Check: true})
+	rep, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{})
 	var unsupported *mokopt.UnsupportedPatternError
 	switch {
 	case errors.As(err, &unsupported):
@@ -72,7 +72,7 @@ func ExampleVerify() {
 	ctx := context.Background()
 	orig, _ := mokopt.Load(exampleModel)
 	fused, _ := mokopt.Load(exampleModel)
-	if _, err := mokopt.Rewrite(ctx, fused, mokopt.RewriteOptions{Check: true}); err != nil {
+	if _, err := mokopt.Rewrite(ctx, fused, mokopt.RewriteOptions{}); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -110,8 +110,8 @@ func ExampleLower() {
 			fmt.Printf("%s: #%d %s\n", v.Node, v.Number, v.Code)
 		}
 	}
-	// Without Strict the block stays unlowered and the plan is still made.
-	rep, err := mokopt.Lower(ctx, m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8})
+	// With Partial the block stays unlowered and the plan is still made.
+	rep, err := mokopt.Lower(ctx, m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8, Partial: true})
 	if err != nil {
 		fmt.Println(err)
 		return

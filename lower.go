@@ -40,6 +40,11 @@ type LowerOptions struct {
 	// Strict refuses the whole model (a *KernelConstraintError, m
 	// unchanged) when any block violates an error-severity rule.
 	Strict bool
+	// Partial keeps the fused nodes the kernel cannot take as ai.mok::MoE,
+	// with warnings in the report. Without it Lower is all-or-nothing, as
+	// Rewrite is: when some fused node cannot be lowered it returns a
+	// *KernelConstraintError and m is unchanged.
+	Partial bool
 	// Progress, when set, receives "lower" events (blocks examined). The
 	// quantization of the routed experts runs when the model is saved, and
 	// is reported by SaveOptions.Progress.
@@ -50,8 +55,9 @@ type LowerOptions struct {
 // to the kernel for target: the router as standard ops, routed experts
 // quantized to MXFP8 and the shared expert to BF16 (both computed when m
 // is saved, so Save's context cancels them), one
-// ai.mok::MoKDispatchFFNCombine node with the kernel knobs. Without Strict,
-// blocks the kernel cannot take stay unlowered with warnings in the report.
+// ai.mok::MoKDispatchFFNCombine node with the kernel knobs. A fused node
+// the kernel cannot take refuses the model unless Partial keeps it
+// unlowered, with warnings in the report.
 func Lower(ctx context.Context, m *Model, target Target, opt LowerOptions) (*LowerReport, error) {
 	if err := errCtx(ctx); err != nil {
 		return nil, err
@@ -60,7 +66,7 @@ func Lower(ctx context.Context, m *Model, target Target, opt LowerOptions) (*Low
 	if err != nil {
 		return nil, err
 	}
-	rep, err := lowering.Lower(m.g, lowering.Options{Target: tgt, EP: opt.EP, TokensPerRank: opt.TokensPerRank, Strict: opt.Strict})
+	rep, err := lowering.Lower(m.g, lowering.Options{Target: tgt, EP: opt.EP, TokensPerRank: opt.TokensPerRank, Strict: opt.Strict, RequireAll: !opt.Partial})
 	if rep != nil {
 		opt.Progress.report(StageLower, len(rep.Blocks), len(rep.Blocks))
 	}

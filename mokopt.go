@@ -4,7 +4,7 @@
 // The flow mirrors the command line:
 //
 //	m, err := mokopt.Load("model.onnx")        // or "-" for standard input
-//	rep, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{Check: true})
+//	rep, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{})
 //	err = mokopt.Save(ctx, m, "fused.onnx", mokopt.SaveOptions{})
 //	lrep, err := mokopt.Lower(ctx, m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8})
 //	vrep, err := mokopt.Verify(ctx, a, b, mokopt.DefaultVerifyOptions())

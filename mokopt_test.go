@@ -32,7 +32,7 @@ func load(t *testing.T, path string) *mokopt.Model {
 func fusedExample(t *testing.T) *mokopt.Model {
 	t.Helper()
 	m := load(t, example)
-	rep, err := mokopt.Rewrite(context.Background(), m, mokopt.RewriteOptions{Check: true})
+	rep, err := mokopt.Rewrite(context.Background(), m, mokopt.RewriteOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestUnsupportedPatternIsTyped(t *testing.T) {
 	g.P.Node = kept
 	g.Reindex()
 	before := len(g.P.Node)
-	_, err := mokopt.Rewrite(context.Background(), m, mokopt.RewriteOptions{Check: true})
+	_, err := mokopt.Rewrite(context.Background(), m, mokopt.RewriteOptions{})
 	if err == nil {
 		t.Fatalf("rewrite of a block missing expert 3 (%d nodes removed) succeeded", removed)
 	}
@@ -184,8 +184,15 @@ func TestKernelConstraintIsTyped(t *testing.T) {
 	if kc.Violations[0].Number == 0 || kc.Violations[0].Node == "" || rep == nil || rep.Lowered() != 0 {
 		t.Fatalf("violation %+v, report %v", kc.Violations[0], rep)
 	}
-	// Without Strict the block stays unlowered, with the same violations as warnings.
-	rep, err = mokopt.Lower(context.Background(), m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8})
+	// Without Partial a block the kernel cannot take refuses the model,
+	// which stays unchanged.
+	before := len(m.Graph().Proto.Graph.Node)
+	_, err = mokopt.Lower(context.Background(), m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8})
+	if !errors.As(err, &kc) || !strings.Contains(err.Error(), "Partial") || len(kc.Violations) == 0 || len(m.Graph().Proto.Graph.Node) != before {
+		t.Fatalf("all-or-nothing lower of H=64: %v (%T), %d nodes (had %d)", err, err, len(m.Graph().Proto.Graph.Node), before)
+	}
+	// With Partial the block stays unlowered, with the same violations as warnings.
+	rep, err = mokopt.Lower(context.Background(), m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8, Partial: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +289,7 @@ func bigModel(t *testing.T) string {
 // cancelAt runs a rewrite and save of src into dir, cancelling the context
 // from the progress hook at the first event of stage. It returns the error
 // and how long the work went on after the cancellation.
-func cancelAt(t *testing.T, src, out, stage string) (error, time.Duration, []string) {
+func cancelAt(t *testing.T, src, out, stage string) (time.Duration, []string, error) {
 	t.Helper()
 	m := load(t, src)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -302,7 +309,7 @@ func cancelAt(t *testing.T, src, out, stage string) (error, time.Duration, []str
 			cancel()
 		}
 	}
-	_, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{Check: true, Progress: hook})
+	_, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{Progress: hook})
 	if err == nil {
 		err = mokopt.Save(ctx, m, out, mokopt.SaveOptions{External: mokopt.ExternalRepack, Progress: hook})
 	}
@@ -311,7 +318,7 @@ func cancelAt(t *testing.T, src, out, stage string) (error, time.Duration, []str
 	if cancelled.IsZero() {
 		t.Fatalf("stage %s never reported", stage)
 	}
-	return err, time.Since(cancelled), after
+	return time.Since(cancelled), after, err
 }
 
 func TestCancelRewrite(t *testing.T) {
@@ -320,7 +327,7 @@ func TestCancelRewrite(t *testing.T) {
 	out := filepath.Join(dir, "out.onnx")
 	for _, stage := range []string{mokopt.StageDetect, mokopt.StageCheck, mokopt.StageFuse, mokopt.StageSave} {
 		t.Run(stage, func(t *testing.T) {
-			err, latency, after := cancelAt(t, src, out, stage)
+			latency, after, err := cancelAt(t, src, out, stage)
 			if !errors.Is(err, context.Canceled) {
 				t.Fatalf("cancelled at %s: %v, want context.Canceled", stage, err)
 			}
@@ -366,7 +373,7 @@ func TestCancelAfterDelay(t *testing.T) {
 		mu.Unlock()
 		cancel()
 	})
-	_, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{Check: true, Progress: hook})
+	_, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{Progress: hook})
 	if err == nil {
 		err = mokopt.Save(ctx, m, out, mokopt.SaveOptions{External: mokopt.ExternalRepack, Progress: hook})
 	}
@@ -391,7 +398,7 @@ func TestCancelAfterDelay(t *testing.T) {
 	// failure, stopped it) and writes the output.
 	m2 := load(t, src)
 	full := time.Now()
-	if _, err := mokopt.Rewrite(context.Background(), m2, mokopt.RewriteOptions{Check: true}); err != nil {
+	if _, err := mokopt.Rewrite(context.Background(), m2, mokopt.RewriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := mokopt.Save(context.Background(), m2, out, mokopt.SaveOptions{External: mokopt.ExternalRepack}); err != nil {
@@ -496,7 +503,7 @@ func TestLowerORT(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := load(t, src)
-	if _, err := mokopt.Rewrite(context.Background(), s, mokopt.RewriteOptions{Check: true}); err != nil {
+	if _, err := mokopt.Rewrite(context.Background(), s, mokopt.RewriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	before := len(s.Graph().Proto.Graph.Node)
@@ -506,5 +513,35 @@ func TestLowerORT(t *testing.T) {
 	}
 	if len(s.Graph().Proto.Graph.Node) != before {
 		t.Fatal("a refused LowerORT edited the model")
+	}
+}
+
+// TestRewriteChecksByDefault: the zero RewriteOptions runs the numerical
+// check (check events are reported); SkipCheck turns it off.
+func TestRewriteChecksByDefault(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  mokopt.RewriteOptions
+		want bool
+	}{
+		{"zero value", mokopt.RewriteOptions{}, true},
+		{"SkipCheck", mokopt.RewriteOptions{SkipCheck: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := load(t, "testdata/example/mixtral_block_dynamo_batched_mm.onnx")
+			checked := false
+			tc.opt.Progress = func(e mokopt.Event) {
+				if e.Stage == mokopt.StageCheck {
+					checked = true
+				}
+			}
+			rep, err := mokopt.Rewrite(context.Background(), m, tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if checked != tc.want || len(rep.Fused) != 1 {
+				t.Fatalf("check ran = %v, want %v (%d fused)", checked, tc.want, len(rep.Fused))
+			}
+		})
 	}
 }

@@ -18,11 +18,13 @@ type RewriteOptions struct {
 	// Partial fuses the blocks that pass and reports the rest, instead of
 	// refusing the whole model when any candidate fails.
 	Partial bool
-	// Check runs each block's numerical check (the original model on
-	// random inputs in the reference interpreter against the fused node's
-	// reference semantics) before the model is edited. The CLI sets it
-	// unless --no-check.
-	Check bool
+	// SkipCheck skips each block's numerical check (the original model on
+	// random inputs, or CheckData's, in the reference interpreter against
+	// the fused node's reference semantics), which otherwise runs before
+	// the model is edited: the zero value is the safe behaviour. Skipping
+	// it saves time and memory on big models (the stacked weights are then
+	// streamed, not read); verify a same-shape small model instead.
+	SkipCheck bool
 	// RestoreTracedExperts rebuilds, with a warning, blocks whose
 	// TorchScript trace computes fewer experts than the stacked weights
 	// hold, instead of refusing them.
@@ -49,7 +51,7 @@ func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport,
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
-	po := passes.Options{Partial: opt.Partial, Check: opt.Check, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable}
+	po := passes.Options{Partial: opt.Partial, Check: !opt.SkipCheck, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable}
 	if opt.CheckData != "" {
 		sets, err := verify.DataSets(opt.CheckData)
 		if err != nil {

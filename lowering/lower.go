@@ -44,6 +44,11 @@ type Options struct {
 	// unlowered or their shared expert outside the kernel. Warnings (e.g. the
 	// minibatch rule of thumb) never refuse.
 	Strict bool
+	// RequireAll refuses the whole model (ErrRefused, nothing edited) when
+	// some fused node cannot be lowered at all, instead of keeping it as
+	// ai.mok::MoE with a warning. A block whose shared expert stays outside
+	// the kernel is lowered.
+	RequireAll bool
 	// Knobs are the kernel knobs written on each node; nil means
 	// kernel.DefaultKnobs().
 	Knobs *kernel.Knobs
@@ -196,7 +201,21 @@ func Lower(m *graph.Model, opt Options) (*Report, error) {
 		}
 	}
 	if opt.Strict && len(refusals) > 0 {
-		return rep, fmt.Errorf("%w (--strict): %s", ErrRefused, strings.Join(refusals, "; "))
+		return rep, fmt.Errorf("%w (Strict option, mokopt lower --strict): %s", ErrRefused, strings.Join(refusals, "; "))
+	}
+	if opt.RequireAll && len(jobs) < len(rep.Blocks) {
+		taken := map[int]bool{}
+		for _, j := range jobs {
+			taken[j.blk] = true
+		}
+		var why []string
+		for i, b := range rep.Blocks {
+			if !taken[i] {
+				why = append(why, b.Node+": "+b.Reason)
+			}
+		}
+		return rep, fmt.Errorf("%w: %d of %d fused node(s) cannot be lowered (the Partial option, mokopt lower --partial, keeps them as ai.mok::MoE): %s",
+			ErrRefused, len(rep.Blocks)-len(jobs), len(rep.Blocks), strings.Join(why, "; "))
 	}
 
 	if len(jobs) > 0 {

@@ -7,8 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 
@@ -17,36 +15,6 @@ import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	ort "github.com/yalue/onnxruntime_go"
 )
-
-// EnvLib is the environment variable naming the ONNX Runtime shared library.
-const EnvLib = "ONNXRUNTIME_LIB"
-
-// defaultLib is the library's path relative to the repository root.
-var defaultLib = filepath.Join(".ortlib", "libonnxruntime.so.1")
-
-// LibraryPath returns the ONNX Runtime shared library Run loads: $ONNXRUNTIME_LIB
-// when set, else .ortlib/libonnxruntime.so.1 in the nearest folder at or above
-// the working directory that has one (the repository root, for tests run in
-// ortrun/), else ../.ortlib/libonnxruntime.so.1. The file may not exist.
-func LibraryPath() string {
-	if p := os.Getenv(EnvLib); p != "" {
-		return p
-	}
-	if wd, err := os.Getwd(); err == nil {
-		for d := wd; ; {
-			p := filepath.Join(d, defaultLib)
-			if _, err := os.Stat(p); err == nil {
-				return p
-			}
-			up := filepath.Dir(d)
-			if up == d {
-				break
-			}
-			d = up
-		}
-	}
-	return filepath.Join("..", defaultLib)
-}
 
 var (
 	initOnce sync.Once
@@ -57,14 +25,14 @@ var (
 // calls it. Only the first call does anything; later ones return its error.
 func Init() error {
 	initOnce.Do(func() {
-		lib := LibraryPath()
-		if _, err := os.Stat(lib); err != nil {
-			initErr = fmt.Errorf("ortrun: ONNX Runtime library: %w (run .ci/fetch-ort.sh or set %s)", err, EnvLib)
+		lib, err := FindLibrary()
+		if err != nil {
+			initErr = err
 			return
 		}
 		ort.SetSharedLibraryPath(lib)
 		if err := ort.InitializeEnvironment(); err != nil {
-			initErr = fmt.Errorf("ortrun: initializing ONNX Runtime from %s: %w", lib, err)
+			initErr = fmt.Errorf("ONNX Runtime library %s could not be loaded (%v); install ONNX Runtime 1.30 or set %s to another copy", lib, err, EnvLib)
 		}
 	})
 	return initErr

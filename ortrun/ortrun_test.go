@@ -6,7 +6,6 @@ import (
 	"context"
 	"math"
 	"math/rand"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"

@@ -41,7 +41,7 @@ func TestOutputsIdenticalAcrossGOMAXPROCS(t *testing.T) {
 				t.Fatalf("rewrite: %s", msg)
 			}
 		}
-		return []string{"lower", fused, "-o", out, "--target", "gb300-nvl72", "--ep", "4", "--plan", out + ".plan.json"}
+		return []string{"lower", fused, "-o", out, "--target", "gb300-nvl72", "--ep", "4", "--partial", "--plan", out + ".plan.json"}
 	}
 	for name, args := range jobs {
 		var ref map[string][]byte

@@ -32,12 +32,7 @@ markdown (for pull-request comments), dot (Graphviz), html (one self-contained
 page; the graph is rendered with Graphviz dot when it is installed).
 
 Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
-		Args: func(c *cobra.Command, args []string) error {
-			if err := cobra.ExactArgs(2)(c, args); err != nil {
-				return usageErr(err)
-			}
-			return nil
-		},
+		Args: cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
 			switch format {
 			case "text", "json", "markdown", "md", "dot", "html":

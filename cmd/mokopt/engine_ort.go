@@ -4,4 +4,7 @@ package main
 
 import "github.com/mokopt/mokopt/ortrun"
 
-func init() { engines["ort"] = ortrun.RunModel }
+func init() {
+	engines["ort"] = ortrun.RunModel
+	engineInit["ort"] = ortrun.Init
+}

@@ -3,9 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/kernel"
 	"github.com/mokopt/mokopt/lowering"
 	"github.com/spf13/cobra"
 )
@@ -27,10 +29,11 @@ and the shared expert in BF16, all kernel knobs at their defaults, the EP
 placement and the target as attributes.
 
 Every violated constraint of the kernel contract is reported with its number.
-With --strict any error-severity violation refuses the model (exit 1, nothing
-written). Without it, a block the kernel cannot take (e.g. H % 256 != 0, GELU,
-expert biases) stays unlowered with a warning, and a gated or wider shared
-expert is kept outside the kernel as standard ONNX ops.
+Lowering is all-or-nothing, as rewrite is: a fused node the kernel cannot take
+(e.g. H % 256 != 0, GELU, expert biases) refuses the model (exit 1, nothing
+written) unless --partial keeps it as ai.mok::MoE with a warning. A gated or
+wider shared expert is kept outside the kernel as standard ONNX ops; --strict
+refuses that too (any error-severity violation: exit 1, nothing written).
 
 --target ort instead writes ONNX Runtime's com.microsoft::MoE for each fused
 node (com.microsoft::QMoE with --quant int8|int4, --block-size N for block-wise
@@ -56,18 +59,15 @@ benchmark shapes) as JSON.`,
 			if out == mokopt.Stdio && asJSON || planPath == mokopt.Stdio && (out == mokopt.Stdio || asJSON) {
 				return usageErr(errors.New("two outputs would share standard output (-o -, --plan -, --json)"))
 			}
-			if target == "" {
-				return usageErr(errors.New("lower needs --target (gb300-nvl72, gb200-nvl72 or ort)"))
+			tgt, err := parseLowerTarget(target)
+			if err != nil {
+				return err
 			}
 			if target == lowering.TargetORT {
 				return runLowerORT(c, args[0], out, extMode, lowering.ORTOptions{Quant: quant, BlockSize: blockSize, Partial: partial}, asJSON)
 			}
-			if quant != "" || blockSize != 0 || partial {
-				return usageErr(errors.New("--quant, --block-size and --partial are for --target ort"))
-			}
-			tgt, err := mokopt.ParseTarget(target)
-			if err != nil {
-				return usageErr(err)
+			if quant != "" || blockSize != 0 {
+				return usageErr(errors.New("--quant and --block-size are for --target ort"))
 			}
 			if tokens < 0 {
 				return usageErr(fmt.Errorf("--tokens-per-rank %d is negative", tokens))
@@ -92,7 +92,7 @@ benchmark shapes) as JSON.`,
 				fmt.Fprintf(c.ErrOrStderr(), "mokopt: EP %d: %s (--ep overrides)\n", ep, why)
 			}
 			progress := newProgress(c)
-			rep, lerr := mokopt.Lower(c.Context(), m, tgt, mokopt.LowerOptions{EP: ep, TokensPerRank: tokens, Strict: strict, Progress: progress})
+			rep, lerr := mokopt.Lower(c.Context(), m, tgt, mokopt.LowerOptions{EP: ep, TokensPerRank: tokens, Strict: strict, Partial: partial, Progress: progress})
 			if lerr != nil {
 				if asJSON && rep != nil {
 					_ = writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": nil, "report": rep})
@@ -125,10 +125,10 @@ benchmark shapes) as JSON.`,
 		},
 	}
 	c.Flags().StringVarP(&out, "output", "o", "", "output model path")
-	c.Flags().StringVar(&target, "target", "", "target: gb300-nvl72 or gb200-nvl72 (MoK kernel), or ort (ONNX Runtime's com.microsoft::MoE)")
+	c.Flags().StringVar(&target, "target", "", "target: "+strings.Join(lowerTargets(), ", ")+" (gb*: the MoK kernel on that rack; ort: ONNX Runtime's com.microsoft::MoE)")
 	c.Flags().StringVar(&quant, "quant", "", "ort: int8 or int4 expert weights (com.microsoft::QMoE)")
 	c.Flags().IntVar(&blockSize, "block-size", 0, "ort --quant: block-wise scales over N inputs (power of two >= 16; 0: one scale per row)")
-	c.Flags().BoolVar(&partial, "partial", false, "ort: keep the nodes ONNX Runtime cannot express as ai.mok::MoE instead of refusing")
+	c.Flags().BoolVar(&partial, "partial", false, "keep the fused nodes the target cannot take as ai.mok::MoE (with a warning) instead of refusing the model")
 	c.Flags().IntVar(&ep, "ep", 0, "expert-parallel group size (1, 4, 8, 16, 32 or 64); default: the fused nodes' ep_size, else the largest that fits the rack and divides E")
 	c.Flags().IntVar(&tokens, "tokens-per-rank", 0, "static tokens per rank T (checked: >= 512, multiple of 256); 0: unknown")
 	c.Flags().StringVar(&planPath, "plan", "", "write the launch plan JSON to this file")
@@ -136,4 +136,22 @@ benchmark shapes) as JSON.`,
 	c.Flags().StringVar(&extMode, "external-data", "keep", "where initializer bytes go: keep, repack or inline")
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
 	return c
+}
+
+// parseLowerTarget checks a --target value against lowerTargets; a known
+// machine the kernel does not run on is refused with the reason.
+func parseLowerTarget(name string) (mokopt.Target, error) {
+	known := strings.Join(lowerTargets(), ", ")
+	if name == "" {
+		return "", usageErr(fmt.Errorf("lower needs --target (%s)", known))
+	}
+	for _, t := range lowerTargets() {
+		if t == name {
+			return mokopt.Target(name), nil
+		}
+	}
+	if t, err := kernel.LookupTarget(name); err == nil {
+		return "", usageErr(fmt.Errorf("--target %s: the MoK kernel does not run there (%s); targets: %s", name, t.Note, known))
+	}
+	return "", usageErr(fmt.Errorf("--target %q: unknown target (targets: %s)", name, known))
 }

@@ -52,7 +52,7 @@ simulated collectives against the merged model, and writes one global model;
 				if err != nil {
 					return usageErr(err)
 				}
-				return runMergeRanks(c, args, out, report, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, EPTable: tbl}, &epf, mode, asJSON)
+				return runMergeRanks(c, args, out, report, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, EPTable: tbl}, &epf, mode, asJSON)
 			}
 			if len(args) != 1 {
 				return usageErr(fmt.Errorf("rewrite takes one model (%d given; rank files need --merge-ranks)", len(args)))
@@ -85,7 +85,7 @@ simulated collectives against the merged model, and writes one global model;
 				m.Graph().SetMetadata(mokopt.MetaEPRank, strconv.Itoa(epf.rank))
 			}
 			progress := newProgress(c)
-			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, Check: !noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData})
+			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData})
 			if rep != nil && report != "" && c.Context().Err() == nil {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
 					return err

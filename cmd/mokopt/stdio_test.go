@@ -108,7 +108,7 @@ func TestStdinStdout(t *testing.T) {
 		t.Fatalf("verify - -: exit %d, %q; want 2 and a message", code, stderr)
 	}
 	// lower - -o -: the lowered model on stdout.
-	code, low, stderr := run(t, fused, "lower", "-", "-o", "-", "--target", "gb300-nvl72", "--ep", "8")
+	code, low, stderr := run(t, fused, "lower", "-", "-o", "-", "--target", "gb300-nvl72", "--ep", "8", "--partial")
 	if code != 0 || len(low) == 0 || !strings.Contains(stderr, "0 of 1 MoE block(s) lowered") {
 		t.Fatalf("lower - -o -: exit %d, %d bytes, %q", code, len(low), stderr)
 	}
@@ -167,7 +167,7 @@ func TestStdinRefusesSideFiles(t *testing.T) {
 	if code := execute([]string{"rewrite", src, "-o", fused, "--external-data", "repack"}); code != 0 {
 		t.Fatal("rewrite failed")
 	}
-	lower := []string{"lower", fused, "-o", "-", "--target", "gb300-nvl72", "--ep", "8"}
+	lower := []string{"lower", fused, "-o", "-", "--target", "gb300-nvl72", "--ep", "8", "--partial"}
 	code, out, stderr = run(t, nil, lower...)
 	if code != 2 || len(out) != 0 || !strings.Contains(stderr, "f.onnx.data") || !strings.Contains(stderr, "--external-data inline") {
 		t.Fatalf("lower -o - of a model with side files: exit %d, %d bytes, %q", code, len(out), stderr)
@@ -262,7 +262,7 @@ func TestJSONSchemaVersion(t *testing.T) {
 		{"rewrite", "--json", exampleModel, "-o", fused},
 		{"verify", "--json", fused, exampleModel},
 		{"run", "--json", exampleModel, "--data", data},
-		{"lower", "--json", fused, "-o", filepath.Join(dir, "l.onnx"), "--target", "gb300-nvl72", "--ep", "8"},
+		{"lower", "--json", fused, "-o", filepath.Join(dir, "l.onnx"), "--target", "gb300-nvl72", "--ep", "8", "--partial"},
 		{"diff", "--format", "json", exampleModel, fused},
 		{"diff", "--format", "json", "--stat", exampleModel, fused},
 		{"gen", "--json", "-o", filepath.Join(dir, "g.onnx")},
@@ -285,7 +285,7 @@ func TestJSONSchemaVersion(t *testing.T) {
 	if code := execute([]string{"rewrite", exampleModel, "-o", filepath.Join(dir, "f2.onnx"), "--report", rep}); code != 0 {
 		t.Fatal("rewrite --report failed")
 	}
-	if code := execute([]string{"lower", fused, "-o", filepath.Join(dir, "l2.onnx"), "--target", "gb300-nvl72", "--ep", "8", "--plan", plan}); code != 0 {
+	if code := execute([]string{"lower", fused, "-o", filepath.Join(dir, "l2.onnx"), "--target", "gb300-nvl72", "--ep", "8", "--partial", "--plan", plan}); code != 0 {
 		t.Fatal("lower --plan failed")
 	}
 	for _, f := range []string{rep, plan} {

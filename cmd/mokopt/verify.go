@@ -37,7 +37,7 @@ func newVerifyCmd() *cobra.Command {
 	var memLimit byteSize
 	c := &cobra.Command{
 		Use:   "verify A B",
-		Short: "Run two models on the same inputs with the reference interpreter and compare",
+		Short: "Run two models on the same inputs and compare their outputs",
 		Long: `verify runs models A and B on the same inputs in mokopt's reference interpreter
 (or, with --engine ort, in ONNX Runtime) and compares every output element-wise: |a-b| <= atol + rtol*|b|. Inputs come from
 --data (an ONNX test_data_set folder) or are random, one case per --tokens value
@@ -110,7 +110,7 @@ func newRunCmd() *cobra.Command {
 func reportVerify(w io.Writer, rep *verify.Report, err error, asJSON bool) error {
 	var mm *mokopt.MismatchError
 	if err != nil && !errors.As(err, &mm) {
-		return err
+		return runFailed(err)
 	}
 	if asJSON {
 		if err := writeJSON(w, rep); err != nil {
