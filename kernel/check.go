@@ -25,7 +25,7 @@ type Violation struct {
 	// Message states the violation with the offending numbers,
 	// e.g. "hidden size H=64 is not a multiple of 256".
 	Message string
-	// Constraint is the constraint's text, as in MOK_KERNEL.md.
+	// Constraint is the constraint's text, as in docs/kernel.md.
 	Constraint string
 }
 
@@ -131,7 +131,7 @@ var constraintByCode = func() map[string]Constraint {
 }()
 
 // Constraints returns every rule the checks enforce, one per violation code.
-// Two rules of MOK_KERNEL.md cannot be checked from a layer spec and are left to
+// Two rules of docs/kernel.md cannot be checked from a layer spec and are left to
 // the runtime: "same T on every rank" and "contiguous expert placement" (this
 // package's tensor table states the placement, expert e on rank e / E_l).
 func Constraints() []Constraint { return append([]Constraint(nil), constraintList...) }
@@ -169,7 +169,7 @@ type LayerSpec struct {
 	NumShared int
 }
 
-// Check verifies a layer against every hard constraint of MOK_KERNEL.md for a
+// Check verifies a layer against every hard constraint of docs/kernel.md for a
 // target, an EP size and tokens per rank (0 when not known: the T rules are then
 // skipped), with the default knobs. It returns all violations, errors and
 // warnings, in a stable order; none means MoK can run the layer.

@@ -121,7 +121,7 @@ func TestConstraintsCoverCodes(t *testing.T) {
 			t.Errorf("bad constraint %+v", c)
 		}
 	}
-	// Every hard-constraint topic of MOK_KERNEL.md has a code.
+	// Every hard-constraint topic of docs/kernel.md has a code.
 	for _, code := range []string{CodeGPUArch, CodeEPSize, CodeEModEP, CodeTMin, CodeTMod, CodeHMod, CodeIMod, CodeTopKRange,
 		CodeActivation, CodeActivationGPTOSS, CodeExpertBias, CodeNoShared, CodeMultipleShared, CodeSharedIMismatch, CodeSharedGated,
 		CodeCUDAVersion, CodePyTorchVersion, CodePythonVersion} {

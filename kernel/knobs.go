@@ -22,7 +22,7 @@ type Knobs struct {
 	// ScheduleCapacityMultiplier sets the schedule capacity; see ScheduleRows.
 	ScheduleCapacityMultiplier float64
 	// AllGatherTopExpertsChunkBytes is the chunk size of the all-gather of the
-	// routing decisions. MOK_KERNEL.md gives only its default; this package
+	// routing decisions. docs/kernel.md gives only its default; this package
 	// requires it to be positive and nothing more.
 	AllGatherTopExpertsChunkBytes int
 }
@@ -50,7 +50,7 @@ type KnobSpec struct {
 	Rule string
 }
 
-// KnobSpecs returns the knob table of MOK_KERNEL.md "Kernel knobs".
+// KnobSpecs returns the knob table of docs/kernel.md "Kernel knobs".
 func KnobSpecs() []KnobSpec {
 	return []KnobSpec{
 		{"fwd_num_comm_sms", "40", "positive, even, < SM count"},

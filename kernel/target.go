@@ -31,15 +31,15 @@ func (t Target) Arch() string { return fmt.Sprintf("sm_%d", t.SM) }
 // The known targets.
 var (
 	// GB200NVL72 is a GB200 NVL72 rack: 72 B200 GPUs (SM100) in one NVLink domain.
-	// 148 SMs per GPU is the C of MOK_KERNEL.md's minibatch rule of thumb.
+	// 148 SMs per GPU is the C of docs/kernel.md's minibatch rule of thumb.
 	GB200NVL72 = Target{Name: "gb200-nvl72", GPU: "B200", SM: 100, SMCount: 148, DomainGPUs: 72, Supported: true,
-		Note: "SM100; MOK_KERNEL.md: supported"}
+		Note: "SM100; MoK supports it"}
 	// GB300NVL72 is a GB300 NVL72 rack: 72 B300 GPUs (SM103) in one NVLink domain.
-	// MOK_KERNEL.md's rule of thumb uses C = 148 SMs; that is used here too.
+	// docs/kernel.md's rule of thumb uses C = 148 SMs; that is used here too.
 	GB300NVL72 = Target{Name: "gb300-nvl72", GPU: "B300", SM: 103, SMCount: 148, DomainGPUs: 72, Supported: true,
-		Note: "SM103; MOK_KERNEL.md: supported; the vendor's benchmarks ran on one GB300 NVL72 rack"}
+		Note: "SM103; MoK supports it; the vendor's benchmarks ran on one GB300 NVL72 rack"}
 	// H200 is an HGX H200 node (SM90, 132 SMs, 8 GPUs per NVLink domain, public
-	// NVIDIA figures, not from MOK_KERNEL.md). MoK does not run on it.
+	// NVIDIA figures, not from docs/kernel.md). MoK does not run on it.
 	H200 = Target{Name: "h200", GPU: "H200", SM: 90, SMCount: 132, DomainGPUs: 8, Supported: false,
 		Note: "SM90: MoK needs SM100 (GB200) or SM103 (GB300); keep the unfused MoE"}
 )

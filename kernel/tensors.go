@@ -102,7 +102,7 @@ func mxfp8Pair(name string, nName, kName string, n, k func(Dims) int, training b
 	}
 }
 
-// tensorTable is the per-rank tensor contract of MOK_KERNEL.md "Tensor contract".
+// tensorTable is the per-rank tensor contract of docs/kernel.md "Tensor contract".
 var tensorTable = func() []TensorSpec {
 	h := func(d Dims) int { return d.H }
 	i := func(d Dims) int { return d.I }

@@ -42,7 +42,7 @@ type Workspace struct {
 //   - The backward pass's buffers are not estimated (unknown).
 //
 // The shapes of the last two come from MoK's public Python operator signatures
-// (mok::dispatch_mlp_swiglu_combine_fwd_{bf16,mxfp8}), not from MOK_KERNEL.md.
+// (mok::dispatch_mlp_swiglu_combine_fwd_{bf16,mxfp8}), not from docs/kernel.md.
 func EstimateWorkspace(spec LayerSpec, ep, tokensPerRank int, p Precision, knobs Knobs) Workspace {
 	T, H, I, k := int64(tokensPerRank), int64(spec.H), int64(spec.I), int64(spec.K)
 	eLocal := int64(0)

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// layoutOffset restates the layout of MOK_KERNEL.md independently of ScaleIndex:
+// layoutOffset restates the layout of docs/kernel.md independently of ScaleIndex:
 // the [rows/128, K/128, 32, 16] tile of (row tile R/128, K tile kb/4), and inside
 // it byte (r%32)·16 + (r/32)·4 + kb%4 for r = R%128.
 func layoutOffset(row, kblock, k int) int {

@@ -40,7 +40,7 @@ const (
 	giga = 1e9
 )
 
-// GB300 is one GPU of a GB300 NVL72 rack. Sources (MOK_KERNEL.md "Hardware
+// GB300 is one GPU of a GB300 NVL72 rack. Sources (docs/kernel.md "Hardware
 // figures", third-party leads): dense BF16 ≈ 2.5 PFLOP/s, FP8/MXFP8 ≈ 5 PFLOP/s
 // ("MXFP8 = FP8 rate (?)"), HBM3e 288 GB at 8 TB/s, NVLink 5 1.8 TB/s
 // bidirectional = 900 GB/s each way; DeepEP v2.1.0 on SM100 NVLink (EP 8, 64 SMs):
@@ -56,7 +56,7 @@ var GB300 = Hardware{
 	DeepEPCombine:   740 * giga,
 }
 
-// GB200 is one GPU of a GB200 NVL72 rack. Sources (MOK_KERNEL.md): dense BF16 ≈
+// GB200 is one GPU of a GB200 NVL72 rack. Sources (docs/kernel.md): dense BF16 ≈
 // 2.5 PFLOP/s, FP8 ≈ 5 PFLOP/s, 192 GB at 8 TB/s, NVLink 5 900 GB/s each way; the
 // DeepEP SM100 figures (726/740 GB/s) are used for it as well.
 var GB200 = Hardware{
@@ -71,7 +71,7 @@ var GB200 = Hardware{
 }
 
 // H200 is one GPU of an HGX H200 node, from NVIDIA's public H200 datasheet (not
-// from MOK_KERNEL.md): dense BF16 ≈ 0.99 PFLOP/s, FP8 ≈ 1.98 PFLOP/s, 141 GB
+// from docs/kernel.md): dense BF16 ≈ 0.99 PFLOP/s, FP8 ≈ 1.98 PFLOP/s, 141 GB
 // HBM3e at 4.8 TB/s, NVLink 4 900 GB/s bidirectional. No DeepEP figure is
 // recorded, and MoK does not run on SM90, so Predict refuses it.
 var H200 = Hardware{

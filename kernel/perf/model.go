@@ -23,7 +23,7 @@ type Shape struct {
 }
 
 // VendorShapes returns the four layer shapes of the vendor's benchmarks
-// (MOK_KERNEL.md "Reported results"), each with one shared expert.
+// (docs/kernel.md "Reported results"), each with one shared expert.
 func VendorShapes() []Shape {
 	return []Shape{
 		{Name: "E384 H7168 I2048 k8", E: 384, H: 7168, I: 2048, K: 8},

@@ -8,7 +8,7 @@ import (
 )
 
 // VendorReported returns the vendor's reported best speedups over the fastest
-// public baseline for a precision (MOK_KERNEL.md "Reported results": up to 2.37×
+// public baseline for a precision (docs/kernel.md "Reported results": up to 2.37×
 // MXFP8 forward, 1.78× MXFP8 backward, 1.92× BF16 forward, 1.58× BF16 backward).
 // They are maxima over the four shapes, and the vendor's own measurements.
 func VendorReported(p kernel.Precision) (fwd, bwd float64) {
