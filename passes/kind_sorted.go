@@ -99,42 +99,42 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	if graph.AttrInt(sortTK, "sorted", 1) != 1 {
 		fail("sort %q does not order its output", graph.NodeLabel(sortTK))
 	}
-	if r := c.rankOf(c.through(sortTK.Input[0])); r > 1 || !c.flattens(sortTK.Input[0]) {
+	if !c.flattens(sortTK.Input[0]) {
 		fail("sort %q does not sort the flattened token/expert pairs", graph.NodeLabel(sortTK))
 	}
 	sd.perm = sortTK.Output[1]
 
 	// The permutation gives each sorted pair its token (perm div k) and its
 	// routing weight (the flattened weights gathered by perm).
+	xIn := c.through(ri.x)
 	for _, n := range c.consumersThrough(sd.perm) {
 		if !c.inLimit(n) {
 			continue
 		}
-		switch n.GetOpType() {
-		case "Div":
+		switch op := n.GetOpType(); {
+		case op == "Div":
 			if c.through(n.Input[0]) != c.through(sd.perm) {
 				fail("%q divides by the sort permutation", graph.NodeLabel(n))
 			}
-			if d, ok := c.scalarInt(n.Input[1]); !ok || int(d) != k {
-				fail("%q divides the sort permutation by %v, not by top_k %d: not the pairs' tokens", graph.NodeLabel(n), d, k)
+			c.setOnce(&sd.tok, c.quotientOf(n, k), "token index")
+		case op == "Gather" || op == "GatherND":
+			data, idx, ok := c.gatherRows(n)
+			if !ok || c.through(idx) != c.through(sd.perm) {
+				fail("%q gathers by the sort permutation other than row by row", graph.NodeLabel(n))
 			}
-			c.setOnce(&sd.tok, n.Output[0], "token index")
-		case "Gather":
-			if graph.AttrInt(n, "axis", 0) != 0 || c.through(n.Input[1]) != c.through(sd.perm) {
-				fail("%q gathers by the sort permutation along another axis", graph.NodeLabel(n))
-			}
-			if k == 1 && c.through(n.Input[0]) == c.through(ri.x) {
+			if k == 1 && c.through(data) == xIn {
 				c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
-				sd.tok = sd.perm
 				continue
 			}
-			if !c.flattens(n.Input[0]) || !c.isRoutingWeights(tk, ri, n.Input[0]) {
+			if !c.flattens(data) || !c.isRoutingWeights(tk, ri, data) {
 				fail("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
 			}
 			c.setOnce(&sd.gates, n.Output[0], "sorted routing weights")
-		case "Shape", "Size":
+		case op == "Shape" || op == "Size":
 		default:
-			fail("unexpected %s %q reads the sort permutation", n.GetOpType(), graph.NodeLabel(n))
+			if k != 1 {
+				fail("unexpected %s %q reads the sort permutation", op, graph.NodeLabel(n))
+			}
 		}
 	}
 	if sd.tok == "" && k == 1 {
@@ -143,27 +143,26 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	if sd.tok == "" || sd.gates == "" {
 		fail("the sort permutation does not give both the pairs' tokens (a division by top_k) and their routing weights")
 	}
-	// The tokens gathered in sorted order, and the scatter back.
-	var scatter *pb.NodeProto
+	// The tokens gathered in sorted order; the scatter back is checked
+	// from the scatter.
 	for _, n := range c.consumersThrough(sd.tok) {
 		if !c.inLimit(n) {
 			continue
 		}
-		switch n.GetOpType() {
-		case "Gather":
-			if graph.AttrInt(n, "axis", 0) == 0 && c.through(n.Input[1]) == c.through(sd.tok) && c.through(n.Input[0]) == c.through(ri.x) {
+		switch op := n.GetOpType(); {
+		case op == "Gather" || op == "GatherND":
+			data, idx, ok := c.gatherRows(n)
+			if ok && c.through(idx) == c.through(sd.tok) && c.through(data) == xIn {
 				c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
 				continue
 			}
 			if sd.tok != sd.perm { // with top_k 1 the permutation also gathers the weights
 				fail("%q gathers by the pairs' tokens something other than the router's input", graph.NodeLabel(n))
 			}
-		case "ScatterND", "ScatterElements", "Expand":
-			// checked from the scatter below
-		case "Shape", "Size":
+		case op == "ScatterND" || op == "ScatterElements" || op == "Expand" || op == "Shape" || op == "Size":
 		default:
 			if sd.tok != sd.perm {
-				fail("unexpected %s %q reads the pairs' tokens", n.GetOpType(), graph.NodeLabel(n))
+				fail("unexpected %s %q reads the pairs' tokens", op, graph.NodeLabel(n))
 			}
 		}
 	}
@@ -172,6 +171,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	}
 
 	// Follow the gathered tokens through the per-expert groups.
+	var scatter *pb.NodeProto
 	tags := map[string]sortedTag{sd.xs: {0, -1}}
 	type segMM struct{ l1, l2 []*emm }
 	segs := make([]segMM, E)
@@ -351,6 +351,98 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	return KindSorted
 }
 
+// quotientOf returns the value holding div's input divided by k and
+// rounded toward zero: div itself when it divides integers by the constant
+// k, or, for a float division by k, the floor after it (Floor, or
+// Floor(Abs(q)) * Sign(q), the truncation exporters write for
+// rounding_mode="trunc"), before any cast back to integers.
+func (c *ctx) quotientOf(div *pb.NodeProto, k int) string {
+	if d, ok := c.scalarInt(div.Input[1]); ok {
+		if int(d) != k {
+			fail("%q divides the sort permutation by %d, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), d, k)
+		}
+		return div.Output[0]
+	}
+	f, ok := c.scalarFloat(div.Input[1])
+	if !ok || f != float32(k) {
+		fail("%q divides the sort permutation by %v, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), div.Input[1], k)
+	}
+	q := div.Output[0]
+	cons := c.g.Consumers(q)
+	ops := map[string]*pb.NodeProto{}
+	for _, n := range cons {
+		ops[n.GetOpType()] = n
+	}
+	switch {
+	case len(cons) == 1 && ops["Floor"] != nil:
+		return ops["Floor"].Output[0]
+	case len(cons) == 2 && ops["Abs"] != nil && ops["Sign"] != nil:
+		fl := c.g.Consumers(ops["Abs"].Output[0])
+		if len(fl) == 1 && fl[0].GetOpType() == "Floor" {
+			mul := c.g.Consumers(fl[0].Output[0])
+			sg := ops["Sign"].Output[0]
+			if len(mul) == 1 && mul[0].GetOpType() == "Mul" && len(mul[0].Input) == 2 && (mul[0].Input[0] == sg || mul[0].Input[1] == sg) {
+				return mul[0].Output[0]
+			}
+		}
+	}
+	fail("%q divides the sort permutation by top_k in floating point without rounding the quotient down", graph.NodeLabel(div))
+	return ""
+}
+
+// gatherRows reads a gather of whole rows along the first axis: Gather
+// with axis 0, or GatherND (batch_dims 0) whose indices are a vector with
+// a trailing unit axis added. It returns the data and the row indices.
+func (c *ctx) gatherRows(n *pb.NodeProto) (data, idx string, ok bool) {
+	if len(n.Input) < 2 {
+		return "", "", false
+	}
+	switch n.GetOpType() {
+	case "Gather":
+		if graph.AttrInt(n, "axis", 0) != 0 {
+			return "", "", false
+		}
+		return n.Input[0], n.Input[1], true
+	case "GatherND":
+		if graph.AttrInt(n, "batch_dims", 0) != 0 {
+			return "", "", false
+		}
+		if v := c.rowIndex(n.Input[1]); v != "" {
+			return n.Input[0], v, true
+		}
+	}
+	return "", "", false
+}
+
+// rowIndex returns v when idx is a vector v given a trailing unit axis
+// (Unsqueeze on the last axis, or a Reshape to [-1, 1]): the [n, 1]
+// indices of ScatterND and GatherND addressing whole rows. It returns ""
+// otherwise.
+func (c *ctx) rowIndex(idx string) string {
+	p := c.g.Producer(idx)
+	if p == nil || len(p.Input) == 0 {
+		return ""
+	}
+	switch p.GetOpType() {
+	case "Unsqueeze":
+		axes := graph.AttrInts(p, "axes")
+		if len(p.Input) > 1 && p.Input[1] != "" {
+			axes = c.constInts(p.Input[1])
+		}
+		r := c.rankOf(p.Input[0])
+		if len(axes) == 1 && (axes[0] == -1 || axes[0] == 1 && r <= 1) && r <= 1 {
+			return p.Input[0]
+		}
+	case "Reshape":
+		if sh := c.constInts(p.Input[1]); len(sh) == 2 && sh[1] == 1 && (sh[0] == -1 || sh[0] > 0) {
+			return p.Input[0]
+		}
+	case "Identity", "Cast":
+		return c.rowIndex(p.Input[0])
+	}
+	return ""
+}
+
 // sortedElementwise are the ops an activation between a sort-based
 // block's projections may use.
 var sortedElementwise = map[string]bool{
@@ -480,32 +572,19 @@ func (c *ctx) lastAxisOnly(n *pb.NodeProto) bool {
 func (c *ctx) countsOf(v, idx string, E int) string {
 	v = c.through(v)
 	if p := c.g.Producer(v); p != nil && p.GetOpType() == "Concat" {
+		if len(p.Input) != E {
+			fail("the split sizes list %d counts for %d experts", len(p.Input), E)
+		}
 		src := ""
 		for e, in := range p.Input {
-			q := c.producerOp(in)
-			var from string
-			switch {
-			case q != nil && q.GetOpType() == "Gather" && graph.AttrInt(q, "axis", 0) == 0:
-				if i, ok := c.scalarInt(q.Input[1]); !ok || int(i) != e {
-					fail("the split sizes list the counts out of order at %q", graph.NodeLabel(q))
-				}
-				from = c.through(q.Input[0])
-			case q != nil && q.GetOpType() == "Slice":
-				st, en := c.constInts(q.Input[1]), c.constInts(q.Input[2])
-				if len(st) != 1 || len(en) != 1 || int(st[0]) != e || int(en[0]) != e+1 {
-					fail("the split sizes list the counts out of order at %q", graph.NodeLabel(q))
-				}
-				from = c.through(q.Input[0])
-			default:
-				fail("the split sizes are not the per-expert counts (%q)", in)
+			from, at := c.countPiece(in)
+			if from == "" || at != e {
+				fail("the split sizes are not the per-expert counts in expert order (%q)", in)
 			}
 			if src != "" && src != from {
 				fail("the split sizes mix two count vectors")
 			}
 			src = from
-		}
-		if len(p.Input) != E {
-			fail("the split sizes list %d counts for %d experts", len(p.Input), E)
 		}
 		v = src
 	}
@@ -571,9 +650,55 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 	return ""
 }
 
-// constFloatsAny reads a small constant as float64s, whatever its numeric type.
+// countPiece reads one listed count: element e of a count vector, taken by
+// a Gather of index e along axis 0 or a Slice [e, e+1) of the first axis
+// (then possibly a Gather of its only element), through noise. It returns
+// the vector (looked through noise) and e, or "" when v is not such.
+func (c *ctx) countPiece(v string) (string, int) {
+	p := c.producerOp(v)
+	if p == nil || len(p.Input) < 2 {
+		return "", -1
+	}
+	switch p.GetOpType() {
+	case "Gather":
+		i, ok := c.scalarInt(p.Input[1])
+		if !ok || graph.AttrInt(p, "axis", 0) != 0 {
+			return "", -1
+		}
+		if q := c.producerOp(p.Input[0]); q != nil && q.GetOpType() == "Slice" {
+			if i != 0 {
+				return "", -1
+			}
+			return c.countPiece(p.Input[0])
+		}
+		return c.through(p.Input[0]), int(i)
+	case "Slice":
+		if len(p.Input) < 3 {
+			return "", -1
+		}
+		st, en := c.constInts(p.Input[1]), c.constInts(p.Input[2])
+		if len(st) != 1 || len(en) != 1 || en[0] != st[0]+1 || st[0] < 0 {
+			return "", -1
+		}
+		if len(p.Input) > 3 && p.Input[3] != "" {
+			if ax := c.constInts(p.Input[3]); len(ax) != 1 || ax[0] != 0 && ax[0] != -1 {
+				return "", -1
+			}
+		}
+		if len(p.Input) > 4 && p.Input[4] != "" {
+			if sp := c.constInts(p.Input[4]); len(sp) != 1 || sp[0] != 1 {
+				return "", -1
+			}
+		}
+		return c.through(p.Input[0]), int(st[0])
+	}
+	return "", -1
+}
+
+// constFloatsAny reads a constant (of at most a million elements) as
+// float64s, whatever its numeric type.
 func (c *ctx) constFloatsAny(v string) []float64 {
-	t, b := c.constBytes(v, 16)
+	t, b := c.constBytes(v, 1<<20)
 	if t == nil {
 		return nil
 	}
@@ -659,7 +784,7 @@ func (c *ctx) checkScatterBack(n *pb.NodeProto, tok string) {
 	idx := n.Input[1]
 	switch n.GetOpType() {
 	case "ScatterND":
-		if c.through(idx) != c.through(tok) {
+		if v := c.rowIndex(idx); v == "" || c.through(v) != c.through(tok) {
 			fail("%q scatters back to rows other than the sorted pairs' tokens", graph.NodeLabel(n))
 		}
 	case "ScatterElements":
