@@ -280,7 +280,7 @@ func (s *scope) lookup(r *runner, name string) (*Tensor, error) {
 			return t, nil
 		}
 		if p, ok := sc.inits[name]; ok {
-			t, err := FromProto(p, r.m.TensorBytes)
+			t, err := initializerTensor(p, r.m.TensorBytes)
 			if err != nil {
 				return nil, err
 			}

@@ -44,6 +44,28 @@ func gemmF32Cols(a, b, c []float32, M, K, N, c0, c1 int) {
 	}
 }
 
+// gemvF32 computes c[i] += a[i,:]·b for the rows of a[len(c), K]: the
+// product with one column, as a batched-experts export multiplies each
+// gathered expert matrix by one token.
+func gemvF32(a, b, c []float32, K int) {
+	b = b[:K]
+	for i := range c {
+		row := a[i*K : i*K+K]
+		var s0, s1, s2, s3 float32
+		k := 0
+		for ; k+4 <= K; k += 4 {
+			s0 += row[k] * b[k]
+			s1 += row[k+1] * b[k+1]
+			s2 += row[k+2] * b[k+2]
+			s3 += row[k+3] * b[k+3]
+		}
+		for ; k < K; k++ {
+			s0 += row[k] * b[k]
+		}
+		c[i] += (s0 + s1) + (s2 + s3)
+	}
+}
+
 // gemmGeneric computes columns [c0, c1) of c += a*b for float64 and int64.
 func gemmGeneric[T float64 | int64](a, b, c []T, M, K, N, c0, c1 int) {
 	for i := 0; i < M; i++ {
@@ -183,6 +205,10 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		rows := j.r1 - j.r0
 		switch a.kind() {
 		case kF32:
+			if N == 1 {
+				gemvF32(abuf[j.ao+j.r0*K:j.ao+j.r1*K], bbuf[j.bo:j.bo+K], out.F32[j.co+j.r0:j.co+j.r1], K)
+				break
+			}
 			gemmF32Cols(abuf[j.ao+j.r0*K:j.ao+j.r1*K], bbuf[j.bo:j.bo+K*N], out.F32[j.co+j.r0*N:j.co+j.r1*N], rows, K, N, j.c0, j.c1)
 		case kF64:
 			gemmGeneric(a.F64[j.ao+j.r0*K:j.ao+j.r1*K], b.F64[j.bo:j.bo+K*N], out.F64[j.co+j.r0*N:j.co+j.r1*N], rows, K, N, j.c0, j.c1)

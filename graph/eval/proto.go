@@ -85,6 +85,10 @@ func fromRaw(dt pb.TensorProto_DataType, shape []int, raw []byte) (*Tensor, erro
 	le := binary.LittleEndian
 	switch dt {
 	case pb.TensorProto_FLOAT:
+		if littleEndian {
+			copy(f32Bytes(t.F32), raw)
+			break
+		}
 		for i := range t.F32 {
 			t.F32[i] = math.Float32frombits(le.Uint32(raw[4*i:]))
 		}

@@ -197,8 +197,8 @@ func (t *Tensor) Rank() int { return len(t.Shape) }
 // ByteSize estimates the memory the tensor's data occupies in this
 // interpreter (not its ONNX storage size).
 func (t *Tensor) ByteSize() int64 {
-	if t.lazy != nil {
-		return 8 * int64(len(t.lazy.offs))
+	if t.lazy != nil { // the offsets, and the source it keeps alive
+		return 8*int64(len(t.lazy.offs)) + t.lazy.src.ByteSize()
 	}
 	switch t.kind() {
 	case kF32:

@@ -1,0 +1,52 @@
+package eval
+
+import (
+	"unsafe"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// littleEndian reports whether float32 values are stored like ONNX's raw
+// data, so that raw bytes can be copied (or kept) as they are.
+var littleEndian = func() bool {
+	v := uint16(1)
+	return *(*byte)(unsafe.Pointer(&v)) == 1
+}()
+
+// f32Bytes views a float32 slice's memory as bytes.
+func f32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+}
+
+// initializerTensor is FromProto for an initializer the run reads: a
+// float32 tensor in external data is read into a fresh buffer, which then
+// becomes the tensor's data as it is (no second copy) where the byte order
+// and the buffer's alignment allow.
+func initializerTensor(p *pb.TensorProto, bytesFn BytesFunc) (*Tensor, error) {
+	if !littleEndian || !graph.IsExternal(p) || graph.DataType(p) != pb.TensorProto_FLOAT || p.Segment != nil {
+		return FromProto(p, bytesFn)
+	}
+	shape := make([]int, len(p.GetDims()))
+	for i, d := range p.GetDims() {
+		if d < 0 || d > 1<<31-1 {
+			return FromProto(p, bytesFn) // FromProto names the bad dim
+		}
+		shape[i] = int(d)
+	}
+	n, err := checkedNumel(shape)
+	if err != nil {
+		return FromProto(p, bytesFn)
+	}
+	raw, err := bytesFn(p)
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) != 4*n || n == 0 || uintptr(unsafe.Pointer(&raw[0]))%4 != 0 {
+		return fromRaw(pb.TensorProto_FLOAT, shape, raw)
+	}
+	return &Tensor{DType: pb.TensorProto_FLOAT, Shape: shape, F32: unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), n)}, nil
+}
