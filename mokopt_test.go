@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -162,6 +164,9 @@ func TestUnsupportedPatternIsTyped(t *testing.T) {
 		t.Fatalf("%v (%T), want an *UnsupportedPatternError", err, err)
 	}
 	t.Logf("refused: %v", err)
+	if !strings.Contains(err.Error(), "Partial option") {
+		t.Errorf("the error %q does not name the option that fuses the others", err)
+	}
 	if len(up.Candidates) != 1 || !strings.Contains(up.Candidates[0].Reason, "expert") || up.Candidates[0].Node == "" {
 		t.Fatalf("candidates %+v: want each with node and reason", up.Candidates)
 	}
@@ -528,7 +533,7 @@ func TestRewriteChecksByDefault(t *testing.T) {
 		{"SkipCheck", mokopt.RewriteOptions{SkipCheck: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := load(t, "testdata/example/mixtral_block_dynamo_batched_mm.onnx")
+			m := load(t, example)
 			checked := false
 			tc.opt.Progress = func(e mokopt.Event) {
 				if e.Stage == mokopt.StageCheck {
@@ -543,5 +548,42 @@ func TestRewriteChecksByDefault(t *testing.T) {
 				t.Fatalf("check ran = %v, want %v (%d fused)", checked, tc.want, len(rep.Fused))
 			}
 		})
+	}
+}
+
+// TestReportsPrintNoPointers: printing any report with %v or %+v shows its
+// content, not addresses.
+func TestReportsPrintNoPointers(t *testing.T) {
+	ctx := context.Background()
+	src := "testdata/example/mixtral_block_dynamo_batched_mm.onnx"
+	m := load(t, src)
+	rrep, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vrep, err := mokopt.Verify(ctx, m, load(t, src), mokopt.DefaultVerifyOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ort := load(t, src)
+	if _, err := mokopt.Rewrite(ctx, ort, mokopt.RewriteOptions{SkipCheck: true}); err != nil {
+		t.Fatal(err)
+	}
+	orep, err := mokopt.LowerORT(ctx, ort, mokopt.ORTOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lrep, err := mokopt.Lower(ctx, m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8, Partial: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptr := regexp.MustCompile(`0x[0-9a-f]{6,}`)
+	for name, rep := range map[string]any{"rewrite": rrep, "verify": vrep, "lower": lrep, "lower ort": orep} {
+		for _, verb := range []string{"%v", "%+v"} {
+			s := fmt.Sprintf(verb, rep)
+			if ptr.MatchString(s) || !strings.Contains(s, "MoE") && !strings.Contains(s, "ok") {
+				t.Errorf("%s report printed with %s: %q", name, verb, s)
+			}
+		}
 	}
 }

@@ -144,7 +144,7 @@ func (c *ctxWriter) ReadFrom(r io.Reader) (int64, error) {
 
 // ErrTooLarge is returned when a model without external data would exceed
 // protobuf's 2 GiB limit.
-var ErrTooLarge = errors.New("model exceeds protobuf's 2 GiB limit; save with external data (--external-data repack)")
+var ErrTooLarge = errors.New("model exceeds protobuf's 2 GiB limit; save with external data (SaveOptions.External ExternalRepack, mokopt --external-data repack)")
 
 const sideAlign = 64
 
@@ -358,7 +358,7 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 		if ref, err := External(t); err == nil {
 			loc = " (" + ref.Location + ")"
 		}
-		return fmt.Errorf("initializer %q is stored externally%s: %w; write to a file, or use --external-data inline", t.GetName(), loc, ErrNeedsSideFile)
+		return fmt.Errorf("initializer %q is stored externally%s: %w; write to a file, or inline the weights (SaveOptions.External ExternalInline, mokopt --external-data inline)", t.GetName(), loc, ErrNeedsSideFile)
 	}
 	var restore []func()
 	defer func() {

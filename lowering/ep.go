@@ -36,7 +36,7 @@ func EPFromModel(m *graph.Model) (int, error) {
 			continue
 		}
 		if ep != 0 && v != ep {
-			return 0, fmt.Errorf("%s: fused nodes %q (ep_size %d) and %q (ep_size %d) disagree; pass --ep", m.Name(), from, ep, graph.NodeLabel(n), v)
+			return 0, fmt.Errorf("%s: fused nodes %q (ep_size %d) and %q (ep_size %d) disagree; set the EP option (mokopt lower --ep)", m.Name(), from, ep, graph.NodeLabel(n), v)
 		}
 		ep, from = v, graph.NodeLabel(n)
 	}

@@ -130,7 +130,7 @@ func LowerORT(m *graph.Model, opt ORTOptions) (*ORTReport, error) {
 	switch opt.Quant {
 	case "":
 		if opt.BlockSize != 0 {
-			return rep, fmt.Errorf("block size %d needs --quant int8 or int4", opt.BlockSize)
+			return rep, fmt.Errorf("block size %d needs Quant int8 or int4 (mokopt lower --quant)", opt.BlockSize)
 		}
 	case "int8":
 		bits = 8

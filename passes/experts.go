@@ -310,13 +310,23 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 		if slots < E && c.restore {
 			b.TracedExperts = slots
 		} else if slots < E {
-			fail("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts; --restore-traced-experts rebuilds all experts from the stacked weights)", slots, E, E-slots, slots)
+			fail("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts; the RestoreTracedExperts option, mokopt rewrite --restore-traced-experts, rebuilds all experts from the stacked weights)", slots, E, E-slots, slots)
 		}
 		if slots > E {
 			fail("%d traced expert branches for %d experts", slots, E)
 		}
+		// Every traced branch reads the same stacked weights: any one of
+		// them stands for all, whichever the node order lists first.
+		for _, br := range branches[1:] {
+			if !sameWeights(br.l1, branches[0].l1) || br.l2.w.t != branches[0].l2.w.t {
+				fail("traced expert branches read different weights")
+			}
+		}
 		branches = branches[:1]
 	}
+	// Branches in expert order, so that the activation is read from the
+	// same branch (expert 0's) whatever the node order.
+	sort.SliceStable(branches, func(i, j int) bool { return branches[i].expert < branches[j].expert })
 	if !branches[0].stacked {
 		seen := map[int]bool{}
 		for _, br := range branches {
@@ -383,6 +393,20 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 	s.Inter = out
 	s.ExpertBias = plan.Experts[0].GateB != nil || plan.Experts[0].UpB != nil || plan.Experts[0].DownB != nil
 	return kind
+}
+
+// sameWeights reports whether two branches' input projections read the
+// same initializers (as sets).
+func sameWeights(a, b []*emm) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, x := range a {
+		if !slices.ContainsFunc(b, func(y *emm) bool { return y.w.t == x.w.t }) {
+			return false
+		}
+	}
+	return true
 }
 
 // branchExpert finds the constant expert id that selects a branch's tokens:

@@ -88,8 +88,13 @@ var ErrNotFused = errors.New("MoE candidates could not be fused")
 // Rewrite detects every MoE block of m and replaces each with one fused
 // ai.mok::MoE node carrying a model-local function, stacked canonical
 // weights, and provenance. With Partial off, nothing is edited unless every
-// candidate fuses.
-func Rewrite(m *graph.Model, opt Options) (*Report, error) {
+// candidate fuses. Detection runs on a canonical working copy of m (see
+// package canon) and the fused nodes are spliced into m, which keeps
+// everything else as it was.
+func Rewrite(m *graph.Model, opt Options) (*Report, error) { return rewriteCanonical(m, opt) }
+
+// rewriteIn is Rewrite on m as it is, without canonicalization.
+func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	ctx := opt.Context
 	if ctx == nil {
 		ctx = context.Background()
@@ -179,7 +184,7 @@ func Rewrite(m *graph.Model, opt Options) (*Report, error) {
 		for _, n := range append(append([]NearMiss(nil), rep.NearMiss...), rep.Refused...) {
 			msgs = append(msgs, fmt.Sprintf("%s: %s", n.Node, n.Reason))
 		}
-		return rep, fmt.Errorf("%w (use --partial to fuse the others): %s", ErrNotFused, strings.Join(msgs, "; "))
+		return rep, fmt.Errorf("%w (the Partial option, mokopt rewrite --partial, fuses the others): %s", ErrNotFused, strings.Join(msgs, "; "))
 	}
 	if len(todo) == 0 {
 		return rep, nil

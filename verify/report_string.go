@@ -1,0 +1,4 @@
+package verify
+
+// String is Summary, so that printing a report shows its content.
+func (r Report) String() string { return r.Summary() }
