@@ -1,0 +1,48 @@
+package canon
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// fn builds a model-local function in domain "local".
+func fn(name string, in, out, attrs []string, opset int64, nodes ...*pb.NodeProto) *pb.FunctionProto {
+	return &pb.FunctionProto{Name: proto.String(name), Domain: proto.String("local"), Input: in, Output: out, Attribute: attrs, Node: nodes,
+		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(opset)}, {Domain: proto.String("local"), Version: proto.Int64(1)}}}
+}
+
+func refAttr(name, ref string, t pb.AttributeProto_AttributeType) *pb.AttributeProto {
+	return &pb.AttributeProto{Name: proto.String(name), RefAttrName: proto.String(ref), Type: t.Enum()}
+}
+
+func TestInline(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	x := map[string]*eval.Tensor{"x": randF32(r, 2, 3), "w": randF32(r, 3, 3)}
+	// inner(a, w; alpha) = LeakyRelu(a @ w, alpha); outer(a, w) = inner(inner(a, w), w) + a.
+	inner := fn("inner", []string{"a", "w"}, []string{"o"}, []string{"alpha"}, 17,
+		graph.NewNode("MatMul", "", "mm", []string{"a", "w"}, []string{"t"}),
+		&pb.NodeProto{OpType: proto.String("LeakyRelu"), Name: proto.String("act"), Input: []string{"t"}, Output: []string{"o"},
+			Attribute: []*pb.AttributeProto{refAttr("alpha", "alpha", pb.AttributeProto_FLOAT)}})
+	outer := fn("outer", []string{"a", "w"}, []string{"o"}, nil, 17,
+		graph.NewNode("inner", "local", "i1", []string{"a", "w"}, []string{"t"}, graph.FloatAttr("alpha", 0.1)),
+		graph.NewNode("inner", "local", "i2", []string{"t", "w"}, []string{"t2"}, graph.FloatAttr("alpha", 0.3)),
+		graph.NewNode("Add", "", "add", []string{"t2", "a"}, []string{"o"}))
+	local := []*pb.OperatorSetIdProto{{Domain: proto.String("local"), Version: proto.Int64(1)}}
+	runRuleCases(t, []Rule{Inline}, []ruleCase{
+		{name: "nested with attributes", nodes: []*pb.NodeProto{graph.NewNode("outer", "local", "call", []string{"x", "w"}, []string{"y"})},
+			funcs: []*pb.FunctionProto{inner, outer}, extra: local, inputs: x, outputs: []string{"y"},
+			want: map[string]int{"local::outer": 0, "local::inner": 0, "MatMul": 2, "LeakyRelu": 2, "Add": 1}},
+		{name: "two calls get distinct names", nodes: []*pb.NodeProto{
+			graph.NewNode("inner", "local", "c1", []string{"x", "w"}, []string{"y1"}, graph.FloatAttr("alpha", 0.2)),
+			graph.NewNode("inner", "local", "c2", []string{"y1", "w"}, []string{"y"}, graph.FloatAttr("alpha", 0.2))},
+			funcs: []*pb.FunctionProto{inner}, extra: local, inputs: x, outputs: []string{"y"},
+			want: map[string]int{"local::inner": 0, "MatMul": 2}},
+		{name: "other opset not inlined", opset: 13, nodes: []*pb.NodeProto{graph.NewNode("inner", "local", "c", []string{"x", "w"}, []string{"y"})},
+			funcs: []*pb.FunctionProto{inner}, extra: local, inputs: x, outputs: []string{"y"}, noChange: true},
+	})
+}
