@@ -15,7 +15,11 @@ func (c *ctx) feedsExpertCompute(tk *pb.NodeProto) bool {
 	if len(tk.Output) < 2 {
 		return false
 	}
-	for n := range c.forward(tk.Output[1]) {
+	// The walk does not go past a weight MatMul or Gemm: expert compute the
+	// indices select is reached before any, and the blocks after it are
+	// not walked (a failing candidate costs its own block).
+	for _, p := range c.selectedPos(&pb.NodeProto{Output: tk.Output[1:2]}) {
+		n := c.topo[p]
 		if op := n.GetOpType(); op != "MatMul" && op != "Gemm" {
 			continue
 		}

@@ -103,8 +103,10 @@ type DetectOptions struct {
 func Detect(m *graph.Model) (*Detection, error) { return DetectWith(m, DetectOptions{}) }
 
 // DetectWith is Detect with options.
+// Detection runs on a canonical working copy of m (see package canon) when
+// canonicalization changes anything; the blocks then name its values.
 func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
-	return detectIn(m, m.Graph(), opt)
+	return detectCanonical(m, opt)
 }
 
 // detectIn is DetectWith over an index g of m's main graph.
@@ -200,13 +202,14 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 		c.claim(claimed, r.b)
 		det.Blocks = append(det.Blocks, r.b)
 	}
+	c.dropOverlaps(det)
 	// Expert compute selected by a TopK that was reported already is not
 	// routerless: only what no TopK reaches is reported by routerlessExperts.
 	covered := claimed
 	if len(missed) > 0 {
 		covered = slices.Clone(claimed)
 		for _, tk := range missed {
-			for _, p := range c.fwdPos(tk.Output...) {
+			for _, p := range c.selectedPos(tk) {
 				covered[p] = true
 			}
 		}
@@ -229,6 +232,81 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	return det, nil
 }
 
+// dropOverlaps refuses every pair of blocks whose regions share a node:
+// fusing both would delete nodes the other's fused node stands for (the
+// detector's boundaries keep blocks apart, chained ones included, so this
+// only fails closed on a graph they misjudge). Both are refused, so that
+// the outcome does not depend on which was found first.
+func (c *ctx) dropOverlaps(det *Detection) {
+	if len(det.Blocks) < 2 {
+		return
+	}
+	owner := make(map[int32]int, 0)
+	bad := make([]int, len(det.Blocks)) // 1 + the index of a block it overlaps
+	for i, b := range det.Blocks {
+		ps := b.regionPos
+		if len(ps) != len(b.Region) {
+			ps = ps[:0:0]
+			for _, n := range b.Region {
+				if p, ok := c.posOf(n); ok {
+					ps = append(ps, p)
+				}
+			}
+		}
+		for _, p := range ps {
+			if j, ok := owner[p]; ok && j != i {
+				bad[i], bad[j] = j+1, i+1
+				continue
+			}
+			owner[p] = i
+		}
+	}
+	kept := det.Blocks[:0]
+	for i, b := range det.Blocks {
+		if bad[i] == 0 {
+			kept = append(kept, b)
+			continue
+		}
+		o := det.Blocks[bad[i]-1]
+		det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(b.TopK), Reason: fmt.Sprintf(
+			"the block's nodes overlap those of the block selected by %q (output %q): neither is fused", graph.NodeLabel(o.TopK), o.Output)})
+	}
+	det.Blocks = kept
+}
+
+// selectedPos returns the positions of the nodes a TopK's outputs reach
+// without walking past a MatMul or Gemm with a constant weight (which are
+// included): the expert
+// compute it selects, not the blocks after it, so that the cost stays that
+// of its own block.
+func (c *ctx) selectedPos(tk *pb.NodeProto) []int32 {
+	d := c.d
+	mk := c.mk
+	ep := mk.next()
+	var out []int32
+	stack := c.valueIDs(tk.Output...)
+	for len(stack) > 0 {
+		j := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, p := range d.consumers(j) {
+			if mk.at[p] == ep {
+				continue
+			}
+			mk.at[p] = ep
+			out = append(out, p)
+			if c.weightMatMulAt(p) {
+				continue
+			}
+			for _, o := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
+				if o >= 0 {
+					stack = append(stack, o)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // topKResult is what detection made of one TopK (see speculate).
 type topKResult struct {
 	b   *Block
@@ -249,6 +327,7 @@ type topKResult struct {
 func (c *ctx) speculate(cx context.Context, cols map[*pb.NodeProto]ep.Op) (map[int]*pb.NodeProto, map[*pb.NodeProto]*topKResult, error) {
 	// Build the lazily made shared state before the workers read it.
 	c.declare()
+	c.selectors()
 	syn := map[int]*pb.NodeProto{}
 	var cands []*pb.NodeProto
 	for i, n := range c.topo {
@@ -499,6 +578,9 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		if len(cons) != 1 || c.g.IsOutput(y) {
 			break
 		}
+		if c.feedsRouter(c.g.ValueID(y)) {
+			break // y is already the next block's input: what follows is that block's
+		}
 		n := cons[0]
 		if noiseOps[n.GetOpType()] && n.GetOpType() != "Cast" || n.GetOpType() == "ReduceSum" && sharedVal == "" {
 			y = n.Output[0]
@@ -725,8 +807,19 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
 			return
 		}
 		if sh := c.constInts(reshape.Input[1]); len(sh) >= 2 && sh[len(sh)-2] > 0 {
+			if groupsRead && ri.nGroup != int(sh[len(sh)-2]) {
+				fail("group-limited routing: two group counts (%d and %d)", ri.nGroup, sh[len(sh)-2])
+			}
 			ri.nGroup, groupsRead = int(sh[len(sh)-2]), true
 		}
+	}
+	// The nodes come from a map: what is read must not depend on which
+	// is seen first.
+	setTopK := func(k int64) {
+		if ri.topkGroup != 1 && ri.topkGroup != int(k) {
+			fail("group-limited routing: two group selections (topk_group %d and %d)", ri.topkGroup, k)
+		}
+		ri.topkGroup = int(k)
 	}
 	for n := range back {
 		if n.GetOpType() != "TopK" {
@@ -736,9 +829,10 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
 		if k, ok := c.scalarInt(n.Input[1]); ok && p != nil {
 			switch p.GetOpType() {
 			case "ReduceSum": // over the inner TopK's two best
-				ri.topkGroup = int(k)
+				setTopK(k)
 			case "ReduceMax":
-				ri.topkGroup, ri.groupMax = int(k), true
+				setTopK(k)
+				ri.groupMax = true
 				readGroups(c.g.Producer(p.Input[0]))
 			}
 		}
@@ -751,10 +845,18 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
 	}
 }
 
-// postDominator finds the first value after the TopK through which every
-// path from the TopK's outputs passes: the combine point.
+// postDominator finds the combine point: the first value after the TopK
+// through which every path from the TopK's outputs passes (its nearest
+// post-dominator among values) that comes after expert compute. The walk
+// visits the nodes reached from the TopK in topological-position order (a
+// heap, not a scan of the node list), keeping the values whose consumers
+// are not all visited yet: a value is a post-dominator exactly when it is
+// the only one left right after its producer, whatever valid order the
+// graph's nodes are listed in. The walk stops, failing, at the router
+// linear of another selection: what lies past it is the next block, so a
+// candidate that fails costs its own block's nodes, not the rest of the
+// model.
 func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
-	fwd := c.reachFrom(tk.Output...)
 	// The combine point comes after expert compute: a MatMul/Gemm with a
 	// constant weight other than the router.
 	anc := c.ancestors(tk.Input[0]) // an earlier layer's experts are not ours
@@ -791,6 +893,9 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 	}
 	// pending[v]: consumers of derived value v not yet visited.
 	pending := map[int32]int32{}
+	mk := c.mk
+	ep := mk.next()
+	h := &graph.MinHeap[int32]{}
 	addVal := func(j int32) {
 		if j < 0 {
 			return
@@ -802,14 +907,21 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 		if n > 0 {
 			pending[j] = n
 		}
+		for _, p := range d.consumers(j) {
+			if mk.at[p] != ep {
+				mk.at[p] = ep
+				h.Push(p)
+			}
+		}
 	}
 	for _, j := range c.valueIDs(tk.Output...) {
 		addVal(j)
 	}
-	start, _ := c.orderOf(tk)
-	for i := start + 1; i < int32(len(c.topo)); i++ {
-		if !fwd.hasPos(i) {
-			continue
+	c.selectors()
+	for h.Len() > 0 {
+		i := h.Pop()
+		if c.routerAt[i] && i != router {
+			return "" // the next block's router: no combine point before it
 		}
 		for _, j := range d.inVal[d.inOff[i]:d.inOff[i+1]] {
 			if cnt, ok := pending[j]; ok {
@@ -826,7 +938,7 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 		}
 		if len(pending) == 1 && len(outs) == 1 {
 			n := c.topo[i]
-			if _, ok := pending[outs[0]]; ok && isFloatCompute(n) && afterExpert(i) && !c.feedsWeightMatMul(n.Output[0]) {
+			if _, ok := pending[outs[0]]; ok && isFloatCompute(n) && afterExpert(i) && (!c.feedsWeightMatMul(n.Output[0]) || c.feedsRouter(outs[0])) {
 				return n.Output[0]
 			}
 		}
@@ -835,6 +947,69 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 		}
 	}
 	return ""
+}
+
+// selectors computes, once, which nodes are router linears (routerAt): a
+// MatMul or Gemm with a constant weight from whose outputs a selection (a
+// TopK, or the ArgMax of a sparsemixer router) is reached without crossing
+// another MatMul or Gemm. Consumers come later in topological order, so one
+// reverse pass settles every node.
+func (c *ctx) selectors() {
+	if c.routerAt != nil {
+		return
+	}
+	toSel := make([]bool, len(c.topo)) // a selection is reached from the node's outputs, matmuls not crossed
+	routerAt := make([]bool, len(c.topo))
+	d := c.d
+	reaches := func(p int) bool {
+		for _, j := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
+			if j < 0 {
+				continue
+			}
+			for _, q := range d.consumers(j) {
+				if toSel[q] {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for i := len(c.topo) - 1; i >= 0; i-- {
+		switch c.topo[i].GetOpType() {
+		case "TopK", "ArgMax":
+			toSel[i] = true
+		case "MatMul", "Gemm":
+			routerAt[i] = reaches(i) && c.weightMatMulAt(int32(i))
+		default:
+			toSel[i] = reaches(i)
+		}
+	}
+	c.routerAt = routerAt
+}
+
+// feedsRouter reports whether value j (a value number) is read, through
+// noise ops only, by a router linear (see selectors): then it is the input
+// of the next block.
+func (c *ctx) feedsRouter(j int32) bool {
+	c.selectors()
+	d := c.d
+	for steps, stack := 0, []int32{j}; len(stack) > 0 && steps < 64; steps++ {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, p := range d.consumers(v) {
+			if c.routerAt[p] {
+				return true
+			}
+			if n := c.topo[p]; noiseOps[n.GetOpType()] && d.inVal[d.inOff[p]] == v {
+				for _, o := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
+					if o >= 0 {
+						stack = append(stack, o)
+					}
+				}
+			}
+		}
+	}
+	return false
 }
 
 // weightMatMulAt reports whether the node at position p is a MatMul/Gemm
@@ -932,10 +1107,11 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) {
 			}
 		}
 	}
-	for _, n := range c.forwardNodes(seeds...) { // within the block (c.lim)
+	// The nodes the routing weights reach without crossing expert compute
+	// (a MatMul or Gemm), within the block (c.lim): a set, whatever the
+	// order of the graph's nodes.
+	for _, n := range c.routingNodes(seeds...) {
 		switch n.GetOpType() {
-		case "MatMul", "Gemm":
-			return // reached expert compute
 		case "Softmax", "Sigmoid":
 			if s.RouterOrder == moe.TopKThenActivation && s.RouterActivation == "" {
 				s.RouterActivation = strings.ToLower(n.GetOpType())
@@ -951,6 +1127,9 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) {
 		case "Mul":
 			for _, in := range n.Input {
 				if f, ok := c.scalarFloat(in); ok && f != 1 {
+					if s.RoutedScalingFactor != 1 && s.RoutedScalingFactor != f {
+						fail("routing weights scaled twice (by %g and %g)", s.RoutedScalingFactor, f)
+					}
 					s.RoutedScalingFactor = f
 				}
 			}
@@ -959,6 +1138,37 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) {
 	if s.RouterActivation == "" {
 		fail("no router activation (softmax or sigmoid) found around the TopK")
 	}
+}
+
+// routingNodes lists the nodes reached from vals (within c.lim) without
+// walking past a MatMul or Gemm, which are not listed.
+func (c *ctx) routingNodes(vals ...string) []*pb.NodeProto {
+	d := c.d
+	mk := c.mk
+	ep := mk.next()
+	var out []int32
+	stack := c.valueIDs(vals...)
+	for len(stack) > 0 {
+		j := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, p := range d.consumers(j) {
+			if mk.at[p] == ep || c.lim != nil && !c.lim[p] {
+				continue
+			}
+			mk.at[p] = ep
+			if op := c.topo[p].GetOpType(); op == "MatMul" || op == "Gemm" {
+				continue
+			}
+			out = append(out, p)
+			for _, o := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
+				if o >= 0 {
+					stack = append(stack, o)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return c.nodesAt(out)
 }
 
 // epsilonGuard looks through the guard a renormalisation puts on its
@@ -1033,13 +1243,13 @@ func (c *ctx) declare() {
 // the router input, the one whose declared rank matches the block output's,
 // so the fused node (whose output has its input's shape) keeps y's shape.
 func (c *ctx) inputLike(x0, routerIn, y string) string {
-	ry := c.rankOf(y)
-	if ry < 0 || c.rankOf(x0) == ry {
+	ry := c.rankInfer(y)
+	if ry < 0 || c.rankInfer(x0) == ry {
 		return x0
 	}
 	unknown := ""
 	for v := routerIn; v != x0; {
-		switch c.rankOf(v) {
+		switch c.rankInfer(v) {
 		case ry:
 			return v
 		case -1:

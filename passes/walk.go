@@ -46,6 +46,7 @@ type ctx struct {
 	// ancAdded and ancStack are ancestors' scratch.
 	ancAdded, ancStack []int32
 	auxTopK            []bool // by position: nodes from which a TopK is reached without crossing a MatMul/Gemm
+	routerAt           []bool // by position: router linears (see selectors)
 	idxDeps            *reach // per block: what the top-k indices reach (see branchExpert)
 	// d numbers nodes, values and edges for the walks (see dense); mk
 	// is this goroutine's visited set for them.
