@@ -53,11 +53,7 @@ func (m *Model) Check() error {
 		m.spare, m.spareSig = g, sigOf(m.Proto.Graph)
 		return nil
 	}
-	if len(errs) > maxCheckErrors {
-		n := len(errs) - maxCheckErrors
-		errs = append(errs[:maxCheckErrors], fmt.Errorf("and %d more problems", n))
-	}
-	return &InputError{File: m.Name(), Msg: "invalid model", Err: errors.Join(errs...)}
+	return &InputError{File: m.Name(), Msg: "invalid model", Err: joinProblems(errs, maxCheckErrors)}
 }
 
 // minInputs is the number of inputs an op of the default domain requires
