@@ -170,6 +170,16 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		fail("the tokens are not gathered in sorted order")
 	}
 
+	// The sorted routing weights, whole or split into the expert groups.
+	gateSeg := map[string]int{c.through(sd.gates): -1}
+	for _, n := range c.consumersThrough(sd.gates) {
+		if c.inLimit(n) && n.GetOpType() == "Split" && c.splitAxis(n) == 0 && len(n.Input) > 1 && len(n.Output) == E {
+			c.setOnce(&sd.counts, c.countsOf(n.Input[1], tk.Output[1], E), "per-expert counts")
+			for e, o := range n.Output {
+				gateSeg[o] = e
+			}
+		}
+	}
 	// Follow the gathered tokens through the per-expert groups.
 	var scatter *pb.NodeProto
 	tags := map[string]sortedTag{sd.xs: {0, -1}}
@@ -239,6 +249,9 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			if t0.seg < 0 {
 				fail("%q projects every sorted pair with one weight, not one expert's group", graph.NodeLabel(n))
 			}
+			if gemmBias(n) != "" && (t0.stage == 0 || graph.AttrFloat(n, "beta", 1) != 1) {
+				fail("%q adds a bias inside the Gemm of an expert's first projection (or scales it)", graph.NodeLabel(n))
+			}
 			switch t0.stage {
 			case 0:
 				segs[t0.seg].l1 = append(segs[t0.seg].l1, e)
@@ -261,19 +274,20 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 				}
 			}
 			set(t0, n.Output...)
-		case t0.stage == 2 && op == "Add" && t0.seg == -1:
+		case t0.stage == 2 && op == "Add" && t0.seg == -1 && len(n.Input) == 2:
 			// a bias shared by every expert (read by roles)
 			other := n.Input[1-tagged]
 			if !c.isConst(other) {
 				fail("%q adds the non-constant %q to the experts' outputs", graph.NodeLabel(n), other)
 			}
 			set(t0, n.Output...)
-		case t0.stage == 2 && op == "Mul" && t0.seg == -1 && len(n.Input) == 2:
-			if c.through(n.Input[1-tagged]) != c.through(sd.gates) {
+		case t0.stage == 2 && op == "Mul" && len(n.Input) == 2:
+			other := c.through(n.Input[1-tagged])
+			if g, ok := gateSeg[other]; !ok || g != t0.seg {
 				fail("%q weights the experts' outputs by something other than the sorted routing weights", graph.NodeLabel(n))
 			}
-			set(sortedTag{3, -1}, n.Output...)
-		case t0.stage == 3 && (op == "ScatterND" || op == "ScatterElements") && tagged == 2:
+			set(sortedTag{3, t0.seg}, n.Output...)
+		case t0.stage == 3 && t0.seg == -1 && (op == "ScatterND" || op == "ScatterElements") && tagged == 2:
 			if scatter != nil {
 				fail("the weighted expert outputs are scattered twice")
 			}

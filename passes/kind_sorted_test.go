@@ -24,6 +24,8 @@ type sortedOpts struct {
 	listCounts       bool   // split sizes listed count by count (Gather + Concat)
 	oneHot           bool   // counts from OneHot instead of ScatterElements
 	bias             bool   // an output bias after the scatter
+	gatesPerGroup    bool   // weight each expert's group before joining the groups
+	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -119,7 +121,10 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	if o.breakDiv != 0 {
 		div = int64(o.breakDiv)
 	}
-	tok := one("Div", []string{perm, scalarI(div)})
+	tok := perm
+	if !o.noDiv {
+		tok = one("Div", []string{perm, scalarI(div)})
+	}
 	bg := one("Gather", []string{one("Reshape", []string{w, ints(-1)}), perm}, graph.IntAttr("axis", 0))
 	xs := one("Gather", []string{x2, tok}, graph.IntAttr("axis", 0))
 	segs := add("Split", []string{xs, split}, E, graph.IntAttr("axis", 0))
@@ -156,8 +161,17 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 			outs = append(outs, perExpert(wOut, e, as[e]))
 		}
 	}
-	out := one("Concat", outs, graph.IntAttr("axis", 0))
-	ow := one("Mul", []string{out, one("Unsqueeze", []string{bg, ints(1)})})
+	var ow string
+	if o.gatesPerGroup {
+		gs := add("Split", []string{one("Unsqueeze", []string{bg, ints(1)}), split}, E, graph.IntAttr("axis", 0))
+		for e := range outs {
+			outs[e] = one("Mul", []string{gs[e], outs[e]})
+		}
+		ow = one("Concat", outs, graph.IntAttr("axis", 0))
+	} else {
+		out := one("Concat", outs, graph.IntAttr("axis", 0))
+		ow = one("Mul", []string{out, one("Unsqueeze", []string{bg, ints(1)})})
+	}
 	zTH := one("ConstantOfShape", []string{one("Shape", []string{x2})}, zeroF)
 	back := tok
 	switch o.breakScatter {
@@ -231,6 +245,8 @@ func TestSortedSynthetic(t *testing.T) {
 		{"listed counts", func(o *sortedOpts) { o.listCounts = true }, "softmax_topk_act_swiglu"},
 		{"one-hot counts", func(o *sortedOpts) { o.oneHot = true }, "softmax_topk_act_swiglu"},
 		{"top-1 of 8", func(o *sortedOpts) { o.E, o.K = 8, 1 }, "softmax_topk_act_swiglu"},
+		{"top-1, no division", func(o *sortedOpts) { o.E, o.K, o.noDiv = 8, 1, true }, "softmax_topk_act_swiglu"},
+		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
 		{"top-3 of 6, wide", func(o *sortedOpts) { o.E, o.K, o.H, o.I = 6, 3, 24, 12 }, "softmax_topk_act_swiglu"},
 	}
 	for i, tc := range cases {
