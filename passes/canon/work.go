@@ -2,6 +2,7 @@ package canon
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -319,16 +320,89 @@ func (w *Work) Temp(n *pb.NodeProto, what string) string {
 }
 
 // Rank returns v's rank when its type declares a shape (symbolic
-// dimensions allowed), or when v is a constant.
-func (w *Work) Rank(v string) (int, bool) {
+// dimensions allowed), when v is a constant, or when it follows from the
+// ranks of its producer's inputs (see inferRank).
+func (w *Work) Rank(v string) (int, bool) { return w.inferRank(v, 0) }
+
+// inferRank follows producers back (a few steps) to v's rank.
+func (w *Work) inferRank(v string, depth int) (int, bool) {
 	if c, ok := w.Const(v); ok {
 		return len(c.Shape), true
 	}
-	t := w.Type(v)
-	if t == nil || t.GetShape() == nil {
+	if t := w.Type(v); t != nil && t.GetShape() != nil {
+		return len(t.GetShape().GetDim()), true
+	}
+	p := w.Producer(v)
+	if p == nil || depth > 32 || p.GetDomain() != "" || len(p.Input) == 0 || v != p.Output[0] {
 		return 0, false
 	}
-	return len(t.GetShape().GetDim()), true
+	in := func(i int) (int, bool) {
+		if i >= len(p.Input) || p.Input[i] == "" {
+			return 0, false
+		}
+		return w.inferRank(p.Input[i], depth+1)
+	}
+	switch op := p.GetOpType(); op {
+	case "Gemm", "Flatten":
+		return 2, true
+	case "Reshape":
+		if s, ok := w.ConstInts(p.Input[1]); ok {
+			return len(s), true
+		}
+	case "Unsqueeze", "Squeeze":
+		r, ok := in(0)
+		if !ok {
+			return 0, false
+		}
+		axes := graph.AttrInts(p, "axes")
+		if graph.Attr(p, "axes") == nil {
+			a, ok := w.ConstInts(inputOr(p, 1))
+			if !ok {
+				return 0, false
+			}
+			axes = a
+		}
+		if op == "Unsqueeze" {
+			return r + len(axes), true
+		}
+		return r - len(axes), true
+	case "Gather":
+		r, ok1 := in(0)
+		q, ok2 := in(1)
+		return r - 1 + q, ok1 && ok2
+	case "MatMul":
+		a, ok1 := in(0)
+		b, ok2 := in(1)
+		if !ok1 || !ok2 || a < 2 || b < 2 {
+			return 0, false
+		}
+		return max(a, b), true
+	case "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Sum", "Equal", "Less", "Greater":
+		best := 0
+		for i := range p.Input {
+			r, ok := in(i)
+			if !ok {
+				return 0, false
+			}
+			best = max(best, r)
+		}
+		return best, true
+	case "Softmax", "LogSoftmax", "Sigmoid", "Relu", "Tanh", "Exp", "Neg", "Abs", "Erf", "Sqrt", "Cast", "Identity",
+		"Transpose", "Slice", "Concat", "Split", "Clip", "LeakyRelu", "Dropout", "CastLike", "Expand", "Tile", "TopK",
+		"ReduceSum", "ReduceMean", "ReduceMax":
+		if strings.HasPrefix(op, "Reduce") && graph.AttrInt(p, "keepdims", 1) == 0 {
+			return 0, false
+		}
+		return in(0)
+	}
+	return 0, false
+}
+
+func inputOr(n *pb.NodeProto, i int) string {
+	if i < len(n.Input) {
+		return n.Input[i]
+	}
+	return ""
 }
 
 // sameTypeOps lists ops whose output element type is their first input's.

@@ -1,0 +1,368 @@
+package passes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"github.com/mokopt/mokopt/passes/canon"
+	"google.golang.org/protobuf/proto"
+)
+
+// canonicalView returns the canonical working copy detection runs on (see
+// package canon) and what canonicalization did. A model canonicalization
+// cannot handle is detected as it is, with the reason as a note.
+func canonicalView(ctx context.Context, m *graph.Model) (*graph.Model, *canon.Result, string) {
+	wc, res, err := canon.Canonicalize(ctx, m, canon.Options{KeepFunctionDomains: []string{moe.Domain}})
+	if err != nil {
+		return nil, nil, fmt.Sprintf("canonicalization skipped: %v", err)
+	}
+	if !res.Changed() {
+		return nil, res, ""
+	}
+	return wc, res, ""
+}
+
+// detectCanonical is detectIn over the canonical working copy of m when
+// canonicalization changed anything; the blocks then name values and nodes
+// of the working copy.
+func detectCanonical(m *graph.Model, opt DetectOptions) (*Detection, error) {
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	wc, _, _ := canonicalView(ctx, m)
+	if wc == nil {
+		return detectIn(m, m.Graph(), opt)
+	}
+	return detectIn(wc, wc.Graph(), opt)
+}
+
+// rewriteCanonical runs rewriteIn on the canonical working copy of m and
+// splices the fused nodes into m (see splice). When canonicalization
+// changes nothing, it is rewriteIn on m itself. m is not edited unless a
+// block fuses.
+func rewriteCanonical(m *graph.Model, opt Options) (*Report, error) {
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	wc, res, skipped := canonicalView(ctx, m)
+	if wc == nil {
+		rep, err := rewriteIn(m, opt)
+		if skipped != "" && rep != nil {
+			rep.Warnings = append(rep.Warnings, skipped)
+		}
+		return rep, err
+	}
+	rep, err := rewriteIn(wc, opt)
+	if err != nil && res.OpsetRefused != "" {
+		err = fmt.Errorf("%w; the opset was not raised: %s", err, res.OpsetRefused)
+	}
+	if err != nil || rep == nil || len(rep.Fused) == 0 {
+		return rep, err
+	}
+	if err := splice(m, wc, rep, res); err != nil {
+		return rep, fmt.Errorf("splicing the fused nodes into the model: %w", err)
+	}
+	rep.Warnings = append(rep.Warnings, res.Notes...)
+	return rep, nil
+}
+
+// splice copies the fused nodes of the working copy wc into m, which
+// computes the same values under the same names wherever wc kept them.
+//
+// For each fused node F: the nodes of wc from F forward to the first values
+// that m also has (none when F's output is such a value), and backward from
+// those nodes to values m has (the new weight initializers, or nodes of an
+// inlined function when a block boundary lies inside one) are copied into
+// m; each value m has that a copied node computes is taken from its old
+// producer in m. Then the nodes of m that fed a graph output before and no
+// longer do are removed, with the initializers only they read and the
+// model-local functions no node calls any more. Nothing else in m changes.
+func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
+	if res.OpsetTo > m.Opset("") {
+		if _, err := canon.RaiseOpset(canon.NewWork(m, canon.Options{}), res.OpsetTo); err != nil {
+			return err
+		}
+	}
+	mg := m.Graph()
+	wg := wc.Graph()
+	has := func(v string) bool {
+		return v == "" || mg.Producer(v) != nil || mg.Initializer(v) != nil || mg.IsInput(v)
+	}
+	liveBefore := liveNodes(mg)
+	callsBefore := calledFunctions(mg.P.Node)
+
+	byName := map[string]*pb.NodeProto{}
+	for _, n := range wg.P.Node {
+		if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType {
+			byName[n.GetName()] = n
+		}
+	}
+	rename := map[string]string{} // wc value name -> name in m, for values m lacks
+	nameIn := func(v string) string {
+		if has(v) {
+			return v
+		}
+		if r, ok := rename[v]; ok {
+			return r
+		}
+		r := mg.UniqueName(v)
+		rename[v] = r
+		return r
+	}
+	copied := map[*pb.NodeProto]bool{}
+	detached := make([][]string, len(rep.Fused))
+	var added []*pb.NodeProto
+	usedDomains := map[string]bool{}
+	for i := range rep.Fused {
+		f := &rep.Fused[i]
+		F := byName[f.Node]
+		if F == nil {
+			return fmt.Errorf("fused node %s not found in the working copy", f.Node)
+		}
+		// Forward: from F to the values m has.
+		set := []*pb.NodeProto{F}
+		seen := map[*pb.NodeProto]bool{F: true}
+		queue := slices.Clone(F.Output)
+		for len(queue) > 0 {
+			v := queue[0]
+			queue = queue[1:]
+			if v == "" || has(v) {
+				continue
+			}
+			if wg.IsOutput(v) {
+				return fmt.Errorf("graph output %q exists only in the canonical form", v)
+			}
+			for _, c := range wg.Consumers(v) {
+				if !seen[c] {
+					seen[c] = true
+					set = append(set, c)
+					queue = append(queue, c.Output...)
+				}
+			}
+		}
+		// Backward: what the copied nodes read that m lacks.
+		for j := 0; j < len(set); j++ {
+			for _, v := range graph.NodeInputs(set[j]) {
+				if has(v) {
+					continue
+				}
+				if t := wg.Initializer(v); t != nil {
+					if mg.Initializer(nameIn(v)) == nil {
+						nt := proto.Clone(t).(*pb.TensorProto)
+						nt.Name = proto.String(nameIn(v))
+						if d, ok := wc.Deferred(t); ok {
+							m.SetDeferred(nt, d)
+						}
+						mg.AddInitializer(nt)
+					}
+					continue
+				}
+				p := wg.Producer(v)
+				if p == nil {
+					return fmt.Errorf("value %q of the canonical form has no producer", v)
+				}
+				if !seen[p] {
+					seen[p] = true
+					set = append(set, p)
+				}
+			}
+		}
+		for _, n := range set {
+			if copied[n] {
+				continue
+			}
+			copied[n] = true
+			c := proto.Clone(n).(*pb.NodeProto)
+			for k, v := range c.Input {
+				c.Input[k] = nameIn(v)
+			}
+			for k, o := range c.Output {
+				if o != "" && has(o) {
+					old := mg.Producer(o)
+					if old == nil {
+						return fmt.Errorf("value %q is not computed by a node in the model", o)
+					}
+					d := mg.UniqueName(o + "__unfused")
+					for x := range old.Output {
+						if old.Output[x] == o {
+							old.Output[x] = d
+						}
+					}
+					detached[i] = append(detached[i], d)
+					continue
+				}
+				c.Output[k] = nameIn(o)
+			}
+			if c.GetName() != "" {
+				c.Name = proto.String(mg.UniqueName(c.GetName()))
+				if n == F {
+					f.Node = c.GetName()
+				}
+			}
+			usedDomains[c.GetDomain()] = true
+			added = append(added, c)
+		}
+	}
+	mg.Reindex()
+	for _, c := range added {
+		mg.AddNode(c)
+	}
+	// Domains, functions and versions the copied nodes need.
+	for d := range usedDomains {
+		if m.Opset(d) == 0 {
+			if v := wc.Opset(d); v != 0 {
+				m.SetOpset(d, v)
+			}
+		}
+	}
+	have := map[*pb.FunctionProto]bool{}
+	for _, f := range m.Proto.Functions {
+		have[f] = true
+	}
+	for _, f := range wc.Proto.Functions {
+		if !have[f] {
+			m.Proto.Functions = append(m.Proto.Functions, f)
+		}
+	}
+	m.SetOpset(moe.Domain, moe.Version)
+	if m.Proto.GetIrVersion() < 10 {
+		m.Proto.IrVersion = proto.Int64(10) // function overloads need IR 10
+	}
+	// Remove what became dead.
+	liveAfter := liveNodes(mg)
+	dead := map[*pb.NodeProto]bool{}
+	for n := range liveBefore {
+		if !liveAfter[n] {
+			dead[n] = true
+		}
+	}
+	readBefore := map[string]bool{}
+	for n := range dead {
+		for _, v := range graph.NodeInputs(n) {
+			readBefore[v] = true
+		}
+	}
+	// Attribute the dead nodes to the fused node whose detached values
+	// they fed.
+	owner := map[*pb.NodeProto]int{}
+	for i, ds := range detached {
+		stack := slices.Clone(ds)
+		for len(stack) > 0 {
+			v := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			p := mg.Producer(v)
+			if p == nil || !dead[p] {
+				continue
+			}
+			if _, ok := owner[p]; ok {
+				continue
+			}
+			owner[p] = i
+			stack = append(stack, graph.NodeInputs(p)...)
+		}
+	}
+	removedNodes := make([][]string, len(rep.Fused))
+	removedInits := make([][]string, len(rep.Fused))
+	for _, n := range mg.P.Node {
+		if dead[n] {
+			if i, ok := owner[n]; ok {
+				removedNodes[i] = append(removedNodes[i], graph.NodeLabel(n))
+			}
+		}
+	}
+	mg.RemoveNodes(dead)
+	stillRead := map[string]bool{}
+	for _, n := range mg.P.Node {
+		for _, v := range graph.NodeInputs(n) {
+			stillRead[v] = true
+		}
+	}
+	for _, v := range mg.P.Output {
+		stillRead[v.GetName()] = true
+	}
+	initOwner := map[string]int{}
+	for n, i := range owner {
+		for _, v := range graph.NodeInputs(n) {
+			if _, ok := initOwner[v]; !ok || i < initOwner[v] {
+				initOwner[v] = i
+			}
+		}
+	}
+	keptInits := mg.P.Initializer[:0]
+	for _, t := range mg.P.Initializer {
+		v := t.GetName()
+		if readBefore[v] && !stillRead[v] && !mg.IsInput(v) {
+			if i, ok := initOwner[v]; ok {
+				removedInits[i] = append(removedInits[i], v)
+			}
+			continue
+		}
+		keptInits = append(keptInits, t)
+	}
+	mg.P.Initializer = keptInits
+	callsAfter := calledFunctions(mg.P.Node)
+	keptFuncs := m.Proto.Functions[:0]
+	for _, f := range m.Proto.Functions {
+		k := funcKey(f.GetDomain(), f.GetName(), f.GetOverload())
+		if callsBefore[k] && !callsAfter[k] && f.GetDomain() != moe.Domain {
+			continue
+		}
+		keptFuncs = append(keptFuncs, f)
+	}
+	m.Proto.Functions = keptFuncs
+	mg.Reindex()
+	if err := mg.Sort(); err != nil {
+		return err
+	}
+	for i := range rep.Fused {
+		f := &rep.Fused[i]
+		b := f.Block
+		prov := Provenance{Node: f.Node, Kind: b.Kind, Nodes: removedNodes[i], Initializers: removedInits[i], Spec: b.Spec, TracedExperts: b.TracedExperts}
+		js, _ := json.Marshal(prov)
+		m.SetMetadata(ProvenanceKey+f.Node, string(js))
+		f.NodesRemoved, f.InitsRemoved = len(removedNodes[i]), len(removedInits[i])
+	}
+	if errs := mg.Validate(); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// liveNodes returns the nodes of g whose outputs reach a graph output.
+func liveNodes(g *graph.Graph) map[*pb.NodeProto]bool {
+	live := map[*pb.NodeProto]bool{}
+	var stack []string
+	for _, v := range g.P.Output {
+		stack = append(stack, v.GetName())
+	}
+	for len(stack) > 0 {
+		v := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		p := g.Producer(v)
+		if p == nil || live[p] {
+			continue
+		}
+		live[p] = true
+		stack = append(stack, graph.NodeInputs(p)...)
+	}
+	return live
+}
+
+func funcKey(domain, name, overload string) string { return domain + "\x00" + name + "\x00" + overload }
+
+// calledFunctions lists the (domain, op, overload) keys the nodes call.
+func calledFunctions(ns []*pb.NodeProto) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range ns {
+		out[funcKey(n.GetDomain(), n.GetOpType(), n.GetOverload())] = true
+	}
+	return out
+}
