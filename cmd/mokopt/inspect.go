@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 
 	"github.com/mokopt/mokopt"
+	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/passes"
 	"github.com/spf13/cobra"
@@ -59,7 +62,7 @@ func newInspectCmd() *cobra.Command {
 		Short: "Summarise a model: IR, opsets, op census, initializers, inputs and outputs",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			m, err := loadModel(args[0])
+			m, err := loadForInspect(c, args[0])
 			if err != nil {
 				return err
 			}
@@ -141,4 +144,44 @@ func printBlocks(w io.Writer, det *passes.Detection) {
 	for _, n := range det.NearMiss {
 		fmt.Fprintf(w, "  near-miss at %s: %s\n", n.Node, n.Reason)
 	}
+}
+
+// loadForInspect is loadModel for inspect, which reads no weight bytes of
+// big tensors: a model whose only problem is a missing side file is
+// summarised anyway, with a warning; a tensor the detector then needs from
+// the missing file fails naming it.
+func loadForInspect(c *cobra.Command, path string) (*mokopt.Model, error) {
+	m, err := mokopt.Load(path)
+	if err != nil {
+		return nil, &exitError{code: 2, msg: err.Error(), err: err}
+	}
+	err = m.Graph().Check()
+	if err == nil {
+		return m, nil
+	}
+	if onlyMissingSideFiles(err) {
+		fmt.Fprintf(c.ErrOrStderr(), "mokopt: warning: %s: a side file is missing; summarising without its weights: %v\n", path, err)
+		return m, nil
+	}
+	m.Close()
+	return nil, &exitError{code: 2, msg: err.Error(), err: err}
+}
+
+// onlyMissingSideFiles reports whether every problem err lists (a Check
+// error joining them) is an external data file that does not exist.
+func onlyMissingSideFiles(err error) bool {
+	var ie *graph.InputError
+	if !errors.As(err, &ie) || ie.Err == nil {
+		return false
+	}
+	problems := []error{ie.Err}
+	if j, ok := ie.Err.(interface{ Unwrap() []error }); ok {
+		problems = j.Unwrap()
+	}
+	for _, p := range problems {
+		if !errors.Is(p, fs.ErrNotExist) {
+			return false
+		}
+	}
+	return len(problems) > 0
 }
