@@ -126,7 +126,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 				c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
 				continue
 			}
-			if !c.flattens(data) || !c.isRoutingWeights(tk, ri, data) {
+			if !c.flattens(data) || !c.isRoutingWeights(tk, ri, s, data) {
 				fail("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
 			}
 			c.setOnce(&sd.gates, n.Output[0], "sorted routing weights")
@@ -503,10 +503,20 @@ func (c *ctx) flattens(v string) bool {
 }
 
 // isRoutingWeights reports whether v (through noise) is the routing
-// weights of tk's selection: computed from the top-k values, or gathered
-// from the activated scores by the top-k indices, with no expert compute.
-func (c *ctx) isRoutingWeights(tk *pb.NodeProto, ri *routerInfo, v string) bool {
+// weights of tk's selection: computed from the top-k values (through the
+// router activation when it comes after the top-k), or gathered from the
+// activated scores by the top-k indices.
+func (c *ctx) isRoutingWeights(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, v string) bool {
 	v = c.through(v)
+	if s.RouterOrder == moe.TopKThenActivation {
+		// the weights are activated after the top-k: on the way from it
+		for _, n := range c.backNodes(v, tk.Output[0]) {
+			if op := n.GetOpType(); op == "Softmax" || op == "Sigmoid" {
+				return c.reachFrom(tk.Output[0]).has(n)
+			}
+		}
+		return false
+	}
 	if v == c.through(tk.Output[0]) {
 		return true
 	}
@@ -514,8 +524,7 @@ func (c *ctx) isRoutingWeights(tk *pb.NodeProto, ri *routerInfo, v string) bool 
 	if p == nil {
 		return false
 	}
-	vals := c.reachFrom(tk.Output[0])
-	if vals.has(p) {
+	if c.reachFrom(tk.Output[0]).has(p) {
 		return true
 	}
 	return ri.scores != "" && p.GetOpType() == "GatherElements" && c.through(p.Input[0]) == c.through(ri.scores) && c.through(p.Input[1]) == c.through(tk.Output[1])

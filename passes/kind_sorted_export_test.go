@@ -3,6 +3,7 @@ package passes
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
 )
 
 // producersDir holds real exports from graph producers beyond torch.onnx's
@@ -140,6 +143,107 @@ func TestSortedExports(t *testing.T) {
 					}
 				}
 			}
+		})
+	}
+}
+
+// chainCopies returns a model that runs n copies of m's graph one after
+// the other, each copy's output the next one's input, every other value
+// and initializer renamed per copy.
+func chainCopies(m *graph.Model, n int) *graph.Model {
+	g := m.Proto.GetGraph()
+	in, out := g.Input[0].GetName(), g.Output[0].GetName()
+	ng := &pb.GraphProto{Name: proto.String("chain"), Input: []*pb.ValueInfoProto{proto.Clone(g.Input[0]).(*pb.ValueInfoProto)}}
+	for i := range n {
+		rn := func(v string) string {
+			switch {
+			case v == "":
+				return ""
+			case v == in && i == 0:
+				return in
+			case v == in:
+				return fmt.Sprintf("c%d/%s", i-1, out)
+			}
+			return fmt.Sprintf("c%d/%s", i, v)
+		}
+		for _, nd := range g.Node {
+			c := proto.Clone(nd).(*pb.NodeProto)
+			c.Name = proto.String(rn(nd.GetName()))
+			for j := range c.Input {
+				c.Input[j] = rn(c.Input[j])
+			}
+			for j := range c.Output {
+				c.Output[j] = rn(c.Output[j])
+			}
+			ng.Node = append(ng.Node, c)
+		}
+		for _, t := range g.Initializer {
+			c := proto.Clone(t).(*pb.TensorProto)
+			c.Name = proto.String(rn(t.GetName()))
+			ng.Initializer = append(ng.Initializer, c)
+		}
+		for _, vi := range g.ValueInfo {
+			c := proto.Clone(vi).(*pb.ValueInfoProto)
+			c.Name = proto.String(rn(vi.GetName()))
+			ng.ValueInfo = append(ng.ValueInfo, c)
+		}
+		if i == n-1 {
+			c := proto.Clone(g.Output[0]).(*pb.ValueInfoProto)
+			c.Name = proto.String(rn(out))
+			ng.Output = []*pb.ValueInfoProto{c}
+		}
+	}
+	mp := proto.Clone(m.Proto).(*pb.ModelProto)
+	mp.Graph = ng
+	return &graph.Model{Proto: mp, Dir: m.Dir}
+}
+
+// TestSortedChained chains copies of each real sort-based export (the
+// GraniteMoE ones directly: output to input, no bias between) and expects
+// every copy fused, with the chain's output unchanged.
+func TestSortedChained(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(producersDir, "sorted_*.onnx"))
+	if len(files) == 0 {
+		t.Fatal("no sort-based exports")
+	}
+	const n = 4
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".onnx")
+		t.Run(name, func(t *testing.T) {
+			m, err := graph.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch := chainCopies(m, n)
+			ds, err := eval.ReadDataSet(filepath.Join(producersDir, name+"_data", "test_data_set_0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			feeds, err := eval.Feeds(ch, ds.Inputs, ds.InputNames)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outName := ch.Proto.Graph.Output[0].GetName()
+			ref, err := eval.Run(context.Background(), ch, feeds, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := Rewrite(ch, Options{Check: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Fused) != n {
+				t.Fatalf("fused %d of %d chained blocks", len(rep.Fused), n)
+			}
+			for _, fb := range rep.Fused {
+				if fb.Block.Kind != KindSorted {
+					t.Fatalf("block %s fused as %s", fb.Block.Name, fb.Block.Kind)
+				}
+			}
+			if ref[outName] == nil {
+				t.Fatal("the chain computed no output")
+			}
+			runBoth(t, ch, feeds, ref[outName])
 		})
 	}
 }

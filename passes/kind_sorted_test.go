@@ -26,6 +26,7 @@ type sortedOpts struct {
 	bias             bool   // an output bias after the scatter
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
+	rawGates         bool   // weight by the top-k logits instead of their softmax
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -124,6 +125,9 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	tok := perm
 	if !o.noDiv {
 		tok = one("Div", []string{perm, scalarI(div)})
+	}
+	if o.rawGates {
+		w = vals
 	}
 	bg := one("Gather", []string{one("Reshape", []string{w, ints(-1)}), perm}, graph.IntAttr("axis", 0))
 	xs := one("Gather", []string{x2, tok}, graph.IntAttr("axis", 0))
@@ -299,6 +303,7 @@ func TestSortedRefused(t *testing.T) {
 		{"scatter back by the permutation", "reads the sort permutation", func(o *sortedOpts) { o.breakScatter = "perm" }},
 		{"scatter back by the permutation (ScatterElements)", "reads the sort permutation", func(o *sortedOpts) { o.breakScatter = "perm"; o.scatterElements = true }},
 		{"scatter back in unsorted order", "rows other than the sorted pairs' tokens", func(o *sortedOpts) { o.breakScatter = "identity" }},
+		{"weights without the softmax", "no router activation", func(o *sortedOpts) { o.rawGates = true }},
 		{"split by constant sizes", "split sizes are not per-expert counts", func(o *sortedOpts) { o.breakSplit = "const" }},
 		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
 	}
