@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale benchmarks for mokopt (issue #7). Every figure is a ratio to a
+# Scale benchmarks for mokopt (docs/scale.md). Every figure is a ratio to a
 # baseline measured in the same run, on the same files, one after the other:
 #
 #   bench/scale.sh graphs [WORKDIR]   rewrite time vs mokopt's own load+save

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Expert-parallel figures of the README ("Expert parallelism"): for each
+# Expert-parallel figures of docs/expert-parallelism.md: for each
 # per-rank form at EP 4 and 8 and each router-weight placement, generate the
 # rank files, inspect rank 1, merge them (`rewrite --merge-ranks`, with its
 # lockstep group check), and verify the merged model against the single-rank
