@@ -186,6 +186,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	type segMM struct{ l1, l2 []*emm }
 	segs := make([]segMM, E)
 	concatOf := map[string]string{} // group value -> the Concat output that joins the groups
+	splitOf := map[string]string{}  // group value -> the sorted rows Split into the groups
 	for _, n := range c.forwardNodes(sd.xs) {
 		var in []sortedTag
 		tagged := -1
@@ -227,6 +228,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			c.setOnce(&sd.counts, cnt, "per-expert counts")
 			for e, o := range n.Output {
 				set(sortedTag{t0.stage, e}, o)
+				splitOf[o] = n.Input[0]
 			}
 		case op == "Concat" && c.concatAxis(n) == 0:
 			if len(n.Input) != E || len(in) != E {
@@ -265,6 +267,11 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			if op == "Split" || op == "Slice" {
 				if tagged != 0 || !c.lastAxisOnly(n) {
 					fail("%q cuts expert activations along an axis other than the last", graph.NodeLabel(n))
+				}
+				if op == "Split" && len(n.Input) > 1 && n.Input[1] != "" {
+					if sz := c.constInts(n.Input[1]); len(sz) != 2 || sz[0] != sz[1] {
+						fail("%q cuts expert activations into parts other than two equal halves", graph.NodeLabel(n))
+					}
 				}
 			} else {
 				for i, v := range n.Input {
@@ -333,6 +340,9 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		}
 		l2 := *sg.l2[0]
 		l2.out = lift(l2.out)
+		if v, ok := splitOf[l2.act]; ok {
+			l2.act = v // the activation of every sorted pair, read once
+		}
 		rs := c.roles(l1, &l2, s, e == 0)
 		mk := func(r *roleRef) *Proj {
 			if r == nil {

@@ -27,6 +27,7 @@ type sortedOpts struct {
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
 	rawGates         bool   // weight by the top-k logits instead of their softmax
+	gelu             bool   // a two-layer GELU MLP per expert
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -140,7 +141,20 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	silu := func(g string) string { return one("Mul", []string{g, one("Sigmoid", []string{g})}) }
 	wOut := floats([]int64{int64(E), int64(H), int64(I)}, rnd(E*H*I, 0.5))
 	var outs []string
-	if o.separate {
+	if o.gelu {
+		w1 := floats([]int64{int64(E), int64(I), int64(H)}, rnd(E*I*H, 0.5))
+		var hs []string
+		for e := range E {
+			hs = append(hs, perExpert(w1, e, segs[e]))
+		}
+		h := one("Concat", hs, graph.IntAttr("axis", 0))
+		erf := one("Erf", []string{one("Mul", []string{h, floats(nil, []float32{0.70710678})})})
+		a := one("Mul", []string{one("Mul", []string{h, floats(nil, []float32{0.5})}), one("Add", []string{erf, floats(nil, []float32{1})})})
+		as := add("Split", []string{a, split}, E, graph.IntAttr("axis", 0))
+		for e := range E {
+			outs = append(outs, perExpert(wOut, e, as[e]))
+		}
+	} else if o.separate {
 		wG := floats([]int64{int64(E), int64(I), int64(H)}, rnd(E*I*H, 0.5))
 		wU := floats([]int64{int64(E), int64(I), int64(H)}, rnd(E*I*H, 0.5))
 		for e := range E {
@@ -250,6 +264,7 @@ func TestSortedSynthetic(t *testing.T) {
 		{"one-hot counts", func(o *sortedOpts) { o.oneHot = true }, "softmax_topk_act_swiglu"},
 		{"top-1 of 8", func(o *sortedOpts) { o.E, o.K = 8, 1 }, "softmax_topk_act_swiglu"},
 		{"top-1, no division", func(o *sortedOpts) { o.E, o.K, o.noDiv = 8, 1, true }, "softmax_topk_act_swiglu"},
+		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
 		{"top-3 of 6, wide", func(o *sortedOpts) { o.E, o.K, o.H, o.I = 6, 3, 24, 12 }, "softmax_topk_act_swiglu"},
 	}
