@@ -57,7 +57,9 @@ func Rules() []Rule {
 		BiasGelu,
 		FastGelu,
 		ContribGelu,
+		SplitSqueezeToGather,
 		FoldConstants,
+		DropDead,
 	}
 }
 

@@ -1,0 +1,180 @@
+package passes
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"github.com/mokopt/mokopt/passes/canon"
+	"google.golang.org/protobuf/proto"
+)
+
+// canonProducersDir holds real exports made beyond torch.onnx's defaults
+// (testdata/producers/README.md), with a manifest of what each should give.
+const canonProducersDir = "../testdata/producers"
+
+// canonicalClasses are the manifest classes the canonicalization stage
+// makes fusable: model-local functions, unoptimized dynamo output, ONNX
+// Runtime offline-optimized models (blocks and whole models), whole raw
+// dynamo models, and opsets below 13.
+var canonicalClasses = map[string]bool{"functions": true, "dynamo_raw": true, "ort_opt": true, "full_ort": true, "full_raw": true, "low_opset": true}
+
+type canonProducerCase struct {
+	Name     string `json:"name"`
+	Class    string `json:"class"`
+	OK       bool   `json:"ok"`
+	Sets     int    `json:"test_data_sets"`
+	Expected *struct {
+		Verdict string          `json:"verdict"`
+		E       json.RawMessage `json:"E"`
+		K       int             `json:"k"`
+		Blocks  int             `json:"blocks"`
+		Shared  bool            `json:"shared"`
+	} `json:"expected"`
+}
+
+// TestProducersCanonical checks that every export of the canonical classes
+// that the manifest expects to fuse does: each block fuses with the
+// expected experts and top-k, no TopK is left, the output model is valid,
+// and every golden set of ONNX Runtime's is reproduced both through the
+// reference kernel and through the fused node's function body.
+func TestProducersCanonical(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(canonProducersDir, "manifest.json"))
+	if err != nil {
+		t.Skip("no producers manifest")
+	}
+	var man struct {
+		Cases []canonProducerCase `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &man); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range man.Cases {
+		if !canonicalClasses[c.Class] || !c.OK || c.Expected == nil || c.Expected.Verdict != "fuse" {
+			continue
+		}
+		n++
+		t.Run(c.Name, func(t *testing.T) {
+			f := filepath.Join(canonProducersDir, c.Name+".onnx")
+			if _, err := os.Stat(f); err != nil {
+				t.Skipf("%s not exported yet", c.Name)
+			}
+			m, err := graph.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			rep, err := Rewrite(m, Options{Check: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			blocks := max(c.Expected.Blocks, 1)
+			if len(rep.Fused) != blocks {
+				t.Fatalf("fused %d blocks, want %d", len(rep.Fused), blocks)
+			}
+			var e int
+			if json.Unmarshal(c.Expected.E, &e) == nil {
+				for _, fb := range rep.Fused {
+					if fb.Block.Spec.NumExperts != e || (c.Expected.K > 0 && fb.Block.Spec.TopK != c.Expected.K) {
+						t.Errorf("fused E=%d k=%d, want E=%d k=%d", fb.Block.Spec.NumExperts, fb.Block.Spec.TopK, e, c.Expected.K)
+					}
+					if (fb.Block.Spec.SharedInter > 0) != c.Expected.Shared {
+						t.Errorf("shared expert %d, want %v", fb.Block.Spec.SharedInter, c.Expected.Shared)
+					}
+				}
+			}
+			for _, n := range m.Proto.Graph.Node {
+				if n.GetOpType() == "TopK" {
+					t.Fatalf("TopK %q left after fusion", n.GetName())
+				}
+			}
+			if errs := m.Graph().Validate(); len(errs) > 0 {
+				t.Fatalf("output model invalid: %v", errs)
+			}
+			if m.Opset("") < 13 {
+				t.Fatalf("output opset %d", m.Opset(""))
+			}
+			// Contrib ops outside the blocks stay in the output; the
+			// reference evaluator runs their canonical decomposition.
+			em, _, err := canon.Canonicalize(context.Background(), m, canon.Options{KeepFunctionDomains: []string{moe.Domain}, KeepOpset: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sets, _ := filepath.Glob(filepath.Join(canonProducersDir, c.Name+"_data", "test_data_set_*"))
+			if len(sets) == 0 || (c.Sets > 0 && len(sets) != c.Sets) {
+				t.Fatalf("%d golden sets, manifest says %d", len(sets), c.Sets)
+			}
+			for _, dir := range sets {
+				ds, err := eval.ReadDataSet(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				feeds, err := eval.Feeds(m, ds.Inputs, ds.InputNames)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, body := range []bool{false, true} {
+					out, err := eval.Run(context.Background(), em, feeds, eval.Options{PreferFunctions: body})
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i, o := range m.Proto.Graph.Output {
+						d, err := eval.Compare(out[o.GetName()], ds.Outputs[i], 1e-4, 1e-5)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if !d.OK() {
+							t.Errorf("%s, function body %v: output %s differs from ONNX Runtime's golden output: %+v", filepath.Base(dir), body, o.GetName(), d)
+						}
+					}
+				}
+			}
+		})
+	}
+	if n == 0 {
+		t.Skip("no export of the canonical classes in the manifest")
+	}
+}
+
+// TestCanonicalNoFuseUntouched checks that a model canonicalization changes
+// (a contrib op, a model-local function, an identity) but that has no MoE
+// block is left byte-identical by Rewrite.
+func TestCanonicalNoFuseUntouched(t *testing.T) {
+	fn := &pb.FunctionProto{Name: proto.String("act"), Domain: proto.String("local"), Input: []string{"a"}, Output: []string{"o"},
+		Node:        []*pb.NodeProto{graph.NewNode("Relu", "", "r", []string{"a"}, []string{"o"})},
+		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(17)}}}
+	g := &pb.GraphProto{Name: proto.String("g"),
+		Node: []*pb.NodeProto{
+			graph.NewNode("QuickGelu", "com.microsoft", "q", []string{"x"}, []string{"q"}, graph.FloatAttr("alpha", 1)),
+			graph.NewNode("Identity", "", "i", []string{"q"}, []string{"i"}),
+			graph.NewNode("act", "local", "call", []string{"i"}, []string{"y"}),
+		},
+		Input:  []*pb.ValueInfoProto{{Name: proto.String("x"), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: proto.Int32(int32(pb.TensorProto_FLOAT))}}}}},
+		Output: []*pb.ValueInfoProto{{Name: proto.String("y")}}}
+	for _, opset := range []int64{17, 11} {
+		mp := &pb.ModelProto{IrVersion: proto.Int64(8), Graph: proto.Clone(g).(*pb.GraphProto), Functions: []*pb.FunctionProto{proto.Clone(fn).(*pb.FunctionProto)},
+			OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(opset)}, {Domain: proto.String("com.microsoft"), Version: proto.Int64(1)}, {Domain: proto.String("local"), Version: proto.Int64(1)}}}
+		mp.Functions[0].OpsetImport[0].Version = proto.Int64(opset)
+		m := &graph.Model{Proto: mp}
+		before, _ := proto.Marshal(mp)
+		rep, err := Rewrite(m, Options{Check: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, _ := proto.Marshal(m.Proto)
+		if len(rep.Fused) != 0 || string(before) != string(after) {
+			t.Fatalf("opset %d: a model without MoE was edited (fused %d)", opset, len(rep.Fused))
+		}
+		if !strings.Contains(string(after), "QuickGelu") {
+			t.Fatal("contrib op lost")
+		}
+	}
+}
