@@ -17,7 +17,7 @@ layers='
 5 passes
 6 lowering diff models
 7 .
-8 cmd/mokopt ortrun bench/loadsave tools/scrubpaths
+8 cmd/mokopt ortrun bench/loadsave bench/chain tools/scrubpaths
 '
 set -euo pipefail
 cd "$(dirname "$0")/.."

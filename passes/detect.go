@@ -62,6 +62,11 @@ type Block struct {
 type NearMiss struct {
 	Node   string `json:"node"`
 	Reason string `json:"reason"`
+	// Class, when set, names a kind of block no matcher change fuses as it
+	// is (ClassCapacity, ClassQuantized); Capacity lists the expert
+	// capacities a capacity-limited router was read to have.
+	Class    string  `json:"class,omitempty"`
+	Capacity []int64 `json:"capacity,omitempty"`
 }
 
 // Detection is the detector's result for a model.
@@ -215,6 +220,8 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 		}
 	}
 	det.NearMiss = append(det.NearMiss, c.routerlessExperts(covered)...)
+	c.refuseCapacity(det)  // capacity.go
+	c.refuseQuantized(det) // quantized.go
 	kept := det.Blocks[:0]
 	for _, b := range det.Blocks {
 		if err := attempt(func() { c.setIOType(b) }); err != nil {
