@@ -660,8 +660,8 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 			if r := graph.AttrString(p, "reduction", "none"); r != "none" && r != "add" && r != "max" {
 				fail("%q scatters with reduction %s", graph.NodeLabel(p), r)
 			}
-			if len(reduced) != 1 || !reduced[0] {
-				fail("the per-expert counts do not sum the one-hot over the tokens")
+			if len(reduced) != 1 || !reduced[0] { // [tokens, experts]
+				fail("the per-expert counts do not sum the one-hot of the top-k indices over the tokens")
 			}
 			return counts
 		case "OneHot":
@@ -672,15 +672,102 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 			if d, ok := c.scalarInt(p.Input[1]); !ok || int(d) != E {
 				fail("%q has depth other than the %d experts", graph.NodeLabel(p), E)
 			}
-			if len(reduced) != 2 || !reduced[0] || !reduced[1] {
-				fail("the per-expert counts do not sum the one-hot over the tokens and top-k slots")
-			}
+			c.checkCountAxes(reduced, p.Input[0])
 			return counts
+		case "Equal":
+			// ids[..., None] == arange(E): a one-hot by comparison
+			for i := range 2 {
+				ids, rng := p.Input[i], p.Input[1-i]
+				if c.through(ids) != c.through(idx) || !c.isExpertRange(rng, E) {
+					continue
+				}
+				raw := c.unitLast(ids)
+				if raw == "" {
+					fail("%q compares the top-k indices with the expert ids along an axis other than a new last one", graph.NodeLabel(p))
+				}
+				c.checkCountAxes(reduced, raw)
+				return counts
+			}
+			fail("%q is not a comparison of the top-k indices with every expert id", graph.NodeLabel(p))
 		}
 		break
 	}
 	fail("the split sizes are not per-expert counts of the top-k indices")
 	return ""
+}
+
+// checkCountAxes checks that a one-hot of the ids ids (flattened, or
+// [tokens, k]) with the experts on a new last axis was summed over every
+// other axis: the first, and the top-k slots' unless flattened.
+func (c *ctx) checkCountAxes(reduced map[int]bool, ids string) {
+	want := 2
+	if c.flattens(ids) {
+		want = 1
+	}
+	if len(reduced) != want || !reduced[0] || want == 2 && !reduced[1] {
+		fail("the per-expert counts do not sum the one-hot of the top-k indices over the tokens and slots")
+	}
+}
+
+// isExpertRange reports whether v is the expert ids 0..E-1 in order: a
+// constant (of any shape holding E elements) or Range(0, E, 1).
+func (c *ctx) isExpertRange(v string, E int) bool {
+	if t := c.constTensor(v); t != nil {
+		is := c.constInts(v)
+		if len(is) != E {
+			return false
+		}
+		for i, x := range is {
+			if int(x) != i {
+				return false
+			}
+		}
+		return true
+	}
+	p := c.producerOp(v)
+	if p == nil || p.GetOpType() != "Range" || len(p.Input) < 3 {
+		return false
+	}
+	st, ok1 := c.scalarInt(p.Input[0])
+	lim, ok2 := c.scalarInt(p.Input[1])
+	dl, ok3 := c.scalarInt(p.Input[2])
+	return ok1 && ok2 && ok3 && st == 0 && int(lim) == E && dl == 1
+}
+
+// unitLast returns x when v is x with a new unit last axis (Unsqueeze at
+// the end, or a Reshape whose constant shape ends in 1), else "".
+func (c *ctx) unitLast(v string) string {
+	for {
+		p := c.g.Producer(v)
+		if p == nil || len(p.Input) == 0 {
+			return ""
+		}
+		switch p.GetOpType() {
+		case "Identity", "Cast":
+			v = p.Input[0]
+			continue
+		case "Unsqueeze":
+			axes := graph.AttrInts(p, "axes")
+			if len(p.Input) > 1 && p.Input[1] != "" {
+				axes = c.constInts(p.Input[1])
+			}
+			if len(axes) != 1 {
+				return ""
+			}
+			r := c.rankOf(p.Input[0])
+			if r < 0 && c.flattens(p.Input[0]) {
+				r = 1
+			}
+			if axes[0] == -1 || r >= 0 && int(axes[0]) == r {
+				return p.Input[0]
+			}
+		case "Reshape":
+			if sh := c.constInts(p.Input[1]); len(sh) >= 2 && sh[len(sh)-1] == 1 {
+				return p.Input[0]
+			}
+		}
+		return ""
+	}
 }
 
 // countPiece reads one listed count: element e of a count vector, taken by

@@ -28,6 +28,7 @@ type sortedOpts struct {
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
 	rawGates         bool   // weight by the top-k logits instead of their softmax
 	gelu             bool   // a two-layer GELU MLP per expert
+	equalCounts      bool   // counts from ids[:, None] == arange(E) over the flattened ids
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -90,7 +91,11 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	}
 	// per-expert counts
 	var counts string
-	if o.oneHot {
+	if o.equalCounts {
+		fl := one("Unsqueeze", []string{one("Reshape", []string{idx, ints(-1)}), ints(-1)})
+		eq := one("Equal", []string{fl, one("Range", []string{scalarI(0), scalarI(int64(E)), scalarI(1)})})
+		counts = one("ReduceSum", []string{one("Cast", []string{eq}, graph.IntAttr("to", int64(pb.TensorProto_INT64))), ints(0)}, graph.IntAttr("keepdims", 0))
+	} else if o.oneHot {
 		oh := one("OneHot", []string{idx, scalarI(int64(E)), floats([]int64{2}, []float32{0, 1})}, graph.IntAttr("axis", -1))
 		counts = one("Cast", []string{one("ReduceSum", []string{oh, ints(0, 1)}, graph.IntAttr("keepdims", 0))}, graph.IntAttr("to", int64(pb.TensorProto_INT64)))
 	} else {
@@ -264,6 +269,7 @@ func TestSortedSynthetic(t *testing.T) {
 		{"one-hot counts", func(o *sortedOpts) { o.oneHot = true }, "softmax_topk_act_swiglu"},
 		{"top-1 of 8", func(o *sortedOpts) { o.E, o.K = 8, 1 }, "softmax_topk_act_swiglu"},
 		{"top-1, no division", func(o *sortedOpts) { o.E, o.K, o.noDiv = 8, 1, true }, "softmax_topk_act_swiglu"},
+		{"counts by comparison", func(o *sortedOpts) { o.equalCounts = true }, "softmax_topk_act_swiglu"},
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
 		{"top-3 of 6, wide", func(o *sortedOpts) { o.E, o.K, o.H, o.I = 6, 3, 24, 12 }, "softmax_topk_act_swiglu"},
