@@ -216,7 +216,12 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 		mg.AddNode(c)
 	}
 	// Domains, functions and versions the copied nodes need.
+	domains := make([]string, 0, len(usedDomains))
 	for d := range usedDomains {
+		domains = append(domains, d)
+	}
+	slices.Sort(domains)
+	for _, d := range domains {
 		if m.Opset(d) == 0 {
 			if v := wc.Opset(d); v != 0 {
 				m.SetOpset(d, v)

@@ -236,6 +236,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 			b.Name = fmt.Sprintf("moe_%d", i)
 		}
 	}
+	uniqueBlockNames(det.Blocks)
 	return det, nil
 }
 
@@ -646,39 +647,6 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	}
 	b.Name = blockName(y, ri.w.GetName(), region)
 	return b
-}
-
-// blockName derives a readable block name (for display and provenance only,
-// never for matching): the router weight's module path, else the region's
-// node names' common prefix, else the output value.
-func blockName(y, routerW string, region []*pb.NodeProto) string {
-	if parts := strings.Split(routerW, "."); len(parts) > 2 {
-		return strings.Join(parts[:len(parts)-2], ".")
-	}
-	prefix := ""
-	first := true
-	for _, n := range region {
-		nm := n.GetName()
-		if nm == "" {
-			continue
-		}
-		if first {
-			prefix, first = nm, false
-			continue
-		}
-		for !strings.HasPrefix(nm, prefix) {
-			prefix = prefix[:len(prefix)-1]
-		}
-	}
-	prefix = strings.Trim(prefix, "/._-")
-	if i := strings.LastIndexAny(prefix, "/."); i > 0 && len(prefix) > 0 {
-		prefix = prefix[:i]
-	}
-	prefix = strings.Trim(prefix, "/._-")
-	if len(prefix) >= 3 && strings.ContainsAny(prefix, "/.") {
-		return prefix
-	}
-	return y
 }
 
 // router walks back from the selection TopK to the router linear.

@@ -333,7 +333,7 @@ func (w *Work) inferRank(v string, depth int) (int, bool) {
 		return len(t.GetShape().GetDim()), true
 	}
 	p := w.Producer(v)
-	if p == nil || depth > 32 || p.GetDomain() != "" || len(p.Input) == 0 || v != p.Output[0] {
+	if p == nil || depth > 32 || p.GetDomain() != "" || len(p.Input) == 0 || (v != p.Output[0] && p.GetOpType() != "Split" && p.GetOpType() != "TopK") {
 		return 0, false
 	}
 	in := func(i int) (int, bool) {
@@ -343,8 +343,15 @@ func (w *Work) inferRank(v string, depth int) (int, bool) {
 		return w.inferRank(p.Input[i], depth+1)
 	}
 	switch op := p.GetOpType(); op {
-	case "Gemm", "Flatten":
+	case "Gemm", "Flatten", "NonZero":
 		return 2, true
+	case "Shape", "Range":
+		return 1, true
+	case "Size":
+		return 0, true
+	case "OneHot":
+		r, ok := in(0)
+		return r + 1, ok
 	case "Reshape":
 		if s, ok := w.ConstInts(p.Input[1]); ok {
 			return len(s), true

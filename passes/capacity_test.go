@@ -1,0 +1,313 @@
+package passes
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+)
+
+// refusalDir holds exports of producers beyond torch.onnx's defaults
+// (testdata/producers/README.md), each case described in manifest.json.
+const refusalDir = "../testdata/producers"
+
+// manifestCase is one case of testdata/producers/manifest.json.
+type manifestCase struct {
+	Name     string         `json:"name"`
+	Class    string         `json:"class"`
+	OK       bool           `json:"ok"`
+	Kept     *bool          `json:"kept"`
+	Sizes    map[string]any `json:"sizes"`
+	Expected struct {
+		Verdict  string `json:"verdict"`
+		Capacity int64  `json:"capacity"`
+	} `json:"expected"`
+}
+
+// manifestCases returns the committed cases of the manifest of the given
+// producer classes (all when none are named).
+func manifestCases(t *testing.T, classes ...string) []manifestCase {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(refusalDir, "manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var man struct {
+		Cases []manifestCase `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &man); err != nil {
+		t.Fatal(err)
+	}
+	var out []manifestCase
+	for _, c := range man.Cases {
+		if !c.OK || c.Kept != nil && !*c.Kept || len(classes) > 0 && !slices.Contains(classes, c.Class) {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// nodeByName returns the node of m named name, or nil.
+func nodeByName(m *graph.Model, name string) *pb.NodeProto {
+	for _, n := range m.Proto.GetGraph().GetNode() {
+		if graph.NodeLabel(n) == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// classNearMiss returns the near-misses of class cls.
+func classNearMiss(nm []NearMiss, cls string) []NearMiss {
+	var out []NearMiss
+	for _, n := range nm {
+		if n.Class == cls {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestCapacityRoutersRefused: every capacity-limited export is reported, by
+// inspect's detection and by rewrite, as a near-miss that names the
+// capacity the export was made with (from the manifest, not the graph), a
+// selection node and a comparison node of the model; nothing is fused and
+// rewrite refuses to write the model as if it had no MoE.
+func TestCapacityRoutersRefused(t *testing.T) {
+	cases := manifestCases(t, "capacity")
+	if len(cases) < 6 {
+		t.Fatalf("%d capacity cases in the manifest, want at least 6", len(cases))
+	}
+	quoted := regexp.MustCompile(`(Less|LessOrEqual|Greater|GreaterOrEqual) "([^"]+)"`)
+	for _, pc := range cases {
+		t.Run(pc.Name, func(t *testing.T) {
+			capWant := pc.Expected.Capacity
+			if pc.Expected.Verdict != "refuse" || capWant <= 0 {
+				t.Fatalf("manifest: verdict %q capacity %d", pc.Expected.Verdict, capWant)
+			}
+			m, err := graph.Load(filepath.Join(refusalDir, pc.Name+".onnx"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := Detect(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(d.Blocks) != 0 {
+				t.Fatalf("fused %d block(s) of a capacity-limited router", len(d.Blocks))
+			}
+			nm := classNearMiss(d.NearMiss, ClassCapacity)
+			if len(nm) != 1 {
+				t.Fatalf("capacity near-misses %+v (all: %+v), want 1", nm, d.NearMiss)
+			}
+			n := nm[0]
+			if !slices.Equal(n.Capacity, []int64{capWant}) || !strings.Contains(n.Reason, "expert_capacity "+strconv.FormatInt(capWant, 10)+":") {
+				t.Fatalf("capacity %v, reason %q; want %d", n.Capacity, n.Reason, capWant)
+			}
+			if sel := nodeByName(m, n.Node); sel == nil || (sel.GetOpType() != "ArgMax" && sel.GetOpType() != "TopK") {
+				t.Fatalf("near-miss node %q is not a selection of the model", n.Node)
+			}
+			ms := quoted.FindAllStringSubmatch(n.Reason, -1)
+			if len(ms) == 0 {
+				t.Fatalf("reason names no comparison: %q", n.Reason)
+			}
+			for _, mm := range ms {
+				if cmp := nodeByName(m, mm[2]); cmp == nil || cmp.GetOpType() != mm[1] {
+					t.Fatalf("reason names %s %q, not a node of the model", mm[1], mm[2])
+				}
+			}
+			if !strings.Contains(n.Reason, "never drops tokens") {
+				t.Fatalf("reason does not say why: %q", n.Reason)
+			}
+			// rewrite: all-or-nothing refuses with the reason; Partial writes
+			// nothing fused and keeps the near-miss in its report.
+			_, err = Rewrite(m, Options{Check: true})
+			if !errors.Is(err, ErrNotFused) || !strings.Contains(err.Error(), "expert_capacity "+strconv.FormatInt(capWant, 10)) {
+				t.Fatalf("rewrite: %v", err)
+			}
+			rep, err := Rewrite(m, Options{Check: true, Partial: true})
+			if err != nil || len(rep.Fused) != 0 || len(classNearMiss(rep.NearMiss, ClassCapacity)) != 1 {
+				t.Fatalf("partial rewrite: err %v report %v", err, rep)
+			}
+		})
+	}
+}
+
+// TestQuantizedBlocksRefused: every dynamically int8-quantized export is
+// refused with a near-miss that says the block is int8-quantized and names
+// an integer linear (MatMulInteger) of the model fed by a
+// DynamicQuantizeLinear.
+func TestQuantizedBlocksRefused(t *testing.T) {
+	cases := manifestCases(t, "int8_dyn")
+	if len(cases) < 4 {
+		t.Fatalf("%d int8 cases in the manifest, want at least 4", len(cases))
+	}
+	quoted := regexp.MustCompile(`MatMulInteger "([^"]+)"`)
+	for _, pc := range cases {
+		t.Run(pc.Name, func(t *testing.T) {
+			m, err := graph.Load(filepath.Join(refusalDir, pc.Name+".onnx"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := Detect(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(d.Blocks) != 0 {
+				t.Fatalf("fused %d quantized block(s)", len(d.Blocks))
+			}
+			nm := classNearMiss(d.NearMiss, ClassQuantized)
+			if len(nm) != 1 {
+				t.Fatalf("quantized near-misses %+v (all %+v), want 1", nm, d.NearMiss)
+			}
+			n := nm[0]
+			if !strings.Contains(n.Reason, "int8-quantized") || !strings.Contains(n.Reason, "router linear is MatMulInteger") {
+				t.Fatalf("reason %q", n.Reason)
+			}
+			if tk := nodeByName(m, n.Node); tk == nil || tk.GetOpType() != "TopK" {
+				t.Fatalf("near-miss node %q is not a TopK of the model", n.Node)
+			}
+			ms := quoted.FindAllStringSubmatch(n.Reason, -1)
+			if len(ms) == 0 {
+				t.Fatalf("reason names no MatMulInteger: %q", n.Reason)
+			}
+			for _, mm := range ms {
+				q := nodeByName(m, mm[1])
+				if q == nil || q.GetOpType() != "MatMulInteger" {
+					t.Fatalf("reason names MatMulInteger %q, not a node of the model", mm[1])
+				}
+				if p := m.Graph().Producer(q.Input[0]); p == nil || p.GetOpType() != "DynamicQuantizeLinear" {
+					t.Fatalf("%q is not fed by a DynamicQuantizeLinear", mm[1])
+				}
+			}
+			if _, err := Rewrite(m, Options{Check: true}); !errors.Is(err, ErrNotFused) || !strings.Contains(err.Error(), "int8-quantized") {
+				t.Fatalf("rewrite: %v", err)
+			}
+		})
+	}
+}
+
+// TestRefusalClassesOnlyWhereDue: no float, uncapped export (every other
+// producer case, and the exported families) is reported as
+// capacity-limited or quantized.
+func TestRefusalClassesOnlyWhereDue(t *testing.T) {
+	var files []string
+	for _, pc := range manifestCases(t) {
+		if pc.Class != "capacity" && pc.Class != "int8_dyn" {
+			files = append(files, filepath.Join(refusalDir, pc.Name+".onnx"))
+		}
+	}
+	more, _ := filepath.Glob(filepath.Join(exportedDir, "*.onnx"))
+	files = append(files, more...)
+	if len(files) < 40 {
+		t.Fatalf("%d models", len(files))
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			m, err := graph.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := Detect(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range d.NearMiss {
+				if n.Class != "" {
+					t.Fatalf("near-miss of class %s: %+v", n.Class, n)
+				}
+			}
+		})
+	}
+}
+
+// TestCapacityArithmetic reads the capacity from comparisons written in
+// the different ways routers write them, on a minimal capacity router:
+// logits = x W; idx = ArgMax(Softmax(logits)); mask = OneHot(idx);
+// pos = CumSum(mask) + off; keep = pos CMP limit (or limit CMP pos).
+func TestCapacityArithmetic(t *testing.T) {
+	cases := []struct {
+		name       string
+		off, limit int64
+		cmp        string
+		posLeft    bool
+		want       int64
+	}{
+		{"count <= C (Switch)", 0, 3, "LessOrEqual", true, 3},
+		{"count-1 < C (NLLB)", -1, 5, "Less", true, 5},
+		{"count < C", 0, 4, "Less", true, 3},
+		{"C > count-1", -1, 2, "Greater", false, 2},
+		{"C >= count", 0, 7, "GreaterOrEqual", false, 7},
+		{"count+1 <= C", 1, 6, "LessOrEqual", true, 5},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := []*pb.NodeProto{
+				graph.NewNode("MatMul", "", "router", []string{"x", "w"}, []string{"logits"}),
+				graph.NewNode("Softmax", "", "sm", []string{"logits"}, []string{"p"}),
+				graph.NewNode("ArgMax", "", "pick", []string{"p"}, []string{"idx"}, graph.IntAttr("axis", -1), graph.IntAttr("keepdims", 0)),
+				graph.NewNode("OneHot", "", "onehot", []string{"idx", "depth", "vals"}, []string{"mask"}),
+				graph.NewNode("CumSum", "", "count", []string{"mask", "axis0"}, []string{"c"}),
+				graph.NewNode("Add", "", "shift", []string{"c", "off"}, []string{"pos"}),
+			}
+			in := []string{"pos", "limit"}
+			if !tc.posLeft {
+				in = []string{"limit", "pos"}
+			}
+			nodes = append(nodes,
+				graph.NewNode(tc.cmp, "", "cap", in, []string{"keep"}),
+				graph.NewNode("Cast", "", "tofloat", []string{"keep"}, []string{"kf"}),
+				graph.NewNode("Cast", "", "maskf", []string{"mask"}, []string{"mf"}),
+				graph.NewNode("Mul", "", "kept", []string{"mf", "kf"}, []string{"y"}))
+			inits := []*pb.TensorProto{
+				moe.Float32Tensor("w", []int64{8, 4}, make([]float32, 32)),
+				moe.Int64Tensor("depth", nil, []int64{4}),
+				moe.Int64Tensor("vals", []int64{2}, []int64{0, 1}),
+				moe.Int64Tensor("axis0", nil, []int64{0}),
+				moe.Int64Tensor("off", nil, []int64{tc.off}),
+				moe.Int64Tensor("limit", nil, []int64{tc.limit}),
+			}
+			d, err := Detect(tinyModel(nodes, inits, "x", "y"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			nm := classNearMiss(d.NearMiss, ClassCapacity)
+			if len(nm) != 1 || !slices.Equal(nm[0].Capacity, []int64{tc.want}) || nm[0].Node != "pick" {
+				t.Fatalf("near-misses %+v, want capacity %d at pick", d.NearMiss, tc.want)
+			}
+		})
+	}
+	// The same count compared with something else than a constant, and a
+	// one-hot that is not a router's (ArgMax of the input): not reported
+	// as a capacity, or reported without inventing a number.
+	t.Run("no router", func(t *testing.T) {
+		nodes := []*pb.NodeProto{
+			graph.NewNode("ArgMax", "", "pick", []string{"x"}, []string{"idx"}, graph.IntAttr("axis", -1), graph.IntAttr("keepdims", 0)),
+			graph.NewNode("OneHot", "", "onehot", []string{"idx", "depth", "vals"}, []string{"mask"}),
+			graph.NewNode("CumSum", "", "count", []string{"mask", "axis0"}, []string{"c"}),
+			graph.NewNode("LessOrEqual", "", "cap", []string{"c", "limit"}, []string{"keep"}),
+			graph.NewNode("Cast", "", "tofloat", []string{"keep"}, []string{"y"}),
+		}
+		inits := []*pb.TensorProto{
+			moe.Int64Tensor("depth", nil, []int64{4}), moe.Int64Tensor("vals", []int64{2}, []int64{0, 1}),
+			moe.Int64Tensor("axis0", nil, []int64{0}), moe.Int64Tensor("limit", nil, []int64{2}),
+		}
+		d, err := Detect(tinyModel(nodes, inits, "x", "y"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nm := classNearMiss(d.NearMiss, ClassCapacity); len(nm) != 0 {
+			t.Fatalf("reported %+v without a router linear", nm)
+		}
+	})
+}

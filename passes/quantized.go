@@ -1,0 +1,157 @@
+package passes
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// Dynamically quantized blocks (onnxruntime.quantization.quantize_dynamic
+// and the like) compute their router and expert linears as
+// DynamicQuantizeLinear + MatMulInteger (or a fused contrib form) and a
+// scale Mul. mokopt fuses float blocks: the fused node's weights are float
+// and the MoK kernel quantizes routed experts itself, so a quantized block
+// is refused with a near-miss naming the quantized linear and saying so.
+
+// quantizedLinearOps are the integer linears of quantized models.
+var quantizedLinearOps = map[string]bool{"MatMulInteger": true, "QLinearMatMul": true, "MatMulIntegerToFloat": true,
+	"DynamicQuantizeMatMul": true, "QGemm": true}
+
+// quantFinding is what refuseQuantized found around one selection.
+type quantFinding struct {
+	router  *pb.NodeProto   // the quantized router linear, or nil
+	experts []*pb.NodeProto // quantized linears the selection reaches
+}
+
+// quantizedLinears returns, by position, whether a node is an integer
+// linear with a constant weight; nil when the graph has none.
+func (c *ctx) quantizedLinears() []bool {
+	var at []bool
+	for p, n := range c.topo {
+		if !quantizedLinearOps[n.GetOpType()] || len(n.Input) < 2 {
+			continue
+		}
+		w := 1 // MatMulInteger(A, B, ...), MatMulIntegerToFloat(A, B, ...), DynamicQuantizeMatMul(A, B, ...)
+		if n.GetOpType() == "QLinearMatMul" || n.GetOpType() == "QGemm" {
+			w = 3 // (a, a_scale, a_zero, b, ...)
+		}
+		if w >= len(n.Input) || !c.isConst(n.Input[w]) && !c.isConst(n.Input[0]) {
+			continue
+		}
+		if at == nil {
+			at = make([]bool, len(c.topo))
+		}
+		at[p] = true
+	}
+	return at
+}
+
+// quantWalkBudget bounds the nodes one selection's forward walk visits, so
+// that a model of many quantized blocks stays linear in its size.
+const quantWalkBudget = 4096
+
+// quantizedAround finds the quantized linears of the block a TopK selects:
+// its router (walking back over the score transforms) and the linears its
+// indices and weights reach before any float weight linear.
+func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool) quantFinding {
+	var f quantFinding
+	if r := c.routerLinear(tk.Input[0]); r != nil && quantizedLinearOps[r.GetOpType()] {
+		f.router = r
+	}
+	seen := map[*pb.NodeProto]bool{}
+	queue := slices.Clone(tk.Output)
+	visited := 0
+	for len(queue) > 0 && visited < quantWalkBudget {
+		v := queue[0]
+		queue = queue[1:]
+		for _, n := range c.g.Consumers(v) {
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			visited++
+			if p, ok := c.posOf(n); ok && qat[p] {
+				f.experts = append(f.experts, n)
+				continue // do not walk past an expert linear
+			}
+			op := n.GetOpType()
+			if op == "TopK" || op == "MatMul" || op == "Gemm" {
+				if op == "TopK" || c.isConst(n.Input[1]) || c.weightBehind(n.Input[1]) {
+					continue // another block's router, or a float weight linear
+				}
+			}
+			queue = append(queue, n.Output...)
+		}
+	}
+	return f
+}
+
+// refuseQuantized reports every TopK-routed block with quantized router or
+// expert linears as a near-miss (replacing what detection said of it).
+func (c *ctx) refuseQuantized(det *Detection) {
+	qat := c.quantizedLinears()
+	if qat == nil {
+		return
+	}
+	for _, tk := range c.topo {
+		if tk.GetOpType() != "TopK" || tk.GetDomain() != "" || len(tk.Output) < 2 || len(tk.Input) < 1 {
+			continue
+		}
+		f := c.quantizedAround(tk, qat)
+		if f.router == nil && len(f.experts) == 0 {
+			continue
+		}
+		nodes := slices.Clone(f.experts)
+		if f.router != nil {
+			nodes = append(nodes, f.router)
+		}
+		refuseClass(det, []*pb.NodeProto{tk}, nodes, NearMiss{Node: graph.NodeLabel(tk), Reason: c.quantReason(f), Class: ClassQuantized})
+	}
+}
+
+// quantReason says which linears are quantized and why mokopt refuses.
+func (c *ctx) quantReason(f quantFinding) string {
+	var parts []string
+	if f.router != nil {
+		parts = append(parts, "its router linear is "+c.describeQuant(f.router))
+	}
+	if len(f.experts) > 0 {
+		names := make([]string, len(f.experts))
+		for i, n := range f.experts {
+			names[i] = graph.NodeLabel(n)
+		}
+		slices.Sort(names)
+		first := names[0]
+		var firstNode *pb.NodeProto
+		for _, n := range f.experts {
+			if graph.NodeLabel(n) == first {
+				firstNode = n
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%d linear(s) after its routing are integer too, e.g. %s", len(f.experts), c.describeQuant(firstNode)))
+	}
+	return "int8-quantized MoE block (dynamic quantization): " + strings.Join(parts, "; ") +
+		"; mokopt fuses float blocks only (the fused node takes float weights and the MoK kernel quantizes routed experts to MXFP8 itself): fuse the float model, then quantize what remains"
+}
+
+// describeQuant names an integer linear, its weight and the
+// DynamicQuantizeLinear feeding it.
+func (c *ctx) describeQuant(n *pb.NodeProto) string {
+	s := fmt.Sprintf("%s %q", n.GetOpType(), graph.NodeLabel(n))
+	w := 1
+	if n.GetOpType() == "QLinearMatMul" || n.GetOpType() == "QGemm" {
+		w = 3
+	}
+	if w < len(n.Input) {
+		if t := c.constTensor(n.Input[w]); t != nil {
+			s += fmt.Sprintf(" (weight %q %s %v)", t.GetName(), strings.ToLower(graph.DataType(t).String()), t.GetDims())
+		}
+	}
+	if p := c.producerOp(n.Input[0]); p != nil && p.GetOpType() == "DynamicQuantizeLinear" {
+		s += fmt.Sprintf(" over DynamicQuantizeLinear %q", graph.NodeLabel(p))
+	}
+	return s
+}
