@@ -7,7 +7,6 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
-	"github.com/mokopt/mokopt/moe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -99,7 +98,7 @@ func (c *Case) Model() (*Built, error) {
 		if v == nil {
 			return ""
 		}
-		g.Initializer = append(g.Initializer, moe.Float32Tensor(name, dims, v))
+		g.Initializer = append(g.Initializer, float32Tensor(name, dims, v))
 		return name
 	}
 	addF("router.weight", []int64{int64(E), int64(H)}, router)
@@ -185,7 +184,7 @@ func (b *Built) Reference(a *Attrs, x []float32, T int) ([]float32, error) {
 	logits := make([]float32, T*E)
 	for t := 0; t < T; t++ {
 		for e := 0; e < E; e++ {
-			logits[t*E+e] = moe.Dot(x[t*H:(t+1)*H], b.Router[e*H:(e+1)*H])
+			logits[t*E+e] = dot(x[t*H:(t+1)*H], b.Router[e*H:(e+1)*H])
 		}
 	}
 	return a.Forward(b.Experts, x, logits, T)
@@ -227,4 +226,19 @@ func Cases() []Case {
 		{Name: "qmoe_int8_block32_swiglu", Attrs: q(8, 32, sw(1, 1, 0, inf, true)), E: 4, H: 64, I: 32, Seed: 19},
 		{Name: "qmoe_int8_relu", Attrs: q(8, 0, Attrs{K: 2, Activation: Relu}), E: 4, H: 32, I: 32, Seed: 16},
 	}
+}
+
+// float32Tensor is a FLOAT initializer (raw little-endian data) with dims
+// and, when name is not "", a name.
+func float32Tensor(name string, dims []int64, v []float32) *pb.TensorProto {
+	raw := make([]byte, 4*len(v))
+	for i, x := range v {
+		u := math.Float32bits(x)
+		raw[4*i], raw[4*i+1], raw[4*i+2], raw[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+	}
+	t := &pb.TensorProto{Dims: dims, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), RawData: raw}
+	if name != "" {
+		t.Name = proto.String(name)
+	}
+	return t
 }
