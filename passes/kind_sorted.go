@@ -173,11 +173,17 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	// The sorted routing weights, whole or split into the expert groups.
 	gateSeg := map[string]int{c.through(sd.gates): -1}
 	for _, n := range c.consumersThrough(sd.gates) {
-		if c.inLimit(n) && n.GetOpType() == "Split" && c.splitAxis(n) == 0 && len(n.Input) > 1 && len(n.Output) == E {
+		switch {
+		case !c.inLimit(n):
+		case n.GetOpType() == "Split" && c.splitAxis(n) == 0 && len(n.Input) > 1 && len(n.Output) == E:
 			c.setOnce(&sd.counts, c.countsOf(n.Input[1], tk.Output[1], E), "per-expert counts")
 			for e, o := range n.Output {
 				gateSeg[o] = e
 			}
+		case n.GetOpType() == "Slice" && c.rowSlice(n):
+			e, cnt := c.groupSlice(n, E)
+			c.setOnce(&sd.counts, c.countsOf(cnt, tk.Output[1], E), "per-expert counts")
+			gateSeg[n.Output[0]] = e
 		}
 	}
 	// Follow the gathered tokens through the per-expert groups.
@@ -230,6 +236,12 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 				set(sortedTag{t0.stage, e}, o)
 				splitOf[o] = n.Input[0]
 			}
+		case op == "Slice" && tagged == 0 && t0.seg == -1 && c.rowSlice(n):
+			// one expert's rows, between the counts' running sums
+			e, cnt := c.groupSlice(n, E)
+			c.setOnce(&sd.counts, c.countsOf(cnt, tk.Output[1], E), "per-expert counts")
+			set(sortedTag{t0.stage, e}, n.Output...)
+			splitOf[n.Output[0]] = n.Input[0]
 		case op == "Concat" && c.concatAxis(n) == 0:
 			if len(n.Input) != E || len(in) != E {
 				fail("%q joins %d parts, not the %d expert groups", graph.NodeLabel(n), len(n.Input), E)
@@ -373,6 +385,86 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	e0 := plan.Experts[0]
 	s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
 	return KindSorted
+}
+
+// rowSlice reports whether a Slice cuts only the first axis, with step 1.
+func (c *ctx) rowSlice(n *pb.NodeProto) bool {
+	if len(n.Input) < 3 {
+		return false
+	}
+	if len(n.Input) > 3 && n.Input[3] != "" {
+		if ax := c.constInts(n.Input[3]); len(ax) != 1 || ax[0] != 0 {
+			return false
+		}
+	}
+	if len(n.Input) > 4 && n.Input[4] != "" {
+		if st := c.constInts(n.Input[4]); len(st) != 1 || st[0] != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// groupSlice reads a Slice of the sorted rows from one expert group's
+// start to its end: both bounds are running sums of the per-expert counts
+// (CumSum, inclusive or exclusive, or an inclusive one behind a leading
+// 0), the start 0 for the first group and the end past the last row for
+// the last. It returns the group and the counts value.
+func (c *ctx) groupSlice(n *pb.NodeProto, E int) (int, string) {
+	bs, cs := c.groupBound(n.Input[1], E)
+	be, ce := c.groupBound(n.Input[2], E)
+	cnt := cs
+	if cnt == "" {
+		cnt = ce
+	}
+	if bs < 0 || be != bs+1 || bs >= E || cnt == "" || cs != "" && ce != "" && cs != ce {
+		fail("%q slices the sorted rows other than from one expert group's start to its end", graph.NodeLabel(n))
+	}
+	return bs, cnt
+}
+
+// groupBound returns which group boundary v holds (b: the number of rows
+// of experts 0..b-1) and the counts it sums ("" for a constant bound), or
+// -1.
+func (c *ctx) groupBound(v string, E int) (int, string) {
+	if is := c.constInts(v); len(is) == 1 {
+		switch {
+		case is[0] == 0:
+			return 0, ""
+		case is[0] >= 1<<31-1: // past the end
+			return E, ""
+		}
+		return -1, ""
+	}
+	offs, j := c.countPiece(v)
+	if offs == "" {
+		return -1, ""
+	}
+	p := c.g.Producer(offs)
+	if p == nil {
+		return -1, ""
+	}
+	if p.GetOpType() == "Concat" && len(p.Input) == 2 {
+		// [0, cumsum...]: entry j is the inclusive sum of the first j counts
+		if z := c.constInts(p.Input[0]); len(z) != 1 || z[0] != 0 {
+			return -1, ""
+		}
+		q := c.producerOp(p.Input[1])
+		if q == nil || q.GetOpType() != "CumSum" || graph.AttrInt(q, "exclusive", 0) != 0 {
+			return -1, ""
+		}
+		p, j = q, j-1
+	}
+	if p.GetOpType() != "CumSum" || graph.AttrInt(p, "reverse", 0) != 0 {
+		return -1, ""
+	}
+	if ax, ok := c.scalarInt(p.Input[1]); !ok || ax != 0 && ax != -1 {
+		return -1, ""
+	}
+	if graph.AttrInt(p, "exclusive", 0) != 0 {
+		return j, p.Input[0]
+	}
+	return j + 1, p.Input[0]
 }
 
 // quotientOf returns the value holding div's input divided by k and

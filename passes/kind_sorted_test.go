@@ -29,6 +29,8 @@ type sortedOpts struct {
 	rawGates         bool   // weight by the top-k logits instead of their softmax
 	gelu             bool   // a two-layer GELU MLP per expert
 	equalCounts      bool   // counts from ids[:, None] == arange(E) over the flattened ids
+	sliceGroups      string // "inclusive", "exclusive" or "padded": groups sliced between running sums of the counts
+	breakSlice       bool   // the first group sliced over two experts' rows
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -137,7 +139,43 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	}
 	bg := one("Gather", []string{one("Reshape", []string{w, ints(-1)}), perm}, graph.IntAttr("axis", 0))
 	xs := one("Gather", []string{x2, tok}, graph.IntAttr("axis", 0))
-	segs := add("Split", []string{xs, split}, E, graph.IntAttr("axis", 0))
+	groups := func(v string) []string {
+		if o.sliceGroups == "" {
+			return add("Split", []string{v, split}, E, graph.IntAttr("axis", 0))
+		}
+		var offs string
+		bound := func(b int) string { // rows of experts 0..b-1
+			switch {
+			case b == 0:
+				return ints(0)
+			case b == E:
+				return ints(1<<62 + 1)
+			case o.sliceGroups == "exclusive":
+				return one("Slice", []string{offs, ints(int64(b)), ints(int64(b + 1))})
+			case o.sliceGroups == "padded":
+				return one("Unsqueeze", []string{one("Gather", []string{offs, scalarI(int64(b))}, graph.IntAttr("axis", 0)), ints(0)})
+			}
+			return one("Slice", []string{offs, ints(int64(b - 1)), ints(int64(b))})
+		}
+		switch o.sliceGroups {
+		case "exclusive":
+			offs = one("CumSum", []string{split, scalarI(0)}, graph.IntAttr("exclusive", 1))
+		case "padded":
+			offs = one("Concat", []string{ints(0), one("CumSum", []string{split, scalarI(0)})}, graph.IntAttr("axis", 0))
+		default:
+			offs = one("CumSum", []string{split, scalarI(0)})
+		}
+		out := make([]string, E)
+		for e := range E {
+			end := e + 1
+			if o.breakSlice && e == 0 {
+				end = 2 // the first two experts' rows
+			}
+			out[e] = one("Slice", []string{v, bound(e), bound(end), ints(0)})
+		}
+		return out
+	}
+	segs := groups(xs)
 	tr := graph.IntsAttr("perm", 1, 0)
 	perExpert := func(wName string, e int, in string) string {
 		we := one("Gather", []string{wName, scalarI(int64(e))}, graph.IntAttr("axis", 0))
@@ -155,7 +193,7 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		h := one("Concat", hs, graph.IntAttr("axis", 0))
 		erf := one("Erf", []string{one("Mul", []string{h, floats(nil, []float32{0.70710678})})})
 		a := one("Mul", []string{one("Mul", []string{h, floats(nil, []float32{0.5})}), one("Add", []string{erf, floats(nil, []float32{1})})})
-		as := add("Split", []string{a, split}, E, graph.IntAttr("axis", 0))
+		as := groups(a)
 		for e := range E {
 			outs = append(outs, perExpert(wOut, e, as[e]))
 		}
@@ -179,14 +217,14 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 			g, u = u, g
 		}
 		a := one("Mul", []string{silu(g), u})
-		as := add("Split", []string{a, split}, E, graph.IntAttr("axis", 0))
+		as := groups(a)
 		for e := range E {
 			outs = append(outs, perExpert(wOut, e, as[e]))
 		}
 	}
 	var ow string
 	if o.gatesPerGroup {
-		gs := add("Split", []string{one("Unsqueeze", []string{bg, ints(1)}), split}, E, graph.IntAttr("axis", 0))
+		gs := groups(one("Unsqueeze", []string{bg, ints(1)}))
 		for e := range outs {
 			outs[e] = one("Mul", []string{gs[e], outs[e]})
 		}
@@ -269,6 +307,9 @@ func TestSortedSynthetic(t *testing.T) {
 		{"one-hot counts", func(o *sortedOpts) { o.oneHot = true }, "softmax_topk_act_swiglu"},
 		{"top-1 of 8", func(o *sortedOpts) { o.E, o.K = 8, 1 }, "softmax_topk_act_swiglu"},
 		{"top-1, no division", func(o *sortedOpts) { o.E, o.K, o.noDiv = 8, 1, true }, "softmax_topk_act_swiglu"},
+		{"groups sliced by running sums", func(o *sortedOpts) { o.sliceGroups = "inclusive" }, "softmax_topk_act_swiglu"},
+		{"groups sliced by exclusive sums", func(o *sortedOpts) { o.sliceGroups = "exclusive"; o.separate = true; o.gatesPerGroup = true }, "softmax_topk_act_swiglu"},
+		{"groups sliced by padded sums", func(o *sortedOpts) { o.sliceGroups = "padded"; o.gelu = true }, "softmax_topk_act_gelu"},
 		{"counts by comparison", func(o *sortedOpts) { o.equalCounts = true }, "softmax_topk_act_swiglu"},
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
@@ -325,6 +366,7 @@ func TestSortedRefused(t *testing.T) {
 		{"scatter back by the permutation (ScatterElements)", "reads the sort permutation", func(o *sortedOpts) { o.breakScatter = "perm"; o.scatterElements = true }},
 		{"scatter back in unsorted order", "rows other than the sorted pairs' tokens", func(o *sortedOpts) { o.breakScatter = "identity" }},
 		{"weights without the softmax", "no router activation", func(o *sortedOpts) { o.rawGates = true }},
+		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
 		{"split by constant sizes", "split sizes are not per-expert counts", func(o *sortedOpts) { o.breakSplit = "const" }},
 		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
 	}
