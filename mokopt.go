@@ -86,9 +86,9 @@ func Load(path string) (*Model, error) {
 // refused with an *InputError naming the tensor, since a stream has no
 // folder to find them in.
 func Read(r io.Reader, name string) (*Model, error) {
-	b, err := io.ReadAll(r)
+	b, err := graph.ReadModelBytes(r, name)
 	if err != nil {
-		return nil, &InputError{File: name, Msg: "cannot read model", Err: err}
+		return nil, err
 	}
 	g, err := graph.Parse(b, name)
 	if err != nil {

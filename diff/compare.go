@@ -11,7 +11,6 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/passes"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -306,7 +305,7 @@ func (c *compared) initInfo(s *side, x int32) Init {
 	return Init{Name: t.GetName(), DType: graph.DataType(t).String(), Shape: dims, SHA256: d.hex(), Bytes: d.bytes}
 }
 
-// provenance is the part of passes.Provenance the diff reads.
+// provenance is the part of moe.Provenance the diff reads.
 type provenance struct {
 	Node         string   `json:"node"`
 	Kind         string   `json:"kind"`
@@ -328,13 +327,13 @@ func (c *compared) regions(r *Result) {
 	a, b, mt := c.a, c.b, c.mt
 	provs := map[string]*provenance{}
 	for _, p := range b.m.Proto.MetadataProps {
-		if k := p.GetKey(); strings.HasPrefix(k, passes.ProvenanceKey) {
+		if k := p.GetKey(); strings.HasPrefix(k, moe.ProvenanceKey) {
 			pr := &provenance{}
 			if err := json.Unmarshal([]byte(p.GetValue()), pr); err != nil {
 				r.Warnings = append(r.Warnings, fmt.Sprintf("%s: metadata %q is not a provenance record: %v", b.m.Name(), k, err))
 				continue
 			}
-			provs[strings.TrimPrefix(k, passes.ProvenanceKey)] = pr
+			provs[strings.TrimPrefix(k, moe.ProvenanceKey)] = pr
 		}
 	}
 	for j := range b.nodes {
@@ -689,7 +688,7 @@ func (c *compared) modelChanges(r *Result) {
 	mda, mdb := metadata(ma), metadata(mb)
 	provKey := map[string]int{}
 	for g, j := range c.fused {
-		provKey[passes.ProvenanceKey+b.nodes[j].GetName()] = g
+		provKey[moe.ProvenanceKey+b.nodes[j].GetName()] = g
 	}
 	for _, k := range unionKeys(mda, mdb) {
 		x, okA := mda[k]

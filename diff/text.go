@@ -49,26 +49,27 @@ func TextWith(w io.Writer, r *Result, opt TextOptions) error {
 	}
 	signColor := map[byte]string{'-': ansiRed, '+': ansiGreen, '~': ansiYellow}
 	line := func(indent string, e entry) {
-		s := fmt.Sprintf("%s%c %s %s", indent, e.Sign, e.What, e.Name)
+		// Names come from the models: escaped, they cannot forge lines.
+		s := fmt.Sprintf("%s%c %s %s", indent, e.Sign, e.What, Printable(e.Name))
 		if e.Info != "" {
-			s += "  " + e.Info
+			s += "  " + Printable(e.Info)
 		}
 		fmt.Fprintln(bw, paint(signColor[e.Sign], s))
 		for _, d := range e.Details {
-			fmt.Fprintln(bw, indent+"    "+d)
+			fmt.Fprintln(bw, indent+"    "+Printable(d))
 		}
 	}
-	fmt.Fprintln(bw, paint(ansiBold, fmt.Sprintf("--- %s\n+++ %s", r.A.File, r.B.File)))
-	fmt.Fprintln(bw, paint(ansiBold, r.Summary.Line))
+	fmt.Fprintln(bw, paint(ansiBold, fmt.Sprintf("--- %s\n+++ %s", Printable(r.A.File), Printable(r.B.File))))
+	fmt.Fprintln(bw, paint(ansiBold, Printable(r.Summary.Line)))
 	for gi, g := range r.Regions {
 		fmt.Fprintln(bw)
-		fmt.Fprintln(bw, paint(ansiCyan+ansiBold, fmt.Sprintf("fused region %d/%d: %s", gi+1, len(r.Regions), regionTitle(g))))
+		fmt.Fprintln(bw, paint(ansiCyan+ansiBold, fmt.Sprintf("fused region %d/%d: %s", gi+1, len(r.Regions), Printable(regionTitle(g)))))
 		fmt.Fprintf(bw, "  replaced %s, %s", plural(len(g.Nodes), "node"), plural(len(g.Initializers), "initializer"))
 		if len(g.Ops) > 0 {
-			fmt.Fprintf(bw, "; ops: %s", opsLine(g.Ops))
+			fmt.Fprintf(bw, "; ops: %s", Printable(opsLine(g.Ops)))
 		}
 		fmt.Fprintln(bw)
-		fmt.Fprintln(bw, paint(ansiDim, "  "+provenanceLine(g)))
+		fmt.Fprintln(bw, paint(ansiDim, "  "+Printable(provenanceLine(g))))
 		for i, n := range g.Nodes {
 			if !opt.Verbose && i == opt.MaxRegionNodes {
 				fmt.Fprintln(bw, paint(ansiRed, fmt.Sprintf("  - ... %d more nodes (--verbose or --format json lists all)", len(g.Nodes)-i)))
@@ -95,7 +96,7 @@ func TextWith(w io.Writer, r *Result, opt TextOptions) error {
 		fmt.Fprintln(bw)
 		fmt.Fprintln(bw, paint(ansiBold, "warnings:"))
 		for _, s := range r.Warnings {
-			fmt.Fprintln(bw, "  "+s)
+			fmt.Fprintln(bw, "  "+Printable(s))
 		}
 	}
 	return bw.Flush()
@@ -105,7 +106,7 @@ func TextWith(w io.Writer, r *Result, opt TextOptions) error {
 func Stat(w io.Writer, r *Result) error {
 	s := r.Summary
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s\n", s.Line)
+	fmt.Fprintf(&b, "%s\n", Printable(s.Line))
 	newInits := 0
 	for _, g := range r.Regions {
 		newInits += len(g.NewInitializers)

@@ -14,9 +14,10 @@ package ep
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
+
+	"github.com/mokopt/mokopt/graph"
 )
 
 // Kinds of EP ops. Their semantics (what the simulator computes and what
@@ -86,11 +87,14 @@ func DefaultTable() *Table {
 	}}
 }
 
+// MaxTableBytes bounds the size of an EP op table file (a few entries).
+const MaxTableBytes = 16 << 20
+
 // LoadTable reads a JSON table ({"ops": [{"domain", "op", "kind",
 // "group_attr", "experts_attr"}], "replace_defaults": false}); its entries
 // are added to (or, with replace_defaults, replace) DefaultTable's.
 func LoadTable(path string) (*Table, error) {
-	b, err := os.ReadFile(path)
+	b, err := graph.ReadFileLimited(path, MaxTableBytes, "the 16 MiB an EP op table may take")
 	if err != nil {
 		return nil, err
 	}

@@ -25,9 +25,7 @@ const maxCheckErrors = 20
 func (m *Model) Check() error {
 	var errs []error
 	g := m.Graph()
-	for _, e := range g.Validate() {
-		errs = append(errs, e)
-	}
+	errs = append(errs, g.Validate()...)
 	opset := m.Opset("")
 	for _, n := range m.Proto.Graph.Node {
 		if err := checkArity(n, opset); err != nil {
@@ -47,6 +45,10 @@ func (m *Model) Check() error {
 		if err := m.checkTensor(t); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	errs = append(errs, m.checkOthers()...)
+	if g.sub || len(m.Proto.Functions) > 0 {
+		errs = append(errs, checkBodies(m.Proto)...)
 	}
 	if len(errs) == 0 {
 		// Nothing was edited: the next Graph call can use this index.
@@ -111,9 +113,29 @@ func checkArity(n *pb.NodeProto, opset int64) error {
 	return nil
 }
 
-// checkTensor checks one initializer's declared size against its data.
+// checkOthers checks the tensors held in attributes and sparse
+// initializers (otherTensors) as initializers are checked, and records
+// their labels for messages.
+func (m *Model) checkOthers() []error {
+	var errs []error
+	for _, p := range otherTensors(m.Proto) {
+		if m.labels == nil {
+			m.labels = map[*pb.TensorProto]string{}
+		}
+		m.labels[p.t] = p.label
+		if _, ok := m.deferred[p.t]; ok {
+			continue
+		}
+		if err := m.checkTensor(p.t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// checkTensor checks one tensor's declared size against its data.
 func (m *Model) checkTensor(t *pb.TensorProto) error {
-	obj := tensorObj{t}
+	obj := tensorObj{t, m.labels[t]}
 	dt := DataType(t)
 	if t.Segment != nil {
 		return fmt.Errorf("%s: segmented tensors are not supported", obj)
@@ -163,9 +185,17 @@ func (m *Model) checkTensor(t *pb.TensorProto) error {
 
 // tensorObj names an initializer in messages ("initializer \"w\""),
 // formatted only when a message is.
-type tensorObj struct{ t *pb.TensorProto }
+type tensorObj struct {
+	t     *pb.TensorProto
+	label string // where an attribute tensor sits; "" for an initializer
+}
 
-func (o tensorObj) String() string { return fmt.Sprintf("initializer %q", o.t.GetName()) }
+func (o tensorObj) String() string {
+	if o.label != "" {
+		return o.label
+	}
+	return fmt.Sprintf("initializer %q", o.t.GetName())
+}
 
 // typedFieldLen returns the number of raw bytes t's typed repeated fields
 // hold, without converting them; ok is false for types without a raw form.

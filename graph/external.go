@@ -12,26 +12,34 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
 // externalStore opens side files on first use and serves ranged reads.
+// Each side file is opened once, through the model's folder (os.Root: no
+// component may lead out of it, even through a link swapped in meanwhile),
+// and every later read goes through that descriptor or a reopening of it
+// that is checked to be the same file.
 type externalStore struct {
 	dir, model string
 	mu         sync.Mutex
+	root       *os.Root
 	files      map[string]*sideFile
 	// BytesRead counts bytes read from side files (for tests and reports).
 	bytesRead int64
 }
 
 // sideFile is one opened side file: the shared handle for positional reads,
-// its resolved path and size (taken when it was opened), and spare handles
-// of its own for kernel copies, which read from the file position.
+// its resolved path, identity and size (taken when it was opened), and
+// spare handles of its own for kernel copies, which read from the file
+// position.
 type sideFile struct {
 	loc   string
 	f     *os.File
 	path  string
+	id    FileID
 	size  int64
 	spare []*os.File
 }
@@ -52,6 +60,10 @@ func (s *externalStore) close() error {
 			f.Close()
 		}
 		delete(s.files, k)
+	}
+	if s.root != nil {
+		s.root.Close()
+		s.root = nil
 	}
 	return first
 }
@@ -129,22 +141,59 @@ func (s *externalStore) open(loc string) (*sideFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(p)
+	if s.root == nil {
+		if s.root, err = os.OpenRoot(s.dir); err != nil {
+			return nil, err
+		}
+	}
+	// Through the root, no component can lead out of the folder (a link
+	// swapped in since resolve is refused), and O_NONBLOCK keeps a FIFO
+	// from blocking the open; anything but a regular file is then refused.
+	f, err := s.root.OpenFile(filepath.Clean(filepath.FromSlash(loc)), os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, err
+		if strings.Contains(err.Error(), "escapes") {
+			return nil, fmt.Errorf("external data location %q leads out of the model's folder through a symbolic link", loc)
+		}
+		return nil, fmt.Errorf("external data file %q: %w", loc, err)
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("cannot stat external data: %w", err)
 	}
-	sf := &sideFile{loc: loc, f: f, path: p, size: st.Size()}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("external data file %q (%s) is %s, not a regular file", loc, p, describeMode(st.Mode()))
+	}
+	id, _ := fileIDOf(st)
+	sf := &sideFile{loc: loc, f: f, path: p, id: id, size: st.Size()}
 	s.files[loc] = sf
 	return sf, nil
 }
 
+// describeMode names the kind of a file that is not a regular one.
+func describeMode(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case m&os.ModeCharDevice != 0:
+		return "a character device"
+	case m&os.ModeDevice != 0:
+		return "a block device"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeSymlink != 0:
+		return "a symbolic link"
+	}
+	return "not a regular file"
+}
+
 // handle returns a handle of sf's file with a file position of its own,
-// to give back with release.
+// to give back with release. It reopens the descriptor taken when the file
+// was checked (not the path, which may name another file by now) and
+// refuses a handle that is not that same file.
 func (s *externalStore) handle(sf *sideFile) (*os.File, error) {
 	s.mu.Lock()
 	if n := len(sf.spare); n > 0 {
@@ -154,7 +203,30 @@ func (s *externalStore) handle(sf *sideFile) (*os.File, error) {
 		return f, nil
 	}
 	s.mu.Unlock()
-	return os.Open(sf.path)
+	f, err := os.Open("/proc/self/fd/" + strconv.Itoa(int(sf.f.Fd())))
+	if err != nil {
+		// No /proc: reopen through the folder's root.
+		s.mu.Lock()
+		root := s.root
+		s.mu.Unlock()
+		if root == nil {
+			return nil, fmt.Errorf("external data file %q: store closed", sf.loc)
+		}
+		if f, err = root.OpenFile(filepath.Clean(filepath.FromSlash(sf.loc)), os.O_RDONLY|syscall.O_NONBLOCK, 0); err != nil {
+			return nil, fmt.Errorf("external data file %q: %w", sf.loc, err)
+		}
+	}
+	st, err := f.Stat()
+	if err == nil {
+		if id, _ := fileIDOf(st); id != sf.id {
+			err = fmt.Errorf("external data file %q was replaced by another file after it was checked", sf.loc)
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // release gives back a handle from handle; it is kept for the next copy,
@@ -183,7 +255,7 @@ func (m *Model) tensorSection(t *pb.TensorProto) (*io.SectionReader, error) {
 // section is tensorSection's check: the side file, offset and length of
 // an external tensor's bytes.
 func (m *Model) section(t *pb.TensorProto) (*sideFile, int64, int64, error) {
-	obj := func() string { return fmt.Sprintf("initializer %q", t.GetName()) }
+	obj := func() string { return m.tensorLabel(t) }
 	ref, err := External(t)
 	if err != nil {
 		return nil, 0, 0, &InputError{File: m.Name(), Object: obj(), Msg: "bad external data", Err: err}

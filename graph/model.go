@@ -37,6 +37,13 @@ type Model struct {
 
 	ext      *externalStore
 	deferred map[*pb.TensorProto]DeferredData
+	// srcID identifies the file the model was loaded from (srcOK: known),
+	// so that Save can tell an in-place save from any other.
+	srcID FileID
+	srcOK bool
+	// labels names the tensors held in node attributes (Constant values,
+	// sparse values) for messages; Check fills it.
+	labels map[*pb.TensorProto]string
 	// spare is the index Check built, handed to the next Graph call (see
 	// Graph) when the graph's node, initializer, input and output lists
 	// are still the ones it indexed.
@@ -71,16 +78,34 @@ type DeferredData struct {
 }
 
 // Load reads an ONNX model file. External data is not read; it is opened
-// lazily when a tensor's bytes are asked for.
+// lazily when a tensor's bytes are asked for. The file may be a pipe or a
+// device (as /dev/stdin); at most protobuf's 2 GiB limit is read from it,
+// and a regular file larger than that is refused from its size.
 func Load(path string) (*Model, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, &InputError{File: path, Msg: "cannot read model", Err: err}
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, &InputError{File: path, Msg: "cannot read model", Err: err}
+	}
+	switch {
+	case fi.IsDir():
+		return nil, badInput(path, "", "is a directory, not a model file")
+	case fi.Mode().IsRegular() && fi.Size() > MaxReadSize:
+		return nil, &InputError{File: path, Msg: fmt.Sprintf("%d bytes, more than protobuf's 2 GiB limit on one model file (%d bytes)", fi.Size(), MaxReadSize), Err: ErrTooBig}
+	}
+	b, err := ReadModelBytes(f, path)
+	if err != nil {
+		return nil, err
 	}
 	m, err := Parse(b, path)
 	if err != nil {
 		return nil, err
 	}
+	m.srcID, m.srcOK = fileIDOf(fi)
 	return m, nil
 }
 

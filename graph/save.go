@@ -2,6 +2,7 @@ package graph
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"google.golang.org/protobuf/proto"
@@ -149,11 +151,28 @@ var ErrTooLarge = errors.New("model exceeds protobuf's 2 GiB limit; save with ex
 const sideAlign = 64
 
 // Save writes the model to path atomically: the model and its side file are
-// written to temporary files in the target folder, synced, and renamed into
-// place only when everything succeeded. A failure leaves any previous file at
-// path untouched. A side file already at the target (as when a model is
-// rewritten in place) is kept as a backup until the model file has been
-// renamed into place, and restored if that fails.
+// written to temporary files in the target folder (".NAME.tmp-PID-RANDOM",
+// see CleanStaleTemps), synced, and renamed into place only when
+// everything succeeded. A failure leaves any previous file at path
+// untouched.
+//
+// The model is checked first (CheckOutput): a model that would fail the
+// checker is never written, and the error wraps ErrInvalidOutput.
+//
+// Save refuses (with a *SameFileError) to write the model over one of the
+// side files it reads, or its side file over one of them unless path is
+// the file the model was loaded from. When a side file is already at the
+// target (as when a model is saved over the file it was loaded from), the
+// pair is switched so that the model file always names a complete side
+// file: the new side file is written under another name
+// (NAME.1.data), the model naming it is renamed into place, and only then
+// is the side file moved to its own name (a hard link renamed over it)
+// and the model rewritten to name it.
+//
+// A path that is a character device or a named pipe (/dev/null,
+// /dev/stdout, a FIFO) is written directly, as one self-contained stream
+// (see Encode), without a temporary file or rename; a directory or any
+// other kind of file is refused.
 func (m *Model) Save(path string, opt SaveOptions) error {
 	if opt.Threshold <= 0 {
 		opt.Threshold = 1024
@@ -168,10 +187,50 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := m.CheckOutput(); err != nil {
+		return fmt.Errorf("refusing to write %s: %w", path, err)
+	}
+	tid, tmode, texists, err := IdentifyFile(path)
+	if err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	}
+	sides := m.sideIDs()
+	if texists {
+		if !tmode.IsRegular() {
+			if tmode&(os.ModeCharDevice|os.ModeNamedPipe) != 0 {
+				return m.saveStream(path, opt)
+			}
+			return fmt.Errorf("cannot write %s: it is %s", path, describeMode(tmode))
+		}
+		if p, ok := sides[tid]; ok {
+			return &SameFileError{Output: path, Input: p, What: "a side file of the model being written"}
+		}
+	}
+	inPlace := texists && m.srcOK && tid == m.srcID
 	dir := filepath.Dir(path)
+	sidePath := filepath.Join(dir, opt.DataName)
+	sid, smode, sexists, err := IdentifyFile(sidePath)
+	if err != nil {
+		return fmt.Errorf("cannot write %s: %w", sidePath, err)
+	}
+	if sexists && !smode.IsRegular() {
+		return fmt.Errorf("cannot write the side file %s: it is %s", sidePath, describeMode(smode))
+	}
+	if sexists && texists && sid == tid {
+		return &SameFileError{Output: sidePath, Input: path, What: "the model file itself"}
+	}
+	if p, ok := sides[sid]; sexists && ok && !inPlace {
+		return &SameFileError{Output: sidePath, Input: p, What: "a side file of the model being written"}
+	}
 	moved, err := m.planExternal(opt)
 	if err != nil {
 		return err
+	}
+	// Switch the pair in two steps when a model file and a side file are
+	// both at the target already (the old model names the old side file).
+	dataName := opt.DataName
+	if len(moved) > 0 && sexists && texists {
+		dataName = m.altDataName(dir, opt.DataName, sides)
 	}
 	var side *atomicFile
 	var restore []func()
@@ -181,7 +240,7 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 		}
 	}()
 	if len(moved) > 0 {
-		side, err = createAtomic(filepath.Join(dir, opt.DataName))
+		side, err = createAtomic(filepath.Join(dir, dataName))
 		if err != nil {
 			return err
 		}
@@ -214,9 +273,9 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				return fmt.Errorf("writing initializer %q to %s: %w", t.GetName(), opt.DataName, err)
+				return fmt.Errorf("writing %s to %s: %w", m.tensorLabel(t), dataName, err)
 			}
-			restore = append(restore, swapToExternal(t, opt.DataName, off, n))
+			restore = append(restore, swapToExternal(t, dataName, off, n))
 			off += n
 		}
 		if err := bw.Flush(); err != nil {
@@ -237,7 +296,7 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 		restore = append(restore, func() { tt.RawData = nil })
 	}
 	if opt.External == ExternalInline {
-		for _, t := range allInitializers(m.Proto) {
+		for _, t := range allTensors(m.Proto) {
 			if IsExternal(t) {
 				b, err := m.TensorBytes(t)
 				if err != nil {
@@ -247,31 +306,11 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 			}
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	sz := proto.Size(m.Proto)
-	if int64(sz) > MaxProtoSize {
-		return fmt.Errorf("%s: %w (%d bytes)", path, ErrTooLarge, sz)
-	}
-	b, err := marshalSized(m.Proto, sz)
-	if err != nil {
-		return fmt.Errorf("encoding %s: %w", path, err)
-	}
-	mf, err := createAtomic(path)
+	mf, err := m.writeModelTemp(ctx, path)
 	if err != nil {
 		return err
 	}
 	defer mf.abort()
-	if err := writeChunked(&ctxWriter{ctx: ctx, w: hooked(mf.f)}, b); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := mf.finish(); err != nil {
-		return err
-	}
 	if side != nil {
 		if err := side.finish(); err != nil {
 			return err
@@ -283,34 +322,189 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if side == nil {
 		return mf.commit()
 	}
-	// Keep the side file already at the target (an in-place rewrite's
-	// input weights) until the model file is in place.
-	bak := ""
-	if _, err := os.Lstat(side.path); err == nil {
-		bak = filepath.Join(dir, "."+filepath.Base(side.path)+".bak-"+strconv.Itoa(os.Getpid()))
-		if err := os.Rename(side.path, bak); err != nil {
-			return fmt.Errorf("keeping a backup of %s: %w", side.path, err)
-		}
-	}
-	restoreSide := func() {
-		if bak != "" {
-			os.Rename(bak, side.path)
-		}
-	}
 	if err := side.rename(); err != nil {
-		restoreSide()
 		return err
 	}
 	if err := mf.rename(); err != nil {
 		os.Remove(side.path)
-		restoreSide()
 		return err
 	}
-	if bak != "" {
-		os.Remove(bak)
-	}
 	syncDir(dir)
+	if dataName == opt.DataName {
+		return nil
+	}
+	// The model names the new side file under its other name; move it to
+	// its own name. Every step leaves a model that names a complete side
+	// file; a failure here only leaves the other name in use.
+	m.moveSide(ctx, path, dir, dataName, opt.DataName, moved)
 	return nil
+}
+
+// writeModelTemp encodes the model into a finished temporary file next to
+// path, to be renamed into place.
+func (m *Model) writeModelTemp(ctx context.Context, path string) (*atomicFile, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	sz := proto.Size(m.Proto)
+	if int64(sz) > MaxProtoSize {
+		return nil, fmt.Errorf("%s: %w (%d bytes)", path, ErrTooLarge, sz)
+	}
+	b, err := marshalSized(m.Proto, sz)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", path, err)
+	}
+	mf, err := createAtomic(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeChunked(&ctxWriter{ctx: ctx, w: hooked(mf.f)}, b); err != nil {
+		mf.abort()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := mf.finish(); err != nil {
+		mf.abort()
+		return nil, err
+	}
+	return mf, nil
+}
+
+// moveSide gives the side file written as tmpName its own name: a hard
+// link to it is renamed over name, a model naming name is renamed over
+// path, and tmpName is removed. It gives up quietly (the model then keeps
+// naming tmpName, which is complete) where hard links are not available.
+func (m *Model) moveSide(ctx context.Context, path, dir, tmpName, name string, moved []*pb.TensorProto) {
+	from, to := filepath.Join(dir, tmpName), filepath.Join(dir, name)
+	link := filepath.Join(dir, tempPrefix(to)+strconv.Itoa(os.Getpid())+"-link")
+	os.Remove(link)
+	if err := os.Link(from, link); err != nil {
+		return
+	}
+	if err := os.Rename(link, to); err != nil {
+		os.Remove(link)
+		return
+	}
+	for _, t := range moved {
+		for _, kv := range t.ExternalData {
+			if kv.GetKey() == "location" {
+				kv.Value = proto.String(name)
+			}
+		}
+	}
+	mf, err := m.writeModelTemp(ctx, path)
+	if err != nil {
+		return
+	}
+	if err := mf.rename(); err != nil {
+		mf.abort()
+		return
+	}
+	os.Remove(from)
+	syncDir(dir)
+}
+
+// altDataName returns the name the side file is first written under when
+// one is at the target already: NAME.1.data (NAME.2.data, ... when that
+// one is a side file the model reads).
+func (m *Model) altDataName(dir, name string, sides map[FileID]string) string {
+	stem, ext := name, ""
+	if strings.HasSuffix(name, ".data") {
+		stem, ext = strings.TrimSuffix(name, ".data"), ".data"
+	}
+	for i := 1; ; i++ {
+		alt := stem + "." + strconv.Itoa(i) + ext
+		id, _, exists, err := IdentifyFile(filepath.Join(dir, alt))
+		if err != nil {
+			continue
+		}
+		if _, reads := sides[id]; !exists || !reads {
+			return alt
+		}
+	}
+}
+
+// saveStream writes the model as one self-contained stream (Encode) to a
+// character device or named pipe, opened for writing without creating or
+// truncating anything.
+func (m *Model) saveStream(path string, opt SaveOptions) error {
+	if t := m.FirstExternal(); t != nil && opt.External != ExternalInline {
+		return m.Encode(io.Discard, opt) // the ErrNeedsSideFile error
+	}
+	var buf bytes.Buffer
+	if err := m.Encode(&buf, opt); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	}
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// SameFileError is returned when an output would replace a file the
+// command reads.
+type SameFileError struct {
+	Output string // the path that would be written
+	Input  string // the path of the file that would be replaced
+	What   string // what Input is ("a side file of the model being written")
+}
+
+func (e *SameFileError) Error() string {
+	return fmt.Sprintf("refusing to write %s: it is the same file as %s, %s", e.Output, e.Input, e.What)
+}
+
+// ErrInvalidOutput is wrapped by the error of Save and Encode for a model
+// that fails the checker: nothing is written.
+var ErrInvalidOutput = errors.New("the model to write fails the checker")
+
+// CheckOutput checks a model about to be written as Check checks a loaded
+// one (main graph and nested bodies, initializer names, every tensor's size
+// against its data and side file), except that deferred tensors only need
+// a producer of the right size. It returns an error wrapping
+// ErrInvalidOutput listing the problems, or nil.
+func (m *Model) CheckOutput() error {
+	var errs []error
+	g := NewGraph(m.Proto.Graph)
+	errs = append(errs, g.Validate()...)
+	opset := m.Opset("")
+	for _, n := range m.Proto.Graph.Node {
+		if err := checkArity(n, opset); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if g.dupInit {
+		seen := map[string]bool{}
+		for _, t := range m.Proto.Graph.Initializer {
+			if seen[t.GetName()] {
+				errs = append(errs, fmt.Errorf("initializer %q is defined more than once", t.GetName()))
+			}
+			seen[t.GetName()] = true
+		}
+	}
+	for _, t := range allInitializers(m.Proto) {
+		if d, ok := m.deferred[t]; ok {
+			if want, err := ByteSize(DataType(t), t.GetDims()); err != nil || want != d.Size {
+				errs = append(errs, fmt.Errorf("initializer %q: deferred data of %d bytes for dims %v of %s", t.GetName(), d.Size, t.GetDims(), DataType(t)))
+			}
+			continue
+		}
+		if err := m.checkTensor(t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, m.checkOthers()...)
+	errs = append(errs, checkBodies(m.Proto)...)
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidOutput, joinProblems(errs, maxCheckErrors))
 }
 
 // marshalSized encodes mp deterministically into a buffer of the size
@@ -332,7 +526,7 @@ var ErrNeedsSideFile = errors.New("the model keeps initializers in an external d
 // FirstExternal returns the first initializer (of the main graph, subgraphs
 // or training_info) stored in an external data file, or nil if there is none.
 func (m *Model) FirstExternal() *pb.TensorProto {
-	for _, t := range allInitializers(m.Proto) {
+	for _, t := range allTensors(m.Proto) {
 		if IsExternal(t) {
 			return t
 		}
@@ -360,13 +554,16 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 		}
 		return fmt.Errorf("initializer %q is stored externally%s: %w; write to a file, or inline the weights (SaveOptions.External ExternalInline, mokopt --external-data inline)", t.GetName(), loc, ErrNeedsSideFile)
 	}
+	if err := m.CheckOutput(); err != nil {
+		return fmt.Errorf("refusing to write %s: %w", m.Name(), err)
+	}
 	var restore []func()
 	defer func() {
 		for _, r := range restore {
 			r()
 		}
 	}()
-	for _, t := range allInitializers(m.Proto) {
+	for _, t := range allTensors(m.Proto) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -443,7 +640,7 @@ func (c *countWriter) ReadFrom(r io.Reader) (int64, error) {
 
 // Marshal encodes the model, which must hold no external data, deterministically.
 func (m *Model) Marshal() ([]byte, error) {
-	for _, t := range allInitializers(m.Proto) {
+	for _, t := range allTensors(m.Proto) {
 		if IsExternal(t) {
 			return nil, fmt.Errorf("initializer %q is stored externally; save to a file instead", t.GetName())
 		}
@@ -474,6 +671,14 @@ func (m *Model) planExternal(opt SaveOptions) ([]*pb.TensorProto, error) {
 			if n >= opt.Threshold || deferred && opt.External == ExternalKeep && n >= opt.Threshold {
 				out = append(out, t)
 			}
+		}
+	}
+	// Tensors in attributes (Constant values) that live in a side file
+	// move to the output's side file too, so that no output names the
+	// input's.
+	for _, p := range otherTensors(m.Proto) {
+		if IsExternal(p.t) {
+			out = append(out, p.t)
 		}
 	}
 	return out, nil
@@ -563,7 +768,8 @@ type atomicFile struct {
 }
 
 func createAtomic(path string) (*atomicFile, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	CleanStaleTemps(path)
+	f, err := os.CreateTemp(filepath.Dir(path), tempPrefix(path)+strconv.Itoa(os.Getpid())+"-*")
 	if err != nil {
 		return nil, fmt.Errorf("cannot create output next to %s: %w", path, err)
 	}
@@ -630,7 +836,27 @@ func syncDir(dir string) {
 // WriteFileAtomic writes data to path via a temporary file in the same
 // folder, synced, then renamed into place; on failure the previous file at
 // path is untouched and no temporary file is left.
+//
+// A path that is a character device or a named pipe (/dev/stdout, a FIFO)
+// is written directly, without a temporary file or rename; a directory or
+// any other kind of file is refused.
 func WriteFileAtomic(path string, data []byte) error {
+	if _, mode, exists, err := IdentifyFile(path); err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	} else if exists && !mode.IsRegular() {
+		if mode&(os.ModeCharDevice|os.ModeNamedPipe) == 0 {
+			return fmt.Errorf("cannot write %s: it is %s", path, describeMode(mode))
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("cannot write %s: %w", path, err)
+		}
+		if err := writeChunked(f, data); err != nil {
+			f.Close()
+			return fmt.Errorf("writing %s: %w", path, err)
+		}
+		return f.Close()
+	}
 	a, err := createAtomic(path)
 	if err != nil {
 		return err

@@ -52,7 +52,7 @@ func (m *Model) WorkingCopy() *Model {
 		}
 		mp.Graph = gp
 	}
-	wc := &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext}
+	wc := &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labels}
 	if len(m.deferred) > 0 {
 		wc.deferred = make(map[*pb.TensorProto]DeferredData, len(m.deferred))
 		for t, d := range m.deferred {

@@ -16,8 +16,8 @@ import (
 )
 
 // ProvenanceKey prefixes the metadata_props entries that record, per fused
-// node, the nodes and initializers it replaced.
-const ProvenanceKey = "ai.mok.fused/"
+// node, the nodes and initializers it replaced (moe.ProvenanceKey).
+const ProvenanceKey = moe.ProvenanceKey
 
 // Options control Rewrite.
 type Options struct {
@@ -53,17 +53,9 @@ func (o *Options) progress(stage string, done, total int) {
 	}
 }
 
-// Provenance is what a fused node replaced, stored as JSON in metadata_props.
-type Provenance struct {
-	Node         string   `json:"node"`
-	Kind         string   `json:"kind"`
-	Nodes        []string `json:"nodes"`
-	Initializers []string `json:"initializers"`
-	Spec         moe.Spec `json:"spec"`
-	// TracedExperts is Block.TracedExperts: non-zero when the block was
-	// restored from a trace that computed only that many experts.
-	TracedExperts int `json:"traced_experts,omitempty"`
-}
+// Provenance is what a fused node replaced, stored as JSON in metadata_props
+// (moe.Provenance).
+type Provenance = moe.Provenance
 
 // Fused describes one fused node in a report.
 type Fused struct {

@@ -51,6 +51,9 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 			}
 			defer a.Close()
 			defer b.Close()
+			if err := checkSameFiles(modelInputs(a, b), []outFile{{out, "the -o file", false}}, false); err != nil {
+				return err
+			}
 			r, err := mokopt.Diff(a, b)
 			if err != nil {
 				// Any failure to compare is an error (exit 2), as in diff(1).

@@ -83,6 +83,9 @@ func runMergeRanks(c *cobra.Command, args []string, out, report string, opt moko
 		defer m.Close()
 		ranks[i] = m
 	}
+	if err := checkSameFiles(append(modelInputs(ranks...), fileInputs("the --ep-ops table", f.opsFile)...), rewriteOutputs(out, report, 0), false); err != nil {
+		return err
+	}
 	merged, mrep, reps, err := mokopt.RewriteRanks(c.Context(), ranks, opt, f.tokens)
 	res := map[string]any{"schema_version": 1, "inputs": args, "output": out, "merge": mrep, "ranks": reps}
 	if report != "" {

@@ -62,6 +62,9 @@ unless --inline.`,
 				return usageErr(errors.New("--json and -o - would share standard output"))
 			}
 			cfg.External = !inline && out != mokopt.Stdio // a stream carries one file: weights inline
+			if err := genPrecheck(cfg); err != nil {
+				return err
+			}
 			if epg.form != "" {
 				return genEP(c.OutOrStdout(), cfg, &epg, out)
 			}
@@ -77,7 +80,7 @@ unless --inline.`,
 			for _, t := range m.Proto.Graph.Initializer {
 				n, err := graph.ByteSize(graph.DataType(t), t.GetDims())
 				if err != nil {
-					return err
+					return usageErr(fmt.Errorf("gen: initializer %q: %w", t.GetName(), err))
 				}
 				s.InitializerBytes += n
 			}

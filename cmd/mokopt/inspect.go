@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/mokopt/mokopt"
+	"github.com/mokopt/mokopt/diff"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/passes"
@@ -17,26 +18,29 @@ import (
 func init() { subcommands = append(subcommands, newInspectCmd) }
 
 func printSummary(w io.Writer, s *mokopt.ModelSummary) {
+	// Names come from the model: escaped (diff.Printable), a name holding
+	// a newline or an escape sequence cannot forge or hide lines.
+	p := diff.Printable
 	fmt.Fprintf(w, "%s: IR %d, %d nodes, %d functions, %d initializers (%s, %s external)\n",
-		s.File, s.IRVersion, s.Nodes, s.Functions, s.Initializers, humanBytes(s.InitializerBytes), humanBytes(s.ExternalBytes))
+		p(s.File), s.IRVersion, s.Nodes, s.Functions, s.Initializers, humanBytes(s.InitializerBytes), humanBytes(s.ExternalBytes))
 	var ops []string
 	for _, o := range s.Opsets {
 		d := o.Domain
 		if d == "" {
 			d = "ai.onnx"
 		}
-		ops = append(ops, fmt.Sprintf("%s %d", d, o.Version))
+		ops = append(ops, fmt.Sprintf("%s %d", p(d), o.Version))
 	}
 	fmt.Fprintf(w, "opsets: %s\n", strings.Join(ops, ", "))
 	for _, v := range s.Inputs {
-		fmt.Fprintf(w, "input  %s %s [%s]\n", v.Name, v.Type, strings.Join(v.Shape, ", "))
+		fmt.Fprintf(w, "input  %s %s [%s]\n", p(v.Name), p(v.Type), p(strings.Join(v.Shape, ", ")))
 	}
 	for _, v := range s.Outputs {
-		fmt.Fprintf(w, "output %s %s [%s]\n", v.Name, v.Type, strings.Join(v.Shape, ", "))
+		fmt.Fprintf(w, "output %s %s [%s]\n", p(v.Name), p(v.Type), p(strings.Join(v.Shape, ", ")))
 	}
 	var census []string
 	for _, c := range s.Ops {
-		census = append(census, fmt.Sprintf("%s %d", c.Op, c.Count))
+		census = append(census, fmt.Sprintf("%s %d", p(c.Op), c.Count))
 	}
 	fmt.Fprintf(w, "ops: %s\n", strings.Join(census, ", "))
 }
@@ -90,10 +94,11 @@ func newInspectCmd() *cobra.Command {
 }
 
 func printBlocks(w io.Writer, det *passes.Detection) {
+	p := diff.Printable
 	fmt.Fprintf(w, "MoE blocks: %d\n", len(det.Blocks))
 	for _, b := range det.Blocks {
 		s := b.Spec
-		fmt.Fprintf(w, "  %s (%s, %d nodes): E=%d k=%d H=%d I=%d\n", b.Name, b.Kind, b.Nodes, s.NumExperts, s.TopK, s.Hidden, s.Inter)
+		fmt.Fprintf(w, "  %s (%s, %d nodes): E=%d k=%d H=%d I=%d\n", p(b.Name), p(b.Kind), b.Nodes, s.NumExperts, s.TopK, s.Hidden, s.Inter)
 		router := s.RouterActivation + ", " + s.RouterOrder
 		if s.NormalizeTopK {
 			router += ", renormalised"
@@ -142,7 +147,7 @@ func printBlocks(w io.Writer, det *passes.Detection) {
 		}
 	}
 	for _, n := range det.NearMiss {
-		fmt.Fprintf(w, "  near-miss at %s: %s\n", n.Node, n.Reason)
+		fmt.Fprintf(w, "  near-miss at %s: %s\n", p(n.Node), p(n.Reason))
 	}
 }
 

@@ -81,6 +81,9 @@ benchmark shapes) as JSON.`,
 				return err
 			}
 			defer m.Close()
+			if err := checkSameFiles(modelInputs(m), []outFile{{out, "the output model", true}, {planPath, "the --plan file", false}}, false); err != nil {
+				return err
+			}
 			if ep <= 0 {
 				var why string
 				if ep, why, err = mokopt.PickEP(m, tgt); err != nil {

@@ -32,6 +32,9 @@ func runLowerORT(c *cobra.Command, in, out, extMode string, opt lowering.ORTOpti
 		return err
 	}
 	defer m.Close()
+	if err := checkSameFiles(modelInputs(m), []outFile{{out, "the output model", true}}, false); err != nil {
+		return err
+	}
 	rep, lerr := mokopt.LowerORT(c.Context(), m, opt)
 	if lerr != nil {
 		if asJSON && rep != nil {

@@ -4,7 +4,8 @@
 //
 // Exit codes: 0 ok, 1 a check failed (verify mismatch, refused fusion, a
 // kernel constraint), 2 bad usage or unreadable input, 130 interrupted
-// (SIGINT or SIGTERM: temporary files are removed, no output is written).
+// (SIGINT, SIGTERM, SIGHUP or SIGQUIT: temporary files are removed, no
+// output is written).
 package main
 
 import (
@@ -16,11 +17,14 @@ import (
 	"syscall"
 )
 
-// exitInterrupted is the exit code after SIGINT or SIGTERM (128 + SIGINT).
+// exitInterrupted is the exit code after SIGINT, SIGTERM, SIGHUP or SIGQUIT
+// (128 + SIGINT, whichever signal it was).
 const exitInterrupted = 130
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP (terminal closed) and SIGQUIT stop the command the same way:
+	// temporary files are removed and nothing is written.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	go func() {
 		<-ctx.Done()
 		stop() // a second Ctrl-C kills at once

@@ -81,6 +81,9 @@ simulated collectives against the merged model, and writes one global model;
 				return err
 			}
 			defer m.Close()
+			if err := checkSameFiles(append(modelInputs(m), fileInputs("the --ep-ops table", epf.opsFile)...), rewriteOutputs(out, report, epf.split), inPlace); err != nil {
+				return err
+			}
 			if epf.rank >= 0 {
 				m.Graph().SetMetadata(mokopt.MetaEPRank, strconv.Itoa(epf.rank))
 			}

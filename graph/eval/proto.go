@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -242,9 +241,9 @@ func ToProto(t *Tensor, name string) (*pb.TensorProto, error) {
 // ReadTensorFile reads a serialized TensorProto (an ONNX test_data_set
 // input_N.pb or output_N.pb file) and returns the tensor and its name.
 func ReadTensorFile(path string) (*Tensor, string, error) {
-	b, err := os.ReadFile(path)
+	b, err := graph.ReadProtoFile(path) // bounded: an endless file cannot exhaust memory
 	if err != nil {
-		return nil, "", &graph.InputError{File: path, Msg: "cannot read tensor file", Err: err}
+		return nil, "", err
 	}
 	p := &pb.TensorProto{}
 	if err := proto.Unmarshal(b, p); err != nil {

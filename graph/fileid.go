@@ -1,0 +1,246 @@
+package graph
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// FileID identifies a file by device and inode number: two paths name the
+// same file exactly when their FileIDs are equal, whatever their spelling
+// ("./m.onnx", an absolute path, "sub/../m.onnx", a symbolic link or a hard
+// link).
+type FileID struct {
+	Dev, Ino uint64
+}
+
+// fileIDOf returns fi's identity; ok is false where the platform gives none.
+func fileIDOf(fi os.FileInfo) (FileID, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st == nil {
+		return FileID{}, false
+	}
+	return FileID{Dev: uint64(st.Dev), Ino: uint64(st.Ino)}, true
+}
+
+// IdentifyFile returns the identity of the file path names after following
+// symbolic links, and its mode. exists is false when nothing is there (a
+// dangling link counts as nothing); err reports any other failure.
+func IdentifyFile(path string) (id FileID, mode os.FileMode, exists bool, err error) {
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return FileID{}, 0, false, nil
+	}
+	if err != nil {
+		return FileID{}, 0, false, err
+	}
+	id, _ = fileIDOf(fi)
+	return id, fi.Mode(), true, nil
+}
+
+// FileRef is a file a command reads: the path it was given by and its
+// identity.
+type FileRef struct {
+	Path string
+	ID   FileID
+}
+
+// InputFiles lists the files the model was read from: the model file
+// itself (unless it came from a stream) and every side file opened for its
+// external data so far (Check opens them all). The identities are those of
+// the open descriptors, so a path swapped for another file since does not
+// change them.
+func (m *Model) InputFiles() []FileRef {
+	var out []FileRef
+	if m.srcOK {
+		out = append(out, FileRef{Path: m.Path, ID: m.srcID})
+	}
+	if m.ext == nil {
+		return out
+	}
+	m.ext.mu.Lock()
+	defer m.ext.mu.Unlock()
+	for _, sf := range m.ext.files {
+		out = append(out, FileRef{Path: sf.path, ID: sf.id})
+	}
+	return out
+}
+
+// sideIDs returns the identities of the side files opened so far.
+func (m *Model) sideIDs() map[FileID]string {
+	out := map[FileID]string{}
+	if m.ext == nil {
+		return out
+	}
+	m.ext.mu.Lock()
+	defer m.ext.mu.Unlock()
+	for _, sf := range m.ext.files {
+		out[sf.id] = sf.path
+	}
+	return out
+}
+
+// tempPrefix is the start of the name of every temporary file written for
+// target: a hidden ".NAME.tmp-" in target's folder, followed by the writing
+// process's id, "-" and a random part, so that a later run can tell the
+// temporary files of a process that died from those of one still writing.
+func tempPrefix(target string) string { return "." + filepath.Base(target) + ".tmp-" }
+
+// CleanStaleTemps removes the temporary files left next to target by
+// earlier runs that were killed before they could remove them (".NAME.tmp-
+// PID-RANDOM" whose process PID no longer runs) and returns how many it
+// removed. Files of running processes and any other file are left alone.
+func CleanStaleTemps(target string) int {
+	dir := filepath.Dir(target)
+	prefix := tempPrefix(target)
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range es {
+		name := e.Name()
+		if !strings.HasPrefix(name, prefix) || !e.Type().IsRegular() {
+			continue
+		}
+		pidStr, _, ok := strings.Cut(name[len(prefix):], "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 || pid == os.Getpid() || processAlive(pid) {
+			continue
+		}
+		if os.Remove(filepath.Join(dir, name)) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// processAlive reports whether a process pid exists (signal 0 reaches it,
+// or it exists but belongs to another user).
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// MaxReadSize bounds the bytes read for one model file: protobuf's 2 GiB
+// limit on one message. It is a variable only so that tests can lower it.
+var MaxReadSize int64 = 1<<31 - 1
+
+// ErrTooBig is wrapped by the error of a read that would exceed its limit.
+var ErrTooBig = errors.New("larger than the format allows")
+
+// ReadLimited reads all of r, refusing with an error wrapping ErrTooBig
+// (and ErrBadInput) as soon as more than limit bytes arrive, so that an
+// endless stream (/dev/zero, a pipe) costs at most limit bytes. name is
+// used in messages; what names the format's limit.
+func ReadLimited(r io.Reader, limit int64, name, what string) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, &InputError{File: name, Msg: "cannot read", Err: err}
+	}
+	if int64(len(b)) > limit {
+		return nil, &InputError{File: name, Msg: fmt.Sprintf("more than %d bytes, %s", limit, what), Err: ErrTooBig}
+	}
+	return b, nil
+}
+
+// ReadFileLimited reads a file of at most limit bytes. A regular file
+// larger than limit is refused from its size before anything is read;
+// anything else (a pipe, a device) is read up to limit+1 bytes. A
+// directory is refused. what describes the limit for the message (for
+// example "protobuf's 2 GiB limit").
+func ReadFileLimited(path string, limit int64, what string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, &InputError{File: path, Msg: "cannot read", Err: err}
+	}
+	defer f.Close()
+	return readOpened(f, path, limit, what)
+}
+
+func readOpened(f *os.File, path string, limit int64, what string) ([]byte, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, &InputError{File: path, Msg: "cannot read", Err: err}
+	}
+	switch {
+	case fi.IsDir():
+		return nil, badInput(path, "", "is a directory, not a file")
+	case fi.Mode().IsRegular() && fi.Size() > limit:
+		return nil, &InputError{File: path, Msg: fmt.Sprintf("%d bytes, more than %s (%d bytes)", fi.Size(), what, limit), Err: ErrTooBig}
+	}
+	return ReadLimited(f, limit, path, "more than "+what)
+}
+
+// ReadModelBytes reads a serialized model from r, up to protobuf's 2 GiB
+// limit (MaxReadSize), failing early on a stream whose first bytes cannot
+// start a ModelProto (a zero tag, as /dev/zero gives) instead of reading
+// it to the limit.
+func ReadModelBytes(r io.Reader, name string) ([]byte, error) {
+	head := make([]byte, 16)
+	n, err := io.ReadFull(r, head)
+	head = head[:n]
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return nil, &InputError{File: name, Msg: "cannot read model", Err: err}
+	}
+	if err := checkHead(head, n < 16); err != nil {
+		return nil, &InputError{File: name, Msg: "not a valid ONNX protobuf (truncated or corrupt)", Err: err}
+	}
+	if n < 16 {
+		return head, nil
+	}
+	rest, err := ReadLimited(r, MaxReadSize-int64(n), name, "protobuf's 2 GiB limit on one model file")
+	if err != nil {
+		return nil, err
+	}
+	return append(head, rest...), nil
+}
+
+// checkHead checks that b starts with a valid protobuf field tag.
+func checkHead(b []byte, whole bool) error {
+	if len(b) == 0 {
+		return nil // an empty message; Parse says what is missing
+	}
+	num, typ, k := protowire.ConsumeTag(b)
+	if k < 0 {
+		if !whole && len(b) < 10 {
+			return nil
+		}
+		return protowire.ParseError(k)
+	}
+	if num < 1 || typ > protowire.Fixed32Type || typ == protowire.StartGroupType || typ == protowire.EndGroupType {
+		return fmt.Errorf("field %d of wire type %d cannot start a ModelProto", num, typ)
+	}
+	return nil
+}
+
+// ReadProtoFile reads one serialized protobuf message (a test_data_set's
+// input_N.pb, say) from path, as Load reads a model: a directory is
+// refused, a regular file larger than protobuf's 2 GiB limit is refused
+// from its size, and a pipe or device is read up to that limit, failing
+// early when its first bytes cannot start a message (/dev/zero).
+func ReadProtoFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, &InputError{File: path, Msg: "cannot read", Err: err}
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, &InputError{File: path, Msg: "cannot read", Err: err}
+	}
+	switch {
+	case fi.IsDir():
+		return nil, badInput(path, "", "is a directory, not a file")
+	case fi.Mode().IsRegular() && fi.Size() > MaxReadSize:
+		return nil, &InputError{File: path, Msg: fmt.Sprintf("%d bytes, more than protobuf's 2 GiB limit (%d bytes)", fi.Size(), MaxReadSize), Err: ErrTooBig}
+	}
+	return ReadModelBytes(f, path)
+}
