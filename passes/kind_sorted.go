@@ -131,6 +131,8 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			}
 			c.setOnce(&sd.gates, n.Output[0], "sorted routing weights")
 		case op == "Shape" || op == "Size":
+		case (op == "ScatterND" || op == "ScatterElements" || op == "Expand") && k != 1:
+			fail("%s %q puts the sorted pairs back in pair order by the sort permutation: per-pair outputs (as a mixture of attention heads writes them), not the experts' outputs summed per token", op, graph.NodeLabel(n))
 		default:
 			if k != 1 {
 				fail("unexpected %s %q reads the sort permutation", op, graph.NodeLabel(n))

@@ -362,8 +362,8 @@ func TestSortedRefused(t *testing.T) {
 		name, reason string
 		mod          func(o *sortedOpts)
 	}{
-		{"scatter back by the permutation", "reads the sort permutation", func(o *sortedOpts) { o.breakScatter = "perm" }},
-		{"scatter back by the permutation (ScatterElements)", "reads the sort permutation", func(o *sortedOpts) { o.breakScatter = "perm"; o.scatterElements = true }},
+		{"scatter back by the permutation", "puts the sorted pairs back in pair order", func(o *sortedOpts) { o.breakScatter = "perm" }},
+		{"scatter back by the permutation (ScatterElements)", "puts the sorted pairs back in pair order", func(o *sortedOpts) { o.breakScatter = "perm"; o.scatterElements = true }},
 		{"scatter back in unsorted order", "rows other than the sorted pairs' tokens", func(o *sortedOpts) { o.breakScatter = "identity" }},
 		{"weights without the softmax", "no router activation", func(o *sortedOpts) { o.rawGates = true }},
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
@@ -380,8 +380,12 @@ func TestSortedRefused(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.reason) {
 				t.Fatalf("want a refusal containing %q, got %v", tc.reason, err)
 			}
-			if rep != nil && len(rep.Fused) != 0 || len(m.Proto.Graph.Node) != n {
+			if rep == nil || len(rep.Fused) != 0 || len(m.Proto.Graph.Node) != n {
 				t.Fatal("a refused rewrite edited the model")
+			}
+			// one block, one report: the sort is not a candidate of its own
+			if got := len(rep.NearMiss) + len(rep.Refused); got != 1 {
+				t.Fatalf("%d reports, want 1: %+v %+v", got, rep.NearMiss, rep.Refused)
 			}
 		})
 	}
