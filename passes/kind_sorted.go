@@ -265,8 +265,8 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			if t0.seg < 0 {
 				fail("%q projects every sorted pair with one weight, not one expert's group", graph.NodeLabel(n))
 			}
-			if gemmBias(n) != "" && (t0.stage == 0 || graph.AttrFloat(n, "beta", 1) != 1) {
-				fail("%q adds a bias inside the Gemm of an expert's first projection (or scales it)", graph.NodeLabel(n))
+			if b := gemmBias(n); b != "" && (graph.AttrFloat(n, "beta", 1) != 1 || c.matmulWeight(b) == nil) {
+				fail("%q adds a scaled or non-constant bias inside an expert's projection", graph.NodeLabel(n))
 			}
 			switch t0.stage {
 			case 0:
@@ -358,6 +358,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			l2.act = v // the activation of every sorted pair, read once
 		}
 		rs := c.roles(l1, &l2, s, e == 0)
+		c.firstGemmBiases(l1, &rs)
 		mk := func(r *roleRef) *Proj {
 			if r == nil {
 				return nil
@@ -387,6 +388,31 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	e0 := plan.Experts[0]
 	s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
 	return KindSorted
+}
+
+// firstGemmBiases adds to rs the biases that first projections written as
+// Gemm carry in their third input: the gate's and the up projection's
+// (their halves of a fused gate_up bias).
+func (c *ctx) firstGemmBiases(l1 []*emm, rs *roleSet) {
+	for _, m := range l1 {
+		b := gemmBias(m.n)
+		if b == "" {
+			continue
+		}
+		w := c.matmulWeight(b)
+		for _, r := range []struct {
+			proj *roleRef
+			bias **roleRef
+		}{{rs.gate, &rs.gateB}, {rs.up, &rs.upB}} {
+			if r.proj == nil || r.proj.w != m.w {
+				continue
+			}
+			if *r.bias != nil {
+				fail("%q has a bias in the Gemm and another after it", graph.NodeLabel(m.n))
+			}
+			*r.bias = &roleRef{w: w, isBias: true, part: r.proj.part}
+		}
+	}
 }
 
 // rowSlice reports whether a Slice cuts only the first axis, with step 1.

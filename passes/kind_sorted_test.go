@@ -31,6 +31,7 @@ type sortedOpts struct {
 	equalCounts      bool   // counts from ids[:, None] == arange(E) over the flattened ids
 	sliceGroups      string // "inclusive", "exclusive" or "padded": groups sliced between running sums of the counts
 	breakSlice       bool   // the first group sliced over two experts' rows
+	gemmBias         bool   // per-expert projections as Gemm with per-expert biases
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -179,6 +180,17 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	tr := graph.IntsAttr("perm", 1, 0)
 	perExpert := func(wName string, e int, in string) string {
 		we := one("Gather", []string{wName, scalarI(int64(e))}, graph.IntAttr("axis", 0))
+		if o.gemmBias {
+			var dims []int64
+			for _, t := range inits {
+				if t.GetName() == wName {
+					dims = t.GetDims()
+				}
+			}
+			bias := floats([]int64{dims[0], dims[1]}, rnd(int(dims[0]*dims[1]), 0.5))
+			be := one("Gather", []string{bias, scalarI(int64(e))}, graph.IntAttr("axis", 0))
+			return one("Gemm", []string{in, we, be}, graph.IntAttr("transB", 1))
+		}
 		return one("MatMul", []string{in, one("Transpose", []string{we}, tr)})
 	}
 	silu := func(g string) string { return one("Mul", []string{g, one("Sigmoid", []string{g})}) }
@@ -310,6 +322,8 @@ func TestSortedSynthetic(t *testing.T) {
 		{"groups sliced by running sums", func(o *sortedOpts) { o.sliceGroups = "inclusive" }, "softmax_topk_act_swiglu"},
 		{"groups sliced by exclusive sums", func(o *sortedOpts) { o.sliceGroups = "exclusive"; o.separate = true; o.gatesPerGroup = true }, "softmax_topk_act_swiglu"},
 		{"groups sliced by padded sums", func(o *sortedOpts) { o.sliceGroups = "padded"; o.gelu = true }, "softmax_topk_act_gelu"},
+		{"Gemm biases, fused gate_up", func(o *sortedOpts) { o.gemmBias = true; o.gateSecond = true }, "softmax_topk_act_swiglu_ebias"},
+		{"Gemm biases, separate gate and up", func(o *sortedOpts) { o.gemmBias = true; o.separate = true }, "softmax_topk_act_swiglu_ebias"},
 		{"counts by comparison", func(o *sortedOpts) { o.equalCounts = true }, "softmax_topk_act_swiglu"},
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
