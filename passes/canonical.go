@@ -82,9 +82,10 @@ func rewriteCanonical(m *graph.Model, opt Options) (*Report, error) {
 // those nodes to values m has (the new weight initializers, or nodes of an
 // inlined function when a block boundary lies inside one) are copied into
 // m; each value m has that a copied node computes is taken from its old
-// producer in m. Then the nodes of m that fed a graph output before and no
-// longer do are removed, with the initializers only they read and the
-// model-local functions no node calls any more. Nothing else in m changes.
+// producer in m. Then the nodes of m that feed no graph output are removed
+// (as rewriteIn does: those the fused nodes replaced, and dead code that was
+// there before), with the initializers only they read and the model-local
+// functions no node calls any more. Nothing else in m changes.
 func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	if res.OpsetTo > m.Opset("") {
 		if _, err := canon.RaiseOpset(canon.NewWork(m, canon.Options{}), res.OpsetTo); err != nil {
@@ -96,7 +97,6 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	has := func(v string) bool {
 		return v == "" || mg.Producer(v) != nil || mg.Initializer(v) != nil || mg.IsInput(v)
 	}
-	liveBefore := liveNodes(mg)
 	callsBefore := calledFunctions(mg.P.Node)
 
 	byName := map[string]*pb.NodeProto{}
@@ -242,9 +242,11 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 		m.Proto.IrVersion = proto.Int64(10) // function overloads need IR 10
 	}
 	// Remove what became dead.
+	// As rewriteIn does, dead code that was there before goes too (it is
+	// attributed to the first fused node).
 	liveAfter := liveNodes(mg)
 	dead := map[*pb.NodeProto]bool{}
-	for n := range liveBefore {
+	for _, n := range mg.P.Node {
 		if !liveAfter[n] {
 			dead[n] = true
 		}
@@ -278,9 +280,11 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	removedInits := make([][]string, len(rep.Fused))
 	for _, n := range mg.P.Node {
 		if dead[n] {
-			if i, ok := owner[n]; ok {
-				removedNodes[i] = append(removedNodes[i], graph.NodeLabel(n))
+			if _, ok := owner[n]; !ok {
+				owner[n] = 0
 			}
+			i := owner[n]
+			removedNodes[i] = append(removedNodes[i], graph.NodeLabel(n))
 		}
 	}
 	mg.RemoveNodes(dead)

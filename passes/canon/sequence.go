@@ -115,11 +115,24 @@ var SequenceToSplit = Rule{
 	},
 }
 
-// dim returns dimension axis of v when v's shape declares it as a number.
+// dim returns dimension axis of v when v's shape declares it as a number,
+// or when v is a OneHot along axis of a constant depth.
 func (w *Work) dim(v string, axis int64) (int64, bool) {
 	t := w.Type(v)
 	if c, ok := w.Const(v); ok && axis < int64(len(c.Shape)) {
 		return int64(c.Shape[axis]), true
+	}
+	if p := w.Producer(v); p != nil && p.GetOpType() == "OneHot" && p.GetDomain() == "" && len(p.Input) == 3 {
+		a := graph.AttrInt(p, "axis", -1)
+		if r, ok := w.Rank(v); ok && a < 0 {
+			a += int64(r)
+		}
+		if depth, ok := w.ConstInts(p.Input[1]); ok && len(depth) == 1 && a == axis {
+			return depth[0], true
+		}
+		if depth, ok := w.ConstScalar(p.Input[1]); ok && a == axis {
+			return int64(depth), true
+		}
 	}
 	if t == nil || t.GetShape() == nil || axis >= int64(len(t.GetShape().GetDim())) {
 		return 0, false

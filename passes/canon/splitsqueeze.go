@@ -11,7 +11,8 @@ import (
 // where piece j is one element wide, into Gather(the Split's input, the
 // piece's offset, that axis), keeping the Squeeze's output name: the
 // spelling ONNX Runtime's GatherSliceToSplitFusion replaces, which names the
-// index (an expert's id, say) as a constant. Only Splits into more than two
+// index (an expert's id, say) as a constant. The split axis must be static
+// and as long as the pieces together. Only Splits into more than two
 // pieces are rewritten: a split into two is how exporters unpack a pair
 // (NonZero's coordinates, say), and that spelling is the canonical one for
 // it. DropDead removes the Split once no piece is read.
@@ -76,6 +77,15 @@ var SplitSqueezeToGather = Rule{
 			}
 		}
 		if len(sizes) != len(p.Output) || sizes[j] != 1 {
+			return false, nil
+		}
+		// A Split fails where its pieces do not add up to the axis; a
+		// Gather would not: the axis must be static and match.
+		total := int64(0)
+		for _, s := range sizes {
+			total += s
+		}
+		if d, ok := w.dim(p.Input[0], axis); !ok || d != total {
 			return false, nil
 		}
 		off := int64(0)
