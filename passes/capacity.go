@@ -327,6 +327,11 @@ func (r *capacityRouter) reason() string {
 			unknown = append(unknown, fmt.Sprintf("%s %q against %q (not a constant)", cm.cmp.GetOpType(), graph.NodeLabel(cm.cmp), cm.limit))
 		}
 	}
+	slices.SortFunc(caps, func(a, b string) int {
+		x, _ := strconv.ParseInt(a, 10, 64)
+		y, _ := strconv.ParseInt(b, 10, 64)
+		return int(x - y)
+	})
 	selBy := "TopK"
 	if r.sel[0].GetOpType() == "ArgMax" {
 		selBy = "ArgMax"
@@ -356,9 +361,63 @@ func (r *capacityRouter) reason() string {
 // any block that holds its capacity count.
 func (c *ctx) refuseCapacity(det *Detection) {
 	for _, r := range c.capacityRouters() {
+		c.orderCapacity(r)
 		refuseClass(det, r.sel, r.nodes, NearMiss{Node: graph.NodeLabel(r.sel[0]), Reason: r.reason(), Class: ClassCapacity,
 			Capacity: r.capacities()})
 	}
+}
+
+// orderCapacity puts r's selections and comparisons in an order that
+// does not depend on the graph's node order: the first choice (the
+// selection no other selection feeds) first, then by name.
+func (c *ctx) orderCapacity(r *capacityRouter) {
+	fed := map[*pb.NodeProto]bool{}
+	for _, s := range r.sel {
+		for _, o := range r.sel {
+			if o != s && c.feeds(o, s.Input[0], 12) {
+				fed[s] = true
+			}
+		}
+	}
+	slices.SortStableFunc(r.sel, func(a, b *pb.NodeProto) int {
+		if fed[a] != fed[b] {
+			if fed[a] {
+				return 1
+			}
+			return -1
+		}
+		return strings.Compare(graph.NodeLabel(a), graph.NodeLabel(b))
+	})
+	slices.SortStableFunc(r.cmps, func(a, b capacityCmp) int {
+		return strings.Compare(graph.NodeLabel(a.cmp), graph.NodeLabel(b.cmp))
+	})
+}
+
+// feeds reports whether node n's outputs reach value v within depth steps
+// back from v.
+func (c *ctx) feeds(n *pb.NodeProto, v string, depth int) bool {
+	seen := map[string]bool{}
+	var walk func(v string, d int) bool
+	walk = func(v string, d int) bool {
+		if d > depth || seen[v] {
+			return false
+		}
+		seen[v] = true
+		p := c.g.Producer(v)
+		if p == nil {
+			return false
+		}
+		if p == n {
+			return true
+		}
+		for _, in := range p.Input {
+			if walk(in, d+1) {
+				return true
+			}
+		}
+		return false
+	}
+	return walk(v, 0)
 }
 
 // capacities lists the capacities read (distinct, in order found).
@@ -369,6 +428,7 @@ func (r *capacityRouter) capacities() []int64 {
 			out = append(out, cm.capacity)
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 

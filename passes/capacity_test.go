@@ -3,6 +3,8 @@ package passes
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -310,4 +312,48 @@ func TestCapacityArithmetic(t *testing.T) {
 			t.Fatalf("reported %+v without a router linear", nm)
 		}
 	})
+}
+
+// TestRefusalOrderInvariant: the capacity and int8 near-misses (node,
+// reason, class, capacity) do not depend on the order of the graph's nodes.
+func TestRefusalOrderInvariant(t *testing.T) {
+	for _, pc := range manifestCases(t, "capacity", "int8_dyn") {
+		t.Run(pc.Name, func(t *testing.T) {
+			f := filepath.Join(refusalDir, pc.Name+".onnx")
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			summary := func(shuffle *rand.Rand) string {
+				m, err := graph.Parse(raw, f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if shuffle != nil {
+					shuffleOrder(m.Proto.Graph, shuffle)
+				}
+				d, err := Detect(m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out []string
+				for _, n := range d.NearMiss {
+					if n.Class != "" {
+						out = append(out, fmt.Sprintf("%s|%s|%s|%v", n.Node, n.Reason, n.Class, n.Capacity))
+					}
+				}
+				return strings.Join(out, "\n")
+			}
+			want := summary(nil)
+			if want == "" {
+				t.Fatal("no capacity or int8 near-miss in file order")
+			}
+			rng := rand.New(rand.NewPCG(uint64(len(raw)), 11))
+			for trial := range 8 {
+				if got := summary(rng); got != want {
+					t.Fatalf("trial %d:\n got %s\nwant %s", trial, got, want)
+				}
+			}
+		})
+	}
 }

@@ -96,11 +96,31 @@ func (c *ctx) refuseQuantized(det *Detection) {
 	if qat == nil {
 		return
 	}
+	found := map[*pb.NodeProto]*Block{}
+	for _, b := range det.Blocks {
+		if b.TopK != nil {
+			found[b.TopK] = b
+		}
+	}
 	for _, tk := range c.topo {
 		if tk.GetOpType() != "TopK" || tk.GetDomain() != "" || len(tk.Output) < 2 || len(tk.Input) < 1 {
 			continue
 		}
-		f := c.quantizedAround(tk, qat)
+		var f quantFinding
+		if b := found[tk]; b != nil {
+			// a float block was read: refuse it only if its own region
+			// computes with integer linears (its router or experts)
+			if r := c.routerLinear(tk.Input[0]); r != nil && quantizedLinearOps[r.GetOpType()] {
+				f.router = r
+			}
+			for _, n := range b.Region {
+				if p, ok := c.posOf(n); ok && qat[p] && n != f.router {
+					f.experts = append(f.experts, n)
+				}
+			}
+		} else {
+			f = c.quantizedAround(tk, qat)
+		}
 		if f.router == nil && len(f.experts) == 0 {
 			continue
 		}
@@ -133,7 +153,15 @@ func (c *ctx) quantReason(f quantFinding) string {
 		}
 		parts = append(parts, fmt.Sprintf("%d linear(s) after its routing are integer too, e.g. %s", len(f.experts), c.describeQuant(firstNode)))
 	}
-	return "int8-quantized MoE block (dynamic quantization): " + strings.Join(parts, "; ") +
+	how := "quantization"
+	for _, n := range append([]*pb.NodeProto{f.router}, f.experts...) {
+		if n != nil && len(n.Input) > 0 {
+			if p := c.producerOp(n.Input[0]); p != nil && p.GetOpType() == "DynamicQuantizeLinear" {
+				how = "dynamic quantization"
+			}
+		}
+	}
+	return "int8-quantized MoE block (" + how + "): " + strings.Join(parts, "; ") +
 		"; mokopt fuses float blocks only (the fused node takes float weights and the MoK kernel quantizes routed experts to MXFP8 itself): fuse the float model, then quantize what remains"
 }
 
