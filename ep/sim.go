@@ -13,7 +13,7 @@ import (
 
 // ErrNoGroup is returned by Exchange (and so by every collective kernel)
 // when the interpreter runs a collective outside RunRanks.
-var ErrNoGroup = errors.New("collective op outside an EP simulation (run the rank models together: mokopt rewrite --merge-ranks, or ep.RunRanks)")
+var ErrNoGroup = eval.ErrNoGroup
 
 // group is one simulated EP group: G ranks that meet at every collective.
 type group struct {
@@ -36,12 +36,10 @@ type member struct {
 	seq  int // position in this rank's sequence of collective calls
 }
 
-type ctxKey struct{}
-
 // Rank returns the simulated rank and group size of a run's context, or
 // ok=false outside RunRanks.
 func Rank(ctx context.Context) (rank, size int, ok bool) {
-	m, ok := ctx.Value(ctxKey{}).(*member)
+	m, ok := eval.ExchangerOf(ctx).(*member)
 	if !ok {
 		return 0, 0, false
 	}
@@ -54,10 +52,11 @@ func Rank(ctx context.Context) (rank, size int, ok bool) {
 // position of their collective sequence. A mismatch of tags (the ranks'
 // graphs diverge) is an error naming both.
 func Exchange(ctx context.Context, tag string, v any) (rank int, all []any, err error) {
-	m, ok := ctx.Value(ctxKey{}).(*member)
-	if !ok {
-		return 0, nil, ErrNoGroup
-	}
+	return eval.Exchange(ctx, tag, v)
+}
+
+// Exchange is the group's primitive for this rank (eval.Exchanger).
+func (m *member) Exchange(tag string, v any) (rank int, all []any, err error) {
 	g := m.g
 	seq := m.seq
 	m.seq++
@@ -109,7 +108,7 @@ func RunRanks(ctx context.Context, t *Table, models []*graph.Model, feeds []map[
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rctx := context.WithValue(gctx, ctxKey{}, &member{g: g, rank: r})
+			rctx := eval.WithExchanger(gctx, &member{g: g, rank: r})
 			o, err := eval.Run(rctx, models[r], feeds[r], opt)
 			if err != nil {
 				errs[r] = fmt.Errorf("rank %d (%s): %w", r, models[r].Name(), err)

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/mokopt/mokopt/ep"
-
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
@@ -91,7 +89,7 @@ type shardPart struct {
 
 // gatherShards simulates the collectives folded into an EP shard node
 // (dispatch to the ranks owning the experts, combine back): inside
-// ep.RunRanks every rank contributes its local experts, and each rank then
+// a simulated group of ranks (eval.Exchanger; package ep's RunRanks) every rank contributes its local experts, and each rank then
 // computes its own tokens with the assembled global weights, which is what
 // dispatch, local compute and combine amount to. The router and shared
 // expert must be the same on every rank. On return s and w describe the
@@ -99,7 +97,7 @@ type shardPart struct {
 func gatherShards(c *eval.OpContext, s *Spec, w *Weights) error {
 	var ctx = c.Context
 	mine := *w // a copy: this rank replaces *w below while others still read it
-	_, all, err := ep.Exchange(ctx, "ai.mok::MoE shard", shardPart{s.ExpertOffset, &mine})
+	_, all, err := eval.Exchange(ctx, "ai.mok::MoE shard", shardPart{s.ExpertOffset, &mine})
 	if err != nil {
 		return err
 	}
