@@ -11,6 +11,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/models"
 	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/passes/canon"
 	"google.golang.org/protobuf/proto"
@@ -176,5 +177,119 @@ func TestCanonicalNoFuseUntouched(t *testing.T) {
 		if !strings.Contains(string(after), "QuickGelu") {
 			t.Fatal("contrib op lost")
 		}
+	}
+}
+
+// TestSpliceBoundaryInsideFunction wraps a whole one-layer model (the MoE
+// block and the residual Add after it) into a model-local function: the
+// block's output exists only inside the function, so the splice must copy
+// the inlined rest of the call (the Add) into the output. The rewritten
+// model must be valid, no longer call the function, and compute what the
+// original computes.
+func TestSpliceBoundaryInsideFunction(t *testing.T) {
+	for _, shape := range []string{"batched", "unrolled"} {
+		t.Run(shape, func(t *testing.T) {
+			cfg := models.Config{Shape: shape, Layers: 1, Experts: 4, TopK: 2, Hidden: 8, Inter: 8, Router: "softmax", Normalize: true, Tokens: 6, Seed: 3}
+			m, err := models.Build(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gp := m.Proto.Graph
+			f := &pb.FunctionProto{Name: proto.String("Layer"), Domain: proto.String("local"), Node: gp.Node,
+				OpsetImport: append([]*pb.OperatorSetIdProto(nil), m.Proto.OpsetImport...)}
+			call := &pb.NodeProto{OpType: proto.String("Layer"), Domain: proto.String("local"), Name: proto.String("layer0")}
+			for _, in := range gp.Input {
+				f.Input = append(f.Input, in.GetName())
+				call.Input = append(call.Input, in.GetName())
+			}
+			for _, ti := range gp.Initializer {
+				f.Input = append(f.Input, ti.GetName())
+				call.Input = append(call.Input, ti.GetName())
+			}
+			for _, o := range gp.Output {
+				f.Output = append(f.Output, o.GetName())
+				call.Output = append(call.Output, o.GetName())
+			}
+			gp.Node = []*pb.NodeProto{call}
+			gp.ValueInfo = nil
+			m.Proto.Functions = append(m.Proto.Functions, f)
+			m.SetOpset("local", 1)
+			orig := &graph.Model{Proto: proto.Clone(m.Proto).(*pb.ModelProto)}
+
+			rep, err := Rewrite(m, Options{Check: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Fused) != 1 {
+				t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
+			}
+			if errs := m.Graph().Validate(); len(errs) > 0 {
+				t.Fatalf("output invalid: %v", errs)
+			}
+			for _, n := range m.Proto.Graph.Node {
+				if n.GetDomain() == "local" {
+					t.Fatal("the function call is still in the output")
+				}
+			}
+			for _, fn := range m.Proto.Functions {
+				if fn.GetDomain() == "local" {
+					t.Fatal("the function no node calls is still in the output")
+				}
+			}
+			x := make([]float32, 6*8)
+			for i := range x {
+				x[i] = float32((i*37)%23)/11 - 1
+			}
+			feeds := map[string]*eval.Tensor{gp.Input[0].GetName(): eval.NewFloat32([]int{6, 8}, x)}
+			want, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, body := range []bool{false, true} {
+				got, err := eval.Run(context.Background(), m, feeds, eval.Options{PreferFunctions: body})
+				if err != nil {
+					t.Fatal(err)
+				}
+				o := gp.Output[0].GetName()
+				d, err := eval.Compare(got[o], want[o], 1e-4, 1e-5)
+				if err != nil || !d.OK() {
+					t.Fatalf("function body %v: rewritten differs from the original: %+v %v", body, d, err)
+				}
+			}
+		})
+	}
+}
+
+// TestCanonicalRewriteDeterministic rewrites each export of the canonical
+// classes twice: the two outputs must be byte-identical.
+func TestCanonicalRewriteDeterministic(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(canonProducersDir, "*.onnx"))
+	n := 0
+	for _, f := range files {
+		base := filepath.Base(f)
+		if !strings.HasPrefix(base, "functions_") && !strings.HasPrefix(base, "dynamo_raw_") && !strings.HasPrefix(base, "ort_extended_") && !strings.HasPrefix(base, "opset1") {
+			continue
+		}
+		n++
+		var outs [2][]byte
+		for i := range outs {
+			m, err := graph.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Rewrite(m, Options{}); err != nil {
+				t.Fatalf("%s: %v", base, err)
+			}
+			if outs[i], err = (proto.MarshalOptions{Deterministic: true}).Marshal(m.Proto); err != nil {
+				t.Fatal(err)
+			}
+			m.Close()
+		}
+		if string(outs[0]) != string(outs[1]) {
+			t.Errorf("%s: two rewrites differ", base)
+		}
+	}
+	if n == 0 {
+		t.Skip("no export of the canonical classes")
 	}
 }
