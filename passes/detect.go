@@ -570,7 +570,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	if s.TopK > E {
 		fail("TopK k=%d exceeds the router's %d outputs", s.TopK, E)
 	}
-	x0 := c.through(ri.x)
+	x0 := c.inputBoundary(ri.x)
 	y := c.postDominator(tk, ri.linear)
 	if y == "" {
 		fail("no single value combines the experts' outputs after the router")
@@ -587,7 +587,11 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 			break
 		}
 		if c.feedsRouter(c.g.ValueID(y)) {
-			break // y is already the next block's input: what follows is that block's
+			// y reaches the next block's router through shape ops only:
+			// the blocks meet at the boundary of that chain (see boundary),
+			// which the next block finds from its side too.
+			y = c.boundary(y)
+			break
 		}
 		n := cons[0]
 		if noiseOps[n.GetOpType()] && n.GetOpType() != "Cast" || n.GetOpType() == "ReduceSum" && sharedVal == "" {
@@ -922,6 +926,56 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 		}
 	}
 	return ""
+}
+
+// boundary returns where two directly chained blocks meet on the chain of
+// shape-only ops (noiseOps, Cast included) that starts at v0, a value no
+// such op produces: following single consumers from v0 while they are
+// shape ops, the first value of the highest (inferred) rank. Both blocks
+// work it out from the chain alone, so the one's output is the other's
+// input and no node belongs to both; a highest rank keeps the token axes
+// the model's own block I/O has (a [B, S, H] value rather than its [B·S, H]
+// reshape), so the fused nodes read and write that value directly.
+func (c *ctx) boundary(v0 string) string {
+	best, bestRank := v0, c.rankInfer(v0)
+	if bestRank < 0 {
+		return v0 // nothing to compare with: both sides stay at v0
+	}
+	v := v0
+	for steps := 0; steps < 64 && !c.g.IsOutput(v); steps++ {
+		cons := c.g.Consumers(v)
+		if len(cons) != 1 || !noiseOps[cons[0].GetOpType()] || len(cons[0].Input) == 0 || cons[0].Input[0] != v || len(cons[0].Output) != 1 {
+			break
+		}
+		v = cons[0].Output[0]
+		if r := c.rankInfer(v); r > bestRank {
+			best, bestRank = v, r
+		}
+	}
+	return best
+}
+
+// inputBoundary returns a block's input given its router's input: the
+// value the router input is reshaped from (through), or, when that is
+// produced by another node, the boundary of the chain of shape ops from it
+// when the router input lies on that chain (the previous block's output,
+// see boundary).
+func (c *ctx) inputBoundary(routerIn string) string {
+	x0 := c.through(routerIn)
+	if c.g.Producer(x0) == nil {
+		return x0
+	}
+	b := c.boundary(x0)
+	for v := routerIn; ; {
+		if v == b {
+			return b
+		}
+		p := c.g.Producer(v)
+		if v == x0 || p == nil || !noiseOps[p.GetOpType()] || len(p.Input) == 0 {
+			return x0
+		}
+		v = p.Input[0]
+	}
 }
 
 // selectors computes, once, which nodes are router linears (routerAt): a

@@ -84,6 +84,12 @@ func (c *ctx) rankFromProducer(v string, memo map[string]int, depth int) int {
 	case "Cast", "Identity", "Transpose", "Relu", "Sigmoid", "Softmax", "Neg", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Abs", "Clip",
 		"ScatterND", "ScatterElements", "CastLike", "LayerNormalization", "Gelu":
 		return rank(0)
+	case "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2":
+		if graph.AttrInt(p, "keepdims", 1) == 1 {
+			return rank(0)
+		}
+	case "Reciprocal", "Softplus", "SimplifiedLayerNormalization", "RMSNormalization", "Sin", "Cos", "HardSigmoid", "LeakyRelu", "Elu":
+		return rank(0)
 	case "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Sum":
 		r := -1
 		for i := range p.Input {

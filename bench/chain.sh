@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Directly chained blocks: N copies of a real exported block, copy i+1 reading
+# copy i's output (no residual Add between), written by bench/chain; then, in
+# the same run, `mokopt rewrite` with default flags (numerical check on) and
+# Python onnx's own load + save of the same file. Prints both timings and
+# rewrite/(load+save); every block must fuse.
+#
+#   bench/chain.sh [BLOCK.onnx] [N]    (defaults: testdata/exported/olmoe_block_torchscript.onnx, 500)
+#
+# Environment: PY (default /usr/bin/python3; Debian's python3-onnx is
+# installed with apt-get when its onnx module is missing), REPS (default 3;
+# the fastest run of each counts), PERTURB=1 gives each copy weights of its
+# own, W (work folder, default a new one under /tmp). Timings on a shared
+# machine are noisy: compare the ratio of one run.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BLOCK=${1:-$ROOT/testdata/exported/olmoe_block_torchscript.onnx}
+N=${2:-500}
+PY=${PY:-/usr/bin/python3}
+REPS=${REPS:-3}
+W=${W:-$(mktemp -d /tmp/mokopt-chain.XXXXXX)}
+mkdir -p "$W"
+
+if ! "$PY" -c 'import onnx' 2>/dev/null; then
+	echo "# installing python3-onnx" >&2
+	apt-get install -y python3-onnx >/dev/null || { apt-get update >/dev/null && apt-get install -y python3-onnx >/dev/null; }
+	PY=/usr/bin/python3
+fi
+
+(cd "$ROOT" && go build -o "$W/mokopt" ./cmd/mokopt && go build -o "$W/chain" ./bench/chain)
+flags=()
+[[ ${PERTURB:-0} == 1 ]] && flags+=(-perturb)
+in="$W/chain_$N.onnx"
+"$W/chain" -n "$N" "${flags[@]}" "$BLOCK" "$in"
+
+# best NAME CMD...: the fastest wall time (s) of REPS runs, in BEST.
+best() {
+	local name=$1
+	shift
+	BEST=""
+	for ((r = 0; r < REPS; r++)); do
+		/usr/bin/time -f "%e %M" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name" || {
+			echo "$name failed:" >&2
+			cat "$W/err.$name" >&2
+			exit 1
+		}
+		read -r wall rss <"$W/time.$name"
+		if [[ -z $BEST ]] || awk "BEGIN{exit !($wall < $BEST)}"; then BEST=$wall BEST_RSS=$rss; fi
+	done
+}
+
+best rewrite "$W/mokopt" rewrite "$in" -o "$W/rewritten.onnx"
+rw=$BEST rw_rss=$BEST_RSS
+best pysave "$PY" -c 'import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])' "$in" "$W/pysaved.onnx"
+py=$BEST py_rss=$BEST_RSS
+held=$("$PY" -c 'import onnx, sys; g = onnx.load(sys.argv[1]).graph; print(sum(n.op_type == "MoE" for n in g.node), "/", len(g.node))' "$W/rewritten.onnx")
+"$PY" -c 'import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1]))' "$W/rewritten.onnx"
+
+echo "# $N directly chained copies of $(basename "$BLOCK"): $(stat -c %s "$in") bytes, REPS=$REPS (fastest), $W"
+echo "rewrite (default flags, numerical check on): ${rw} s, peak RSS $((rw_rss / 1024)) MiB"
+echo "python onnx load+save:                       ${py} s, peak RSS $((py_rss / 1024)) MiB"
+echo "fused nodes / nodes in the output: $held (onnx.checker: ok)"
+echo "ratio rewrite / (python load+save): $(awk "BEGIN{printf \"%.2f\", $rw / $py}")"

@@ -1,0 +1,217 @@
+package passes
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/chain"
+	"google.golang.org/protobuf/proto"
+)
+
+// chainOf loads a real exported block and composes n directly chained
+// copies of it (copy i+1 reads copy i's output; no residual between).
+func chainOf(t testing.TB, file string, n int, perturb bool) *graph.Model {
+	t.Helper()
+	m, err := graph.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp, err := chain.Compose(m, n, chain.Options{Perturb: perturb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := proto.Marshal(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := graph.Parse(b, fmt.Sprintf("%s x%d", filepath.Base(file), n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cm
+}
+
+// chainBlocks are real exports of different block shapes: a sparsemixer
+// router, a gated shared expert, group-limited routing with a shared
+// expert (dynamo exports, stacked experts), and a TorchScript trace that
+// unrolls the loop over experts.
+var chainBlocks = []struct {
+	name string
+	// traced: a TorchScript trace whose loop over the experts hit at
+	// trace time is unrolled: the original graph only runs on inputs that
+	// hit every expert, which a chain's later copies do not, so its
+	// numbers are compared on the first two copies only.
+	traced bool
+}{
+	{"phimoe_block_dynamo_batched_mm", false},
+	{"qwen3_next_block_dynamo_batched_mm", false},
+	{"deepseek_v2_block_dynamo_batched_mm", false},
+	{"olmoe_block_torchscript", true},
+}
+
+// TestDirectChains composes 20 directly chained copies of different real
+// blocks (each copy with weights of its own): every copy fuses, the
+// rewritten chain is 20 fused nodes, it computes what the original chain
+// computes on random inputs (for a trace that only runs on inputs like its
+// own, the first two copies), and with identical copies the first fused
+// node reproduces ONNX Runtime's golden output of the block.
+func TestDirectChains(t *testing.T) {
+	const n = 20
+	for _, cb := range chainBlocks {
+		name := cb.name
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(exportedDir, name+".onnx")
+			orig := chainOf(t, file, n, true)
+			m := chainOf(t, file, n, true)
+			rep, err := Rewrite(m, Options{Check: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Fused) != n || len(rep.NearMiss) != 0 {
+				t.Fatalf("fused %d of %d blocks; near-misses %v", len(rep.Fused), n, rep.NearMiss)
+			}
+			ops := map[string]int{}
+			for _, nd := range m.Proto.Graph.Node {
+				ops[nd.GetDomain()+"::"+nd.GetOpType()]++
+			}
+			if ops["ai.mok::MoE"] != n || len(m.Proto.Graph.Node) != n {
+				t.Errorf("rewritten chain holds %d nodes %v, want %d fused nodes", len(m.Proto.Graph.Node), ops, n)
+			}
+			if cb.traced {
+				orig = chainOf(t, file, 2, true)
+				m = chainOf(t, file, 2, true)
+				if rep, err := Rewrite(m, Options{Check: true}); err != nil || len(rep.Fused) != 2 {
+					t.Fatalf("two copies: %v", err)
+				}
+			}
+			sameOnRandomInputs(t, orig, m, 3)
+
+			// ONNX Runtime's golden output for one block: the first fused
+			// node of a chain of identical copies computes it.
+			ds, err := eval.ReadDataSet(filepath.Join(exportedDir, name+"_data", "test_data_set_0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			same := chainOf(t, file, n, false)
+			if _, err := Rewrite(same, Options{Check: true}); err != nil {
+				t.Fatal(err)
+			}
+			first := ""
+			for _, nd := range same.Proto.Graph.Node {
+				if nd.GetOpType() == "MoE" && nd.Input[0] != "" && eval.GraphInputs(same)[0] == throughNames(same, nd.Input[0]) {
+					first = nd.Output[0]
+				}
+			}
+			if first == "" {
+				t.Fatal("no fused node reads the chain's input")
+			}
+			feeds, err := eval.Feeds(same, ds.Inputs, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := eval.Run(context.Background(), same, feeds, eval.Options{Capture: func(v string) bool { return v == first }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := out[first]
+			if got == nil || len(got.F32) != len(ds.Outputs[0].F32) {
+				t.Fatalf("first block's output %v, golden shape %v", got, ds.Outputs[0].Shape)
+			}
+			flat := *got
+			flat.Shape = ds.Outputs[0].Shape
+			d, err := eval.Compare(&flat, ds.Outputs[0], 1e-4, 1e-5)
+			if err != nil || !d.OK() {
+				t.Fatalf("first fused block vs ONNX Runtime's golden output: %+v %v", d, err)
+			}
+		})
+	}
+}
+
+// throughNames follows v back through the shape-only nodes left in m (the
+// fused node may read a reshaped input) to the value they start from.
+func throughNames(m *graph.Model, v string) string {
+	g := m.Graph()
+	for {
+		p := g.Producer(v)
+		if p == nil || !noiseOps[p.GetOpType()] {
+			return v
+		}
+		v = p.Input[0]
+	}
+}
+
+// sameOnRandomInputs runs a and b on the same random inputs (seeds
+// 1..sets) and requires the same outputs to float32 rounding.
+func sameOnRandomInputs(t *testing.T, a, b *graph.Model, sets int) {
+	t.Helper()
+	for seed := range uint64(sets) {
+		feeds, err := RandomFeeds(a, seed+1, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wa, err := eval.Run(context.Background(), a, feeds, eval.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb := map[string]*eval.Tensor{}
+		for i, name := range eval.GraphInputs(b) {
+			fb[name] = feeds[eval.GraphInputs(a)[i]]
+		}
+		wb, err := eval.Run(context.Background(), b, fb, eval.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range a.Proto.Graph.Output {
+			d, err := eval.Compare(wb[b.Proto.Graph.Output[i].GetName()], wa[o.GetName()], 1e-4, 1e-5)
+			if err != nil || !d.OK() {
+				t.Fatalf("random inputs %d, output %q: rewritten vs original %+v %v", seed+1, o.GetName(), d, err)
+			}
+		}
+	}
+}
+
+// TestChainedRewriteWritesValidModels rewrites 2, 3 and 10 directly chained
+// blocks with and without Partial: the result passes graph validation (no
+// value read that nothing defines), fuses every block, and computes what
+// the original chain computes.
+func TestChainedRewriteWritesValidModels(t *testing.T) {
+	for _, name := range []string{"phimoe_block_dynamo_batched_mm", "qwen3_moe_block_dynamo_batched_mm"} {
+		for _, n := range []int{2, 3, 10} {
+			for _, partial := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%d/partial=%v", name, n, partial), func(t *testing.T) {
+					file := filepath.Join(exportedDir, name+".onnx")
+					orig := chainOf(t, file, n, true)
+					m := chainOf(t, file, n, true)
+					rep, err := Rewrite(m, Options{Check: true, Partial: partial})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(rep.Fused) != n {
+						t.Fatalf("fused %d of %d: %v %v", len(rep.Fused), n, rep.NearMiss, rep.Refused)
+					}
+					if errs := graph.NewGraph(m.Proto.Graph).Validate(); len(errs) > 0 {
+						t.Fatalf("rewritten chain invalid: %v", errs)
+					}
+					if err := m.Check(); err != nil {
+						t.Fatalf("rewritten chain fails the model check: %v", err)
+					}
+					held := 0
+					for _, nd := range m.Proto.Graph.Node {
+						if nd.GetOpType() == "MoE" && strings.HasPrefix(nd.GetDomain(), "ai.mok") {
+							held++
+						}
+					}
+					if held != len(rep.Fused) {
+						t.Fatalf("report says %d fused, the model holds %d fused nodes", len(rep.Fused), held)
+					}
+					sameOnRandomInputs(t, orig, m, 2)
+				})
+			}
+		}
+	}
+}
