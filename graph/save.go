@@ -95,6 +95,18 @@ var MaxProtoSize int64 = 1<<31 - 1
 // write, to inject write failures.
 var writeHook func(w io.Writer) io.Writer
 
+// saveStep, when set (by tests), is called between the renames of Save;
+// an error stops Save there, as a crash would (only temporary files are
+// removed afterwards).
+var saveStep func(step string) error
+
+func stepHook(step string) error {
+	if saveStep != nil {
+		return saveStep(step)
+	}
+	return nil
+}
+
 // hooked returns the writer for f: f itself, or f through writeHook.
 func hooked(f *os.File) io.Writer {
 	if writeHook != nil {
@@ -325,6 +337,9 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if err := side.rename(); err != nil {
 		return err
 	}
+	if err := stepHook("side renamed"); err != nil {
+		return err
+	}
 	if err := mf.rename(); err != nil {
 		os.Remove(side.path)
 		return err
@@ -332,6 +347,9 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	syncDir(dir)
 	if dataName == opt.DataName {
 		return nil
+	}
+	if err := stepHook("model renamed"); err != nil {
+		return err
 	}
 	// The model names the new side file under its other name; move it to
 	// its own name. Every step leaves a model that names a complete side
@@ -385,6 +403,9 @@ func (m *Model) moveSide(ctx context.Context, path, dir, tmpName, name string, m
 	}
 	if err := os.Rename(link, to); err != nil {
 		os.Remove(link)
+		return
+	}
+	if stepHook("side moved") != nil {
 		return
 	}
 	for _, t := range moved {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
@@ -43,6 +44,9 @@ func preflightOutputs(outs []outFile) error {
 			return usageErr(fmt.Errorf("%s %s names a folder, not a file", o.what, o.path))
 		}
 		_, mode, exists, err := graph.IdentifyFile(o.path)
+		if errors.Is(err, syscall.ENOTDIR) {
+			err = nil // writableDir names the file that is not a folder
+		}
 		if err != nil {
 			return usageErr(fmt.Errorf("cannot write %s %s: %w", o.what, o.path, err))
 		}
