@@ -100,6 +100,9 @@ func TestProducersCanonical(t *testing.T) {
 			if errs := m.Graph().Validate(); len(errs) > 0 {
 				t.Fatalf("output model invalid: %v", errs)
 			}
+			if err := m.Check(); err != nil {
+				t.Fatalf("output model fails the checker: %v", err)
+			}
 			if m.Opset("") < 13 {
 				t.Fatalf("output opset %d", m.Opset(""))
 			}
