@@ -891,12 +891,13 @@ func (c *ctx) unitLast(v string) string {
 }
 
 // countPiece reads one listed count: element e of a count vector, taken by
-// a Gather of index e along axis 0 or a Slice [e, e+1) of the first axis
-// (then possibly a Gather of its only element), through noise. It returns
+// a Gather of index e along axis 0, a Slice [e, e+1) of the first axis
+// (then possibly a Gather of its only element) or output e of a Split into
+// one-element pieces, through noise. It returns
 // the vector (looked through noise) and e, or "" when v is not such.
 func (c *ctx) countPiece(v string) (string, int) {
 	p := c.producerOp(v)
-	if p == nil || len(p.Input) < 2 {
+	if p == nil || len(p.Input) < 1 || len(p.Input) < 2 && p.GetOpType() != "Split" {
 		return "", -1
 	}
 	switch p.GetOpType() {
@@ -912,6 +913,29 @@ func (c *ctx) countPiece(v string) (string, int) {
 			return c.countPiece(p.Input[0])
 		}
 		return c.through(p.Input[0]), int(i)
+	case "Split":
+		// unbind: the counts split into one-element pieces
+		v = c.through(v)
+		if c.splitAxis(p) != 0 && graph.AttrInt(p, "axis", 0) != -1 {
+			return "", -1
+		}
+		if len(p.Input) > 1 && p.Input[1] != "" {
+			sz := c.constInts(p.Input[1])
+			if len(sz) != len(p.Output) {
+				return "", -1
+			}
+			for _, x := range sz {
+				if x != 1 {
+					return "", -1
+				}
+			}
+		}
+		for i, o := range p.Output {
+			if o == v {
+				return c.through(p.Input[0]), i
+			}
+		}
+		return "", -1
 	case "Slice":
 		if len(p.Input) < 3 {
 			return "", -1

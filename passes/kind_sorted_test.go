@@ -32,6 +32,8 @@ type sortedOpts struct {
 	sliceGroups      string // "inclusive", "exclusive" or "padded": groups sliced between running sums of the counts
 	breakSlice       bool   // the first group sliced over two experts' rows
 	gemmBias         bool   // per-expert projections as Gemm with per-expert biases
+	half             bool   // float16 input and output around a float32 block
+	unbindCounts     bool   // split sizes from the counts split into one-element pieces
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -79,7 +81,11 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	}
 	zeroF := graph.TensorAttr("value", moe.Float32Tensor("", []int64{1}, []float32{0}))
 
-	x2 := one("Reshape", []string{"x", ints(-1, int64(H))})
+	xin := "x"
+	if o.half {
+		xin = one("Cast", []string{"x"}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+	}
+	x2 := one("Reshape", []string{xin, ints(-1, int64(H))})
 	logits := one("MatMul", []string{x2, floats([]int64{int64(H), int64(E)}, rnd(H*E, 1))})
 	var vals, idx, w string
 	if o.actThenTopK {
@@ -106,6 +112,10 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		ones := one("Expand", []string{floats(nil, []float32{1}), one("Shape", []string{idx})})
 		mh := one("ScatterElements", []string{z, idx, ones}, graph.IntAttr("axis", 1))
 		counts = one("ReduceSum", []string{one("Cast", []string{mh}, graph.IntAttr("to", int64(pb.TensorProto_INT64))), ints(0)}, graph.IntAttr("keepdims", 0))
+	}
+	if o.unbindCounts {
+		parts := add("Split", []string{counts}, E, graph.IntAttr("axis", 0), graph.IntAttr("num_outputs", int64(E)))
+		counts = one("Concat", parts, graph.IntAttr("axis", 0))
 	}
 	if o.listCounts {
 		parts := make([]string, E)
@@ -265,6 +275,11 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	if o.bias {
 		y = one("Add", []string{y, floats([]int64{int64(H)}, rnd(H, 1))})
 	}
+	io := pb.TensorProto_FLOAT
+	if o.half {
+		io = pb.TensorProto_FLOAT16
+		y = one("Cast", []string{y}, graph.IntAttr("to", int64(io)))
+	}
 	nodes = append(nodes, graph.NewNode("Identity", "", "out", []string{y}, []string{"y"}))
 	vi := func(n string, dims ...int64) *pb.ValueInfoProto {
 		var ds []*pb.TensorShapeProto_Dimension
@@ -272,7 +287,7 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 			ds = append(ds, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: d}})
 		}
 		return &pb.ValueInfoProto{Name: proto.String(n), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
-			ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)), Shape: &pb.TensorShapeProto{Dim: ds}}}}}
+			ElemType: proto.Int32(int32(io)), Shape: &pb.TensorShapeProto{Dim: ds}}}}}
 	}
 	dims := []int64{int64(o.B), int64(o.S), int64(H)}
 	mp := &pb.ModelProto{IrVersion: proto.Int64(10), OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}},
@@ -324,6 +339,8 @@ func TestSortedSynthetic(t *testing.T) {
 		{"groups sliced by padded sums", func(o *sortedOpts) { o.sliceGroups = "padded"; o.gelu = true }, "softmax_topk_act_gelu"},
 		{"Gemm biases, fused gate_up", func(o *sortedOpts) { o.gemmBias = true; o.gateSecond = true }, "softmax_topk_act_swiglu_ebias"},
 		{"Gemm biases, separate gate and up", func(o *sortedOpts) { o.gemmBias = true; o.separate = true }, "softmax_topk_act_swiglu_ebias"},
+		{"float16 input and output", func(o *sortedOpts) { o.half = true }, "softmax_topk_act_swiglu_f16io"},
+		{"unbound counts", func(o *sortedOpts) { o.unbindCounts = true }, "softmax_topk_act_swiglu"},
 		{"counts by comparison", func(o *sortedOpts) { o.equalCounts = true }, "softmax_topk_act_swiglu"},
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
@@ -335,10 +352,14 @@ func TestSortedSynthetic(t *testing.T) {
 			tc.mod(&o)
 			m := sortedModel(o, int64(i+1))
 			orig := sortedModel(o, int64(i+1))
-			x := eval.NewFloat32([]int{o.B, o.S, o.H}, make([]float32, o.B*o.S*o.H))
+			xs := make([]float32, o.B*o.S*o.H)
 			r := rand.New(rand.NewSource(int64(100 + i)))
-			for j := range x.F32 {
-				x.F32[j] = r.Float32()*2 - 1
+			for j := range xs {
+				xs[j] = r.Float32()*2 - 1
+			}
+			x := eval.NewFloat32([]int{o.B, o.S, o.H}, xs)
+			if o.half {
+				x = eval.NewFloatAs(pb.TensorProto_FLOAT16, []int{o.B, o.S, o.H}, xs)
 			}
 			feeds := map[string]*eval.Tensor{"x": x}
 			ref, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
