@@ -34,6 +34,7 @@ type sortedOpts struct {
 	gemmBias         bool   // per-expert projections as Gemm with per-expert biases
 	half             bool   // float16 input and output around a float32 block
 	unbindCounts     bool   // split sizes from the counts split into one-element pieces
+	shared           bool   // a SwiGLU shared expert added to the scattered outputs
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -271,6 +272,15 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	} else {
 		sc = one("ScatterND", []string{zTH, one("Unsqueeze", []string{back, ints(1)}), ow}, graph.StringAttr("reduction", "add"))
 	}
+	if o.shared {
+		Is := int64(2 * I)
+		mm := func(in string, r, c int64) string {
+			return one("MatMul", []string{in, floats([]int64{r, c}, rnd(int(r*c), 0.5))})
+		}
+		g := mm(x2, int64(H), Is)
+		a := one("Mul", []string{silu(g), mm(x2, int64(H), Is)})
+		sc = one("Add", []string{sc, mm(a, Is, int64(H))})
+	}
 	y := one("Reshape", []string{sc, one("Shape", []string{"x"})})
 	if o.bias {
 		y = one("Add", []string{y, floats([]int64{int64(H)}, rnd(H, 1))})
@@ -340,6 +350,7 @@ func TestSortedSynthetic(t *testing.T) {
 		{"Gemm biases, fused gate_up", func(o *sortedOpts) { o.gemmBias = true; o.gateSecond = true }, "softmax_topk_act_swiglu_ebias"},
 		{"Gemm biases, separate gate and up", func(o *sortedOpts) { o.gemmBias = true; o.separate = true }, "softmax_topk_act_swiglu_ebias"},
 		{"float16 input and output", func(o *sortedOpts) { o.half = true }, "softmax_topk_act_swiglu_f16io"},
+		{"shared expert", func(o *sortedOpts) { o.shared = true; o.bias = true }, "softmax_topk_act_swiglu_shared"},
 		{"unbound counts", func(o *sortedOpts) { o.unbindCounts = true }, "softmax_topk_act_swiglu"},
 		{"counts by comparison", func(o *sortedOpts) { o.equalCounts = true }, "softmax_topk_act_swiglu"},
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
