@@ -16,6 +16,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
 )
 
 // refusalDir holds exports of producers beyond torch.onnx's defaults
@@ -355,5 +356,33 @@ func TestRefusalOrderInvariant(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFloatBlockBeforeQuantizedLinear: a float block whose output feeds a
+// dynamically quantized linear (a partly quantized model) still fuses; only
+// blocks that compute with integer linears are refused as quantized.
+func TestFloatBlockBeforeQuantizedLinear(t *testing.T) {
+	m, err := graph.Load(filepath.Join(exportedDir, "qwen3_moe_block_torchscript.onnx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gp := m.Proto.Graph
+	out := gp.Output[0].GetName()
+	w := &pb.TensorProto{Name: proto.String("wq"), Dims: []int64{64, 16}, DataType: proto.Int32(int32(pb.TensorProto_INT8)), RawData: make([]byte, 64*16)}
+	gp.Initializer = append(gp.Initializer, w, moe.Float32Tensor("wscale", nil, []float32{0.01}))
+	gp.Node = append(gp.Node,
+		graph.NewNode("DynamicQuantizeLinear", "", "after/dql", []string{out}, []string{"q", "qs", "qz"}),
+		graph.NewNode("MatMulInteger", "", "after/mmi", []string{"q", "wq", "qz"}, []string{"acc"}),
+		graph.NewNode("Cast", "", "after/cast", []string{"acc"}, []string{"accf"}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT))),
+		graph.NewNode("Mul", "", "after/scale", []string{"qs", "wscale"}, []string{"s"}),
+		graph.NewNode("Mul", "", "after/deq", []string{"accf", "s"}, []string{"proj"}))
+	gp.Output = append(gp.Output, &pb.ValueInfoProto{Name: proto.String("proj")})
+	d, err := Detect(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Blocks) != 1 || len(d.NearMiss) != 0 {
+		t.Fatalf("blocks %d, near-misses %+v; want the float block fused", len(d.Blocks), d.NearMiss)
 	}
 }

@@ -49,6 +49,11 @@ func (c *ctx) quantizedLinears() []bool {
 	return at
 }
 
+// combineOps are where exporters combine the experts' outputs (scatter
+// back to token rows, sum over experts): a selection's forward walk stops
+// there, so that linears after the block are not taken for its experts.
+var combineOps = map[string]bool{"ScatterND": true, "ScatterElements": true, "Scatter": true, "ReduceSum": true}
+
 // quantWalkBudget bounds the nodes one selection's forward walk visits, so
 // that a model of many quantized blocks stays linear in its size.
 const quantWalkBudget = 4096
@@ -78,6 +83,9 @@ func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool) quantFinding {
 				continue // do not walk past an expert linear
 			}
 			op := n.GetOpType()
+			if combineOps[op] {
+				continue // the experts' outputs are combined: the block ends here
+			}
 			if op == "TopK" || op == "MatMul" || op == "Gemm" {
 				if op == "TopK" || c.isConst(n.Input[1]) || c.weightBehind(n.Input[1]) {
 					continue // another block's router, or a float weight linear
