@@ -250,5 +250,3 @@ func (m *Model) Name() string {
 	}
 	return m.Path
 }
-
-func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -247,7 +247,7 @@ func (a *Attrs) Dequantize(src Source, wPos, sPos, zPos, E, N, K int) ([]float32
 	groups := 1
 	if a.BlockSize > 0 {
 		if K%a.BlockSize != 0 {
-			return nil, fmt.Errorf("K %d is not a multiple of block_size %d", K, a.BlockSize)
+			return nil, fmt.Errorf("input size K %d is not a multiple of block_size %d", K, a.BlockSize)
 		}
 		groups = K / a.BlockSize
 	}

@@ -21,8 +21,6 @@ import (
 // merge concatenates and split slices along axis 0.
 var expertInputs = []int{moe.InGate, moe.InUp, moe.InDown, moe.InGateBias, moe.InUpBias, moe.InDownBias}
 
-func isExpertInput(pos int) bool { return slices.Contains(expertInputs, pos) }
-
 // fusedNodes lists a model's ai.mok::MoE nodes in graph order with their specs.
 func fusedNodes(m *graph.Model) ([]*pb.NodeProto, []*moe.Spec, error) {
 	g := m.Graph()

@@ -125,9 +125,6 @@ func atMost(dims []int64, max int64) bool {
 	return true
 }
 
-// constFloats decodes a constant float tensor (float32/64/16), or nil.
-func (c *ctx) constFloats(v string) []float32 { return c.floatsOf(c.constBytes(v, -1)) }
-
 // floatsOf decodes constBytes' result as floats, or nil.
 func (c *ctx) floatsOf(t *pb.TensorProto, b []byte) []float32 {
 	if t == nil {

@@ -47,10 +47,10 @@ func CheckShape(e, n, k int) error {
 		return fmt.Errorf("shape [E=%d, N=%d, K=%d] must be positive", e, n, k)
 	}
 	if n%TileRows != 0 {
-		return fmt.Errorf("N=%d (rows of each [N, K] matrix) is not a multiple of %d, the tcgen05 scale-tile height", n, TileRows)
+		return fmt.Errorf("rows N=%d of each [N, K] matrix: not a multiple of %d, the tcgen05 scale-tile height", n, TileRows)
 	}
 	if k%TileCols != 0 {
-		return fmt.Errorf("K=%d (contiguous contraction axis) is not a multiple of %d, the tcgen05 scale-tile width", k, TileCols)
+		return fmt.Errorf("contraction axis K=%d: not a multiple of %d, the tcgen05 scale-tile width", k, TileCols)
 	}
 	if e > math.MaxInt/n || e*n > math.MaxInt/k {
 		return fmt.Errorf("shape [E=%d, N=%d, K=%d] has too many elements", e, n, k)
