@@ -12,10 +12,10 @@ layers='
 0 graph/onnxpb kernel/mxfp8 internal/fixtures
 1 graph kernel
 2 graph/eval kernel/perf internal/chain
-3 moe
-4 ep ortmoe verify passes/canon
-5 passes
-6 lowering diff models
+3 moe ortmoe
+4 ep verify passes/canon
+5 passes diff
+6 lowering models
 7 .
 8 cmd/mokopt ortrun bench/loadsave bench/chain tools/scrubpaths
 '
