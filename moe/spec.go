@@ -383,5 +383,8 @@ func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
 			s.SharedInter = int(d[1])
 		}
 	}
-	return s, s.Validate()
+	if err := s.Validate(); err != nil {
+		return s, err
+	}
+	return s, CheckDims(n, s, dims)
 }

@@ -540,3 +540,60 @@ func TestConstantExternalChecked(t *testing.T) {
 		t.Fatalf("value %v %v", b, err)
 	}
 }
+
+// TestFusedNodeContract: a hand-made fused node whose router weight does
+// not match its experts ([2E, H], or 3-D) is refused the same way by every
+// consumer of the fused node: lower (with --strict), lower --target ort and
+// verify, each naming the input and the dims the contract needs.
+func TestFusedNodeContract(t *testing.T) {
+	dir := t.TempDir()
+	fused := filepath.Join(dir, "f.onnx")
+	if code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", fused, "--no-check"}); code != 0 {
+		t.Fatalf("rewrite: %s", msg)
+	}
+	for _, shape := range [][]int64{{16, 64}, {2, 8, 64}} {
+		m, err := graph.Load(fused)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rw *pb.TensorProto
+		for _, n := range m.Proto.Graph.Node {
+			if n.GetDomain() == "ai.mok" {
+				for _, init := range m.Proto.Graph.Initializer {
+					if init.GetName() == n.Input[1] {
+						rw = init
+					}
+				}
+			}
+		}
+		if rw == nil {
+			t.Fatal("no router weight")
+		}
+		n := int64(1)
+		for _, d := range shape {
+			n *= d
+		}
+		rw.Dims, rw.RawData, rw.FloatData = shape, make([]byte, 4*n), nil
+		bad := filepath.Join(dir, fmt.Sprintf("bad%d.onnx", len(shape)))
+		b, err := proto.Marshal(m.Proto)
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(bad, b, 0o644)
+		for _, args := range [][]string{
+			{"lower", bad, "-o", filepath.Join(dir, "l.onnx"), "--target", "gb300-nvl72", "--strict", "--ep", "1"},
+			{"lower", bad, "-o", filepath.Join(dir, "l.onnx"), "--target", "gb300-nvl72", "--ep", "1"},
+			{"lower", bad, "-o", filepath.Join(dir, "l.onnx"), "--target", "ort"},
+			{"verify", bad, fused},
+		} {
+			code, msg, _ := runCLI(context.Background(), args)
+			if code == 0 || !strings.Contains(msg, "router_weight") || !strings.Contains(msg, "[8 64]") {
+				t.Errorf("%v %v: exit %d: %s", shape, args[:2], code, msg)
+			}
+		}
+		if fileExists(filepath.Join(dir, "l.onnx")) {
+			t.Fatalf("%v: a lowered model was written", shape)
+		}
+	}
+}
