@@ -742,33 +742,24 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 		v = src
 	}
 	counts := v
-	reduced := map[int]bool{}
+	var reds []*pb.NodeProto // the sums, outermost first
 	for steps := 0; steps < 8; steps++ {
 		p := c.g.Producer(v)
 		if p == nil {
 			break
 		}
 		switch p.GetOpType() {
-		case "Cast", "Identity", "Squeeze", "Reshape", "Flatten":
+		case "Cast", "Identity":
+			v = p.Input[0]
+			continue
+		case "Squeeze", "Reshape", "Flatten":
+			if len(reds) > 0 {
+				break // reshaping the one-hot before it is summed: not read
+			}
 			v = p.Input[0]
 			continue
 		case "ReduceSum":
-			var axes []int64
-			if len(p.Input) > 1 && p.Input[1] != "" {
-				axes = c.constInts(p.Input[1])
-			} else {
-				axes = graph.AttrInts(p, "axes")
-			}
-			if len(axes) == 0 {
-				fail("the per-expert counts reduce %q over all axes", graph.NodeLabel(p))
-			}
-			r := c.rankOf(p.Input[0])
-			for _, a := range axes {
-				if a < 0 && r > 0 {
-					a += int64(r)
-				}
-				reduced[int(a)] = true
-			}
+			reds = append(reds, p)
 			v = p.Input[0]
 			continue
 		case "ScatterElements":
@@ -780,9 +771,7 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 			if r := graph.AttrString(p, "reduction", "none"); r != "none" && r != "add" && r != "max" {
 				fail("%q scatters with reduction %s", graph.NodeLabel(p), r)
 			}
-			if len(reduced) != 1 || !reduced[0] { // [tokens, experts]
-				fail("the per-expert counts do not sum the one-hot of the top-k indices over the tokens")
-			}
+			c.checkCountAxes(reds, 2)
 			return counts
 		case "OneHot":
 			vals := c.constFloatsAny(p.Input[2])
@@ -792,7 +781,7 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 			if d, ok := c.scalarInt(p.Input[1]); !ok || int(d) != E {
 				fail("%q has depth other than the %d experts", graph.NodeLabel(p), E)
 			}
-			c.checkCountAxes(reduced, p.Input[0])
+			c.checkCountAxes(reds, c.idsRank(p.Input[0])+1)
 			return counts
 		case "Equal":
 			// ids[..., None] == arange(E): a one-hot by comparison
@@ -805,7 +794,7 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 				if raw == "" {
 					fail("%q compares the top-k indices with the expert ids along an axis other than a new last one", graph.NodeLabel(p))
 				}
-				c.checkCountAxes(reduced, raw)
+				c.checkCountAxes(reds, c.idsRank(raw)+1)
 				return counts
 			}
 			fail("%q is not a comparison of the top-k indices with every expert id", graph.NodeLabel(p))
@@ -816,16 +805,58 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 	return ""
 }
 
-// checkCountAxes checks that a one-hot of the ids ids (flattened, or
-// [tokens, k]) with the experts on a new last axis was summed over every
-// other axis: the first, and the top-k slots' unless flattened.
-func (c *ctx) checkCountAxes(reduced map[int]bool, ids string) {
-	want := 2
+// idsRank is the rank of the top-k indices as a one-hot reads them: 1 when
+// flattened, else 2 ([tokens, k]).
+func (c *ctx) idsRank(ids string) int {
 	if c.flattens(ids) {
-		want = 1
+		return 1
 	}
-	if len(reduced) != want || !reduced[0] || want == 2 && !reduced[1] {
-		fail("the per-expert counts do not sum the one-hot of the top-k indices over the tokens and slots")
+	return 2
+}
+
+// checkCountAxes checks that reds (ReduceSums, outermost first) applied to
+// a one-hot of the given rank, the experts on its last axis, sum it over
+// every axis but that last one.
+func (c *ctx) checkCountAxes(reds []*pb.NodeProto, rank int) {
+	dims := make([]int, rank) // the one-hot's axes still present
+	for i := range dims {
+		dims[i] = i
+	}
+	summed := map[int]bool{}
+	for i := len(reds) - 1; i >= 0; i-- {
+		p := reds[i]
+		var axes []int64
+		if len(p.Input) > 1 && p.Input[1] != "" {
+			axes = c.constInts(p.Input[1])
+		} else {
+			axes = graph.AttrInts(p, "axes")
+		}
+		if len(axes) == 0 {
+			fail("the per-expert counts reduce %q over all axes", graph.NodeLabel(p))
+		}
+		drop := map[int]bool{}
+		for _, a := range axes {
+			if a < 0 {
+				a += int64(len(dims))
+			}
+			if a < 0 || int(a) >= len(dims) {
+				fail("%q reduces axis %d of a rank-%d one-hot", graph.NodeLabel(p), a, len(dims))
+			}
+			summed[dims[a]] = true
+			drop[int(a)] = true
+		}
+		if graph.AttrInt(p, "keepdims", 1) == 0 {
+			kept := dims[:0:0]
+			for j, d := range dims {
+				if !drop[j] {
+					kept = append(kept, d)
+				}
+			}
+			dims = kept
+		}
+	}
+	if len(summed) != rank-1 || summed[rank-1] {
+		fail("the per-expert counts do not sum the one-hot of the top-k indices over the tokens and slots, only over the experts")
 	}
 }
 

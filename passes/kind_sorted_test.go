@@ -23,6 +23,8 @@ type sortedOpts struct {
 	scatterElements  bool   // scatter back with ScatterElements instead of ScatterND
 	listCounts       bool   // split sizes listed count by count (Gather + Concat)
 	oneHot           bool   // counts from OneHot instead of ScatterElements
+	oneHotTwice      bool   // the OneHot summed by two reductions
+	breakOnes        bool   // the counts' one-hot scatters twos
 	bias             bool   // an output bias after the scatter
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
@@ -107,10 +109,19 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		counts = one("ReduceSum", []string{one("Cast", []string{eq}, graph.IntAttr("to", int64(pb.TensorProto_INT64))), ints(0)}, graph.IntAttr("keepdims", 0))
 	} else if o.oneHot {
 		oh := one("OneHot", []string{idx, scalarI(int64(E)), floats([]int64{2}, []float32{0, 1})}, graph.IntAttr("axis", -1))
-		counts = one("Cast", []string{one("ReduceSum", []string{oh, ints(0, 1)}, graph.IntAttr("keepdims", 0))}, graph.IntAttr("to", int64(pb.TensorProto_INT64)))
+		if o.oneHotTwice { // summed over the tokens, then over the slots
+			oh = one("ReduceSum", []string{oh, ints(0)}, graph.IntAttr("keepdims", 0))
+			counts = one("Cast", []string{one("ReduceSum", []string{oh, ints(-2)}, graph.IntAttr("keepdims", 0))}, graph.IntAttr("to", int64(pb.TensorProto_INT64)))
+		} else {
+			counts = one("Cast", []string{one("ReduceSum", []string{oh, ints(0, 1)}, graph.IntAttr("keepdims", 0))}, graph.IntAttr("to", int64(pb.TensorProto_INT64)))
+		}
 	} else {
 		z := one("ConstantOfShape", []string{one("Shape", []string{logits})}, zeroF)
-		ones := one("Expand", []string{floats(nil, []float32{1}), one("Shape", []string{idx})})
+		fill := float32(1)
+		if o.breakOnes {
+			fill = 2
+		}
+		ones := one("Expand", []string{floats(nil, []float32{fill}), one("Shape", []string{idx})})
 		mh := one("ScatterElements", []string{z, idx, ones}, graph.IntAttr("axis", 1))
 		counts = one("ReduceSum", []string{one("Cast", []string{mh}, graph.IntAttr("to", int64(pb.TensorProto_INT64))), ints(0)}, graph.IntAttr("keepdims", 0))
 	}
@@ -342,6 +353,7 @@ func TestSortedSynthetic(t *testing.T) {
 		{"ScatterElements back", func(o *sortedOpts) { o.scatterElements = true }, "softmax_topk_act_swiglu"},
 		{"listed counts", func(o *sortedOpts) { o.listCounts = true }, "softmax_topk_act_swiglu"},
 		{"one-hot counts", func(o *sortedOpts) { o.oneHot = true }, "softmax_topk_act_swiglu"},
+		{"one-hot counts, two sums", func(o *sortedOpts) { o.oneHot, o.oneHotTwice = true, true }, "softmax_topk_act_swiglu"},
 		{"top-1 of 8", func(o *sortedOpts) { o.E, o.K = 8, 1 }, "softmax_topk_act_swiglu"},
 		{"top-1, no division", func(o *sortedOpts) { o.E, o.K, o.noDiv = 8, 1, true }, "softmax_topk_act_swiglu"},
 		{"groups sliced by running sums", func(o *sortedOpts) { o.sliceGroups = "inclusive" }, "softmax_topk_act_swiglu"},
@@ -413,6 +425,7 @@ func TestSortedRefused(t *testing.T) {
 		{"scatter back in unsorted order", "rows other than the sorted pairs' tokens", func(o *sortedOpts) { o.breakScatter = "identity" }},
 		{"weights without the softmax", "no router activation", func(o *sortedOpts) { o.rawGates = true }},
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
+		{"counts of twos", "not a one-hot of the top-k indices", func(o *sortedOpts) { o.breakOnes = true }},
 		{"split by constant sizes", "split sizes are not per-expert counts", func(o *sortedOpts) { o.breakSplit = "const" }},
 		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
 	}
