@@ -119,7 +119,7 @@ func TestRewriteInPlace(t *testing.T) {
 	// A refused rewrite in place changes nothing.
 	lost := filepath.Join(fixtureDir, "qwen2_moe_block_torchscript.onnx")
 	if !fileExists(lost) {
-		t.Skip("fixtures not available")
+		t.Fatalf("fixture %s missing", lost)
 	}
 	b, _ := os.ReadFile(lost)
 	victim := filepath.Join(dir, "lost.onnx")
