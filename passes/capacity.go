@@ -115,6 +115,9 @@ func (c *ctx) oneHotSelection(v string, depth int) *pb.NodeProto {
 				}
 			}
 			return nil
+		case (op == "ScatterElements" || op == "Scatter") && len(p.Input) == 3:
+			// one_hot as zeros.scatter(axis, indices, 1)
+			return c.indexSelection(p.Input[1])
 		case op == "Mul" && len(p.Input) == 2:
 			// a mask times a mask (padding, sampling): follow the one that is one-hot
 			if s := c.oneHotSelection(p.Input[1], depth+1); s != nil {

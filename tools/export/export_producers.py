@@ -397,6 +397,64 @@ def do_capacity():
                     fail(name, "capacity", fam, f"torch.onnx.export(..., dynamo={exporter == 'dynamo'})", ex)
 
 
+class GShardMoE(torch.nn.Module):
+    """A GShard/Tutel-style top-k router with capacity: TopK on the softmax, one-hot masks by
+    scatter, positions by cumsum (k-th choices queued after earlier ones), capacity derived from
+    the token count (T*k // (2E)), dense expert compute weighted by the kept assignments."""
+    def __init__(s, h, i, e, k):
+        super().__init__()
+        s.gate = torch.nn.Linear(h, e, bias=False)
+        s.experts = torch.nn.ModuleList([_DenseActDense(h, i, act="gelu") for _ in range(e)])
+        s.e, s.k = e, k
+        s.unlimited = False  # for counting the dropped tokens only
+
+    def forward(s, x):
+        b, t, h = x.shape
+        xf = x.reshape(-1, h)
+        n = xf.shape[0]
+        cap = n * s.k if s.unlimited else n * s.k // (2 * s.e)
+        probs = torch.softmax(s.gate(xf), dim=-1)
+        w, idx = torch.topk(probs, s.k, dim=-1)
+        cw = torch.zeros_like(probs)
+        before = torch.zeros(1, s.e, dtype=probs.dtype)
+        for j in range(s.k):
+            m = torch.zeros_like(probs).scatter(1, idx[:, j:j + 1], 1.0)
+            pos = torch.cumsum(m, dim=0) - 1 + before
+            before = before + m.sum(dim=0, keepdim=True)
+            m = m * (pos < cap).to(m.dtype)
+            cw = cw + w[:, j:j + 1] * m
+        y = torch.zeros_like(xf)
+        for j in range(s.e):
+            y = y + s.experts[j](xf) * cw[:, j:j + 1]
+        return y.reshape(b, t, h)
+
+
+def do_capacity_topk():
+    h, i, e, k = 40, 32, 4, 2
+    torch.manual_seed(3)
+    blk = GShardMoE(h, i, e, k).eval()
+    mod = em.First(blk).eval()
+    xs = [inputs(h, 25), inputs(h, 26)]
+    cap = B * T * k // (2 * e)
+    def setcap(c):
+        blk.unlimited = c != cap
+    ndrop = dropped_rows(mod, xs[0], setcap, cap, -1)
+    for exporter, dyn in (("torchscript", False), ("dynamo", False), ("dynamo", True)):
+        name = f"capacity_gshard_topk_{exporter}" + ("_dynamic" if dyn else "")
+        try:
+            kw = {}
+            if dyn:
+                kw = dict(dynamic_shapes={"x": {1: torch.export.Dim("sequence", min=2, max=64)}})
+            call = export(mod, xs[0], name, exporter, **kw)
+            finish(name, "capacity", "gshard_topk", dict(H=h, I=i, E=e, k=k, capacity=cap), call,
+                   {"verdict": "refuse", "reason": f"capacity-limited router: capacity T*k//(2E) = {cap} at the traced size, tokens over capacity are dropped",
+                    "capacity": cap, "capacity_at_run_time": dyn},
+                   [[xs[0].numpy()], [xs[1].numpy()]], ref=run_ref(mod, xs),
+                   extra={"source": "GShard/Tutel-style top-k capacity router (export_producers.GShardMoE)", "dropped_rows_set0": ndrop})
+        except Exception as ex:  # noqa: BLE001
+            fail(name, "capacity", "gshard_topk", f"torch.onnx.export(..., dynamo={exporter == 'dynamo'})", ex)
+
+
 # ------------------------------------------------------ functions
 
 def do_functions():
@@ -711,7 +769,7 @@ def do_full():
             fail(name, "full", fam, "full decoder", ex)
 
 
-CLASSES = [("sorted", do_sorted), ("capacity", do_capacity), ("functions", do_functions),
+CLASSES = [("sorted", do_sorted), ("capacity", do_capacity), ("capacity_topk", do_capacity_topk), ("functions", do_functions),
            ("dynamo_raw", do_dynamo_raw), ("ort_opt", do_ort_opt), ("int8_dyn", do_int8),
            ("chain", do_chain), ("low_opset", do_low_opset), ("symbolic", do_symbolic), ("full", do_full)]
 
