@@ -140,6 +140,8 @@ func FuzzDetect(f *testing.F) {
 	fx, _ := filepath.Glob(filepath.Join(fixtureDir, "*_block_*.onnx"))
 	more, _ := filepath.Glob(filepath.Join(exportedDir, "*_block_*.onnx"))
 	fx = append(fx, more...)
+	more, _ = filepath.Glob(filepath.Join(producersDir, "sorted_*.onnx"))
+	fx = append(fx, more...)
 	for _, p := range append(seeds, fx...) {
 		if b, err := os.ReadFile(p); err == nil {
 			corpus = append(corpus, b)
