@@ -3,9 +3,11 @@ package passes
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -213,5 +215,44 @@ func TestChainedRewriteWritesValidModels(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestFailingChainIsLinear detects chains of 50 and 200 copies of a real
+// block that every candidate fails on (LongCat-Flash routes to experts
+// without compute): each TopK is reported, and detection time grows
+// linearly with the chain (a candidate's failure walks its own block, not
+// the rest of the model): four times the copies may not take more than
+// eight times as long (quadratic work would take sixteen).
+func TestFailingChainIsLinear(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timing")
+	}
+	file := filepath.Join(exportedDir, "longcat_flash_block_torchscript.onnx")
+	detectTime := func(n int) time.Duration {
+		m := chainOf(t, file, n, false)
+		best := time.Duration(math.MaxInt64)
+		for range 3 {
+			start := time.Now()
+			det, err := Detect(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			best = min(best, time.Since(start))
+			if len(det.Blocks) != 0 || len(det.NearMiss) != n {
+				t.Fatalf("%d copies: %d blocks, %d near-misses, want 0 and %d", n, len(det.Blocks), len(det.NearMiss), n)
+			}
+			for _, nm := range det.NearMiss {
+				if !strings.Contains(nm.Reason, "missing from the graph") {
+					t.Fatalf("near-miss %q: %s", nm.Node, nm.Reason)
+				}
+			}
+		}
+		return best
+	}
+	small, large := detectTime(50), detectTime(200)
+	t.Logf("detection of 50 failing copies %v, of 200 %v (ratio %.1f)", small, large, float64(large)/float64(small))
+	if large > 8*small {
+		t.Fatalf("detection of 200 failing copies took %v, of 50 %v: not linear", large, small)
 	}
 }

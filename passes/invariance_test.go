@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -308,4 +309,104 @@ func runGolden(m *graph.Model, ds *eval.DataSet) (eval.Diff, error) {
 		return eval.Diff{}, err
 	}
 	return eval.Compare(out[m.Proto.Graph.Output[0].GetName()], ds.Outputs[0], 1e-4, 1e-5)
+}
+
+// TestMovedNodeKeepsFusion moves each node of the PhiMoE exports, one at a
+// time, as far as four places later as the order stays valid (a Concat of
+// the sparsemixer's picks moved so once made the block be refused): every
+// such order fuses to the same node as the file order.
+func TestMovedNodeKeepsFusion(t *testing.T) {
+	for _, name := range []string{"phimoe_block_dynamo_batched_mm", "phimoe_block_torchscript"} {
+		t.Run(name, func(t *testing.T) {
+			f := filepath.Join(exportedDir, name+".onnx")
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			load := func() *graph.Model {
+				m, err := graph.Parse(raw, f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return m
+			}
+			base := load()
+			brep, berr := Rewrite(base, Options{})
+			if berr != nil || len(brep.Fused) != 1 {
+				t.Fatalf("file order: %v", berr)
+			}
+			want := fusedSummary(t, base, brep, berr, nil)
+			nodes := load().Proto.Graph.Node
+			moved := 0
+			for i, n := range nodes {
+				if n.GetOpType() != "Concat" && i%7 != 0 {
+					continue // every Concat, and a sample of the rest
+				}
+				j := i
+				for j < len(nodes)-1 && j < i+4 && !readsAny(nodes[j+1], n.Output) {
+					j++
+				}
+				if j == i {
+					continue
+				}
+				m := load()
+				gn := m.Proto.Graph.Node
+				mv := gn[i]
+				copy(gn[i:j], gn[i+1:j+1])
+				gn[j] = mv
+				rep, err := Rewrite(m, Options{})
+				if got := fusedSummary(t, m, rep, err, nil); got != want {
+					t.Fatalf("node %q moved %d places later: got\n%.400s\nwant\n%.400s\n(%v)", graph.NodeLabel(mv), j-i, got, want, err)
+				}
+				moved++
+			}
+			if moved == 0 {
+				t.Fatal("no node could be moved")
+			}
+		})
+	}
+}
+
+// readsAny reports whether n reads one of vals.
+func readsAny(n *pb.NodeProto, vals []string) bool {
+	for _, in := range graph.NodeInputs(n) {
+		for _, v := range vals {
+			if in != "" && in == v {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestOverlappingBlocksRefused gives detection's last step two blocks
+// whose regions share a node: both are refused with a reason naming the
+// other, whichever was found first.
+func TestOverlappingBlocksRefused(t *testing.T) {
+	m, err := graph.Load(filepath.Join(exportedDir, "qwen3_moe_block_dynamo_batched_mm.onnx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newCtx(m, m.Graph())
+	if err != nil {
+		t.Fatal(err)
+	}
+	det, err := Detect(m)
+	if err != nil || len(det.Blocks) != 1 {
+		t.Fatalf("detect: %v", err)
+	}
+	b := det.Blocks[0]
+	half := &Block{TopK: b.TopK, Output: "other", Region: b.Region[len(b.Region)/2:]}
+	for _, order := range [][]*Block{{b, half}, {half, b}} {
+		d := &Detection{Blocks: slices.Clone(order)}
+		c.dropOverlaps(d)
+		if len(d.Blocks) != 0 || len(d.NearMiss) != 2 || !strings.Contains(d.NearMiss[0].Reason, "overlap") {
+			t.Fatalf("kept %d blocks, near-misses %v", len(d.Blocks), d.NearMiss)
+		}
+	}
+	d := &Detection{Blocks: []*Block{b}}
+	c.dropOverlaps(d)
+	if len(d.Blocks) != 1 {
+		t.Fatal("a lone block was dropped")
+	}
 }
