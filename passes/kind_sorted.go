@@ -724,6 +724,9 @@ func (c *ctx) lastAxisOnly(n *pb.NodeProto) bool {
 // element (Gathers or Slices of the counts, concatenated in order).
 func (c *ctx) countsOf(v, idx string, E int) string {
 	v = c.through(v)
+	if sz := c.constInts(v); sz != nil {
+		fail("the split sizes are constants %v: a trace baked in the group sizes of its own input, so the graph is right only for inputs routed exactly like it; the per-expert counts must be computed from the top-k indices", sz)
+	}
 	if p := c.g.Producer(v); p != nil && p.GetOpType() == "Concat" {
 		if len(p.Input) != E {
 			fail("the split sizes list %d counts for %d experts", len(p.Input), E)

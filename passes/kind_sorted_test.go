@@ -426,7 +426,7 @@ func TestSortedRefused(t *testing.T) {
 		{"weights without the softmax", "no router activation", func(o *sortedOpts) { o.rawGates = true }},
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
 		{"counts of twos", "not a one-hot of the top-k indices", func(o *sortedOpts) { o.breakOnes = true }},
-		{"split by constant sizes", "split sizes are not per-expert counts", func(o *sortedOpts) { o.breakSplit = "const" }},
+		{"split by constant sizes", "a trace baked in the group sizes", func(o *sortedOpts) { o.breakSplit = "const" }},
 		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
 	}
 	for i, tc := range cases {
