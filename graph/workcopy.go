@@ -5,12 +5,15 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// WorkingCopy returns a model that a pass may edit freely without changing
-// m: its main graph's nodes, value infos, opset imports and metadata entries
-// are copies, while initializers and model-local functions are shared with
-// m (a pass must add new ones rather than edit those in place). The copy
-// reads m's external data and deferred tensors; it must not be closed, and
-// it stays valid as long as m is open.
+// WorkingCopy returns a model whose lists a pass may edit without changing
+// m: the main graph's node, initializer, input, output and value-info lists,
+// the opset imports and the metadata entries are the copy's own (inputs,
+// outputs, opset imports and metadata entries are copied too), while the
+// nodes, value infos, initializers and model-local functions themselves are
+// shared with m: a pass replaces such a message by an edited clone rather
+// than editing it in place. Copying is thus linear in the number of nodes
+// but copies no node. The copy reads m's external data and deferred
+// tensors; it must not be closed, and it stays valid as long as m is open.
 func (m *Model) WorkingCopy() *Model {
 	src := m.Proto
 	mp := &pb.ModelProto{
@@ -37,18 +40,13 @@ func (m *Model) WorkingCopy() *Model {
 			QuantizationAnnotation: sg.QuantizationAnnotation,
 			MetadataProps:          sg.MetadataProps,
 		}
-		gp.Node = make([]*pb.NodeProto, len(sg.Node))
-		for i, n := range sg.Node {
-			gp.Node[i] = proto.Clone(n).(*pb.NodeProto)
-		}
+		gp.Node = append([]*pb.NodeProto(nil), sg.Node...)
+		gp.ValueInfo = append([]*pb.ValueInfoProto(nil), sg.ValueInfo...)
 		for _, v := range sg.Input {
 			gp.Input = append(gp.Input, proto.Clone(v).(*pb.ValueInfoProto))
 		}
 		for _, v := range sg.Output {
 			gp.Output = append(gp.Output, proto.Clone(v).(*pb.ValueInfoProto))
-		}
-		for _, v := range sg.ValueInfo {
-			gp.ValueInfo = append(gp.ValueInfo, proto.Clone(v).(*pb.ValueInfoProto))
 		}
 		mp.Graph = gp
 	}
@@ -67,4 +65,28 @@ func (m *Model) WorkingCopy() *Model {
 func (m *Model) Deferred(t *pb.TensorProto) (DeferredData, bool) {
 	d, ok := m.deferred[t]
 	return d, ok
+}
+
+// Unshare replaces each node of m's main graph that is also a node of
+// other's (see WorkingCopy) by a clone, so that m's nodes can then be
+// edited in place.
+func (m *Model) Unshare(other *Model) {
+	theirs := make(map[*pb.NodeProto]bool, len(other.Proto.GetGraph().GetNode()))
+	for _, n := range other.Proto.GetGraph().GetNode() {
+		theirs[n] = true
+	}
+	for i, n := range m.Proto.GetGraph().GetNode() {
+		if theirs[n] {
+			m.Proto.Graph.Node[i] = proto.Clone(n).(*pb.NodeProto)
+		}
+	}
+	m.spare = nil
+}
+
+// KeepIndex hands g, an index over m's main graph that is still current,
+// to the next Graph call, as Check does with the index it builds.
+func (m *Model) KeepIndex(g *Graph) {
+	if g != nil && g.P == m.Proto.GetGraph() {
+		m.spare, m.spareSig = g, sigOf(m.Proto.Graph)
+	}
 }

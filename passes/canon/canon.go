@@ -118,8 +118,31 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 	if rules == nil {
 		rules = Rules()
 	}
-	wc := m.WorkingCopy()
 	res := &Result{Applied: map[string]int{}, OpsetFrom: m.Opset(""), OpsetTo: m.Opset("")}
+	// A dry run over m's own index first: most models need nothing, and
+	// then m keeps that index for its next Graph call and the working copy
+	// is only lists.
+	dw := newWork(m, opt)
+	dw.dry = true
+	dry := &Result{Applied: map[string]int{}}
+	if err := Apply(ctx, dw, rules, dry); err != nil {
+		return nil, nil, err
+	}
+	if len(dry.Applied) == 0 {
+		raise := !opt.KeepOpset && res.OpsetFrom > 0 && res.OpsetFrom < MinOpset
+		if raise {
+			if _, err := RaiseOpset(dw, MinOpset); err != nil {
+				res.OpsetRefused = err.Error()
+				raise = false
+			}
+		}
+		if !raise {
+			m.KeepIndex(dw.G)
+			res.Notes = append(res.Notes, dw.notes...)
+			return m.WorkingCopy(), res, nil
+		}
+	}
+	wc := m.WorkingCopy()
 	w := newWork(wc, opt)
 	if err := Apply(ctx, w, rules, res); err != nil {
 		return nil, nil, err
@@ -158,6 +181,7 @@ func Apply(ctx context.Context, w *Work, rules []Rule, res *Result) error {
 			byOp[op] = append(byOp[op], r)
 		}
 	}
+	merged := map[string][]*Rule{} // byOp[key] then any, by op key
 	for sweep := 0; sweep < maxSweeps; sweep++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -172,10 +196,20 @@ func Apply(ctx context.Context, w *Work, rules []Rule, res *Result) error {
 			if w.removed[n] {
 				continue
 			}
-			for _, r := range slices.Concat(byOp[graph.OpKey(n)], any) {
+			key := graph.OpKey(n)
+			rs, ok := merged[key]
+			if !ok {
+				rs = slices.Concat(byOp[key], any)
+				merged[key] = rs
+			}
+			for _, r := range rs {
 				ok, err := r.Apply(w, n)
 				if err != nil {
 					return fmt.Errorf("canonicalize (%s) at node %s: %w", r.Name, graph.NodeLabel(n), err)
+				}
+				if ok && w.dry {
+					res.Applied[r.Name]++
+					return nil // something would change
 				}
 				if ok {
 					res.Applied[r.Name]++

@@ -12,7 +12,7 @@ var DropDead = Rule{
 			return false, nil
 		}
 		for _, o := range n.Output {
-			if o != "" && (w.G.IsOutput(o) || len(w.Consumers(o)) > 0) {
+			if o != "" && (w.G.IsOutput(o) || w.read(o)) {
 				return false, nil
 			}
 		}

@@ -121,7 +121,7 @@ var Inline = Rule{
 		}
 		for _, o := range f.OpsetImport {
 			if w.M.Opset(o.GetDomain()) == 0 {
-				w.M.SetOpset(o.GetDomain(), o.GetVersion())
+				w.SetOpset(o.GetDomain(), o.GetVersion())
 			}
 		}
 		// A formal output the body returns as a formal input (or another

@@ -76,14 +76,17 @@ func RaiseOpset(w *Work, to int64) (int, error) {
 			}
 		}
 	}
+	if w.dry {
+		return len(nodes), nil
+	}
 	for _, n := range nodes {
-		if err := w.upgrade(n, from); err != nil {
+		c := proto.Clone(n).(*pb.NodeProto) // n may be shared with the original
+		if err := w.upgrade(c, from); err != nil {
 			return 0, err
 		}
+		w.Replace(n, c)
 	}
-	if len(nodes) > 0 {
-		w.G.Reindex()
-	}
+	w.flush()
 	w.M.SetOpset("", to)
 	if w.M.Proto.GetIrVersion() < 7 {
 		w.M.Proto.IrVersion = proto.Int64(7) // opset 13 needs IR 7
@@ -161,7 +164,8 @@ func (w *Work) upgradeCheck(n *pb.NodeProto, from int64) (bool, error) {
 	return false, nil
 }
 
-// upgrade rewrites n in place to its opset-13 spelling (see upgradeCheck).
+// upgrade rewrites n, a node of w's own, in place to its opset-13
+// spelling (see upgradeCheck).
 func (w *Work) upgrade(n *pb.NodeProto, from int64) error {
 	take := func(name string) *pb.AttributeProto {
 		for i, a := range n.Attribute {

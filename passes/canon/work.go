@@ -16,7 +16,9 @@ const maxConstElems = 1 << 16
 
 // Work is the working copy a rule edits: the model, an index over its main
 // graph, and helpers that keep the index right while a sweep runs. Nodes a
-// rule removes leave the graph at the end of the sweep.
+// rule removes leave the graph at the end of the sweep. Nodes are shared
+// with the original model (see graph.Model.WorkingCopy): a rule never edits
+// one in place, it replaces it (Replace) by new or cloned nodes.
 type Work struct {
 	// M is the working copy.
 	M *graph.Model
@@ -25,6 +27,9 @@ type Work struct {
 
 	opt     Options
 	notes   []string
+	// dry: nothing is edited; the first rule that would change the graph
+	// ends the run (see Canonicalize).
+	dry     bool
 	removed map[*pb.NodeProto]bool
 	types   map[string]*pb.TypeProto_Tensor // declared tensor types by value name
 	consts  map[string]*eval.Tensor
@@ -73,11 +78,18 @@ func (w *Work) Flush() { w.flush() }
 func (w *Work) Opset() int64 { return w.M.Opset("") }
 
 // Remove takes n out of the graph (at the end of the sweep).
-func (w *Work) Remove(n *pb.NodeProto) { w.removed[n] = true }
+func (w *Work) Remove(n *pb.NodeProto) {
+	if !w.dry {
+		w.removed[n] = true
+	}
+}
 
 // Replace takes n out and adds nodes in its place. The nodes must produce
 // every output of n that is read, under the same names.
 func (w *Work) Replace(n *pb.NodeProto, nodes ...*pb.NodeProto) {
+	if w.dry {
+		return
+	}
 	w.removed[n] = true
 	for _, r := range nodes {
 		w.G.AddNode(r)
@@ -96,6 +108,16 @@ func (w *Work) Consumers(v string) []*pb.NodeProto {
 		}
 	}
 	return out
+}
+
+// read reports whether a node that is not removed reads v.
+func (w *Work) read(v string) bool {
+	for _, c := range w.G.Consumers(v) {
+		if !w.removed[c] {
+			return true
+		}
+	}
+	return false
 }
 
 // Producer returns the node producing v, or nil.
@@ -138,14 +160,38 @@ func (w *Work) Drop(n *pb.NodeProto, in string) bool {
 		return false
 	}
 	out := n.Output[0]
+	if w.dry {
+		return true
+	}
 	w.removed[n] = true
-	w.G.ReplaceAllUses(out, in)
+	for _, c := range w.Consumers(out) {
+		// Nodes may be shared with the original model: edit a clone.
+		r := proto.Clone(c).(*pb.NodeProto)
+		for i, v := range r.Input {
+			if v == out {
+				r.Input[i] = in
+			}
+		}
+		w.Replace(c, r)
+	}
 	return true
 }
 
 // NewName returns a value or node name starting with prefix that the graph
 // does not use yet.
-func (w *Work) NewName(prefix string) string { return w.G.UniqueName(prefix) }
+func (w *Work) NewName(prefix string) string {
+	if w.dry {
+		return prefix
+	}
+	return w.G.UniqueName(prefix)
+}
+
+// SetOpset imports domain at version into the working copy.
+func (w *Work) SetOpset(domain string, version int64) {
+	if !w.dry {
+		w.M.SetOpset(domain, version)
+	}
+}
 
 // Type returns v's declared tensor type (element type and shape), or nil.
 func (w *Work) Type(v string) *pb.TypeProto_Tensor {
@@ -273,6 +319,9 @@ func (w *Work) AddConst(name string, t *eval.Tensor) (string, error) {
 	tp, err := eval.ToProto(t, name)
 	if err != nil {
 		return "", fmt.Errorf("constant %q: %w", name, err)
+	}
+	if w.dry {
+		return name, nil
 	}
 	w.G.AddInitializer(tp)
 	w.consts[name] = t
