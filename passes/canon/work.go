@@ -25,8 +25,8 @@ type Work struct {
 	// G indexes M's main graph.
 	G *graph.Graph
 
-	opt     Options
-	notes   []string
+	opt   Options
+	notes []string
 	// dry: nothing is edited; the first rule that would change the graph
 	// ends the run (see Canonicalize).
 	dry     bool
