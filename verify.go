@@ -52,6 +52,12 @@ type VerifyOptions struct {
 	// MemLimit caps the reference interpreter's live tensor bytes (see
 	// eval.Options.MemLimit); 0 means no limit.
 	MemLimit int64
+	// QuantBound selects the comparison of float outputs: 0 compares
+	// element-wise, except when a model holds MXFP8 weights, where each
+	// output's mean relative error and relative L2 error are held to
+	// verify.DefaultMXFP8Bound (said in the report's notes); > 0 always
+	// compares that way against this bound; < 0 always element-wise.
+	QuantBound float64
 }
 
 // DefaultVerifyOptions returns the CLI's defaults: tokens 1, 7 and 64,
@@ -64,7 +70,7 @@ func (o VerifyOptions) lower() (verify.Options, error) {
 	if o.Runner == nil && o.Engine != "" && o.Engine != EngineRef {
 		return verify.Options{}, fmt.Errorf("verify engine %q needs a Runner (only %q is built in)", o.Engine, EngineRef)
 	}
-	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine}
+	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine, QuantBound: o.QuantBound}
 	vo.Eval.MemLimit = o.MemLimit
 	if o.Progress != nil {
 		vo.Progress = func(done, total int) { o.Progress.report(StageVerify, done, total) }

@@ -54,8 +54,15 @@ type Options struct {
 	// Exact keeps RTol and ATol for half-precision (float16, bfloat16)
 	// outputs too; by default those are compared within 1e-2 (float16) or
 	// 4e-2 (bfloat16) relative and that fraction of the output's largest
-	// magnitude absolute, the precision the type carries.
+	// magnitude absolute, the precision the type carries. Exact also keeps
+	// the element-wise comparison for models holding MXFP8 weights.
 	Exact bool
+	// QuantBound, when > 0, compares float outputs statistically: each
+	// passes when its mean relative error Σ|a−b|/Σ|b| and its relative L2
+	// error ‖a−b‖/‖b‖ are both at most QuantBound (RTol and ATol unused).
+	// 0 chooses DefaultMXFP8Bound when either model holds MXFP8 weights
+	// (unless Exact), element-wise otherwise; < 0 is always element-wise.
+	QuantBound float64
 	// Runner, when set, evaluates both models instead of the reference
 	// interpreter (for example ONNX Runtime, ortrun.RunModel); Eval is then
 	// ignored.
@@ -141,6 +148,9 @@ type Report struct {
 	// RTol and ATol are the tolerances of |a-b| <= atol + rtol*|b|.
 	RTol float64 `json:"rtol"`
 	ATol float64 `json:"atol"`
+	// QuantBound is the bound of the quantization-aware comparison, when
+	// one was made (Options.QuantBound); 0 for element-wise.
+	QuantBound float64 `json:"quant_bound,omitempty"`
 	// Pass is true when there is at least one case and every case passed.
 	Pass bool `json:"pass"`
 	// Notes explain choices: shapes used, id ranges, ignored options.
@@ -210,7 +220,14 @@ type OutputCheck struct {
 	// WorstA and WorstB are that element's values.
 	WorstA Float `json:"worst_a"`
 	WorstB Float `json:"worst_b"`
-	// Pass is true when types and shapes agree and every element passed.
+	// RelL2 and MeanRel are the relative L2 error ‖a−b‖/‖b‖ and the mean
+	// relative error Σ|a−b|/Σ|b|, and QuantBound the bound they were held
+	// to, in a quantization-aware comparison (Options.QuantBound).
+	RelL2      Float   `json:"rel_l2,omitempty"`
+	MeanRel    Float   `json:"mean_rel,omitempty"`
+	QuantBound float64 `json:"quant_bound,omitempty"`
+	// Pass is true when types and shapes agree and every element passed
+	// (the quantization bound held, in a quantization-aware comparison).
 	Pass bool `json:"pass"`
 	// Message explains a failure.
 	Message string `json:"message,omitempty"`
@@ -227,6 +244,7 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 	}
 	r := newReport(opt)
 	r.ModelA, r.ModelB, r.Reference = a.Name(), b.Name(), b.Name()
+	quantMode(a, b, &opt, r)
 	sets, err := inputSets(a, opt, r)
 	if err != nil {
 		return nil, err
@@ -420,6 +438,10 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 	}
 	if !slices.Equal(a.t.Shape, b.t.Shape) {
 		oc.Message = fmt.Sprintf("shape differs: a is %v, b is %v", a.t.Shape, b.t.Shape)
+		return oc
+	}
+	if opt.QuantBound > 0 && isFloat(b.t.DType) {
+		compareQuant(&oc, a.t, b.t, opt.QuantBound)
 		return oc
 	}
 	peak := 0.0
