@@ -16,12 +16,11 @@ const KindSorted = "sorted"
 
 // sortedDispatch is the dispatch machinery of a sort-based block.
 type sortedDispatch struct {
-	sort   *pb.NodeProto // TopK(largest=0) over the flattened expert ids
-	perm   string        // the sort's permutation of the token/expert pairs
-	tok    string        // token of each sorted pair (perm div top_k)
-	gates  string        // routing weight of each sorted pair
-	xs     string        // the tokens gathered in sorted order
-	counts string        // per-expert pair counts (the group sizes)
+	perm   string // the sort's permutation of the token/expert pairs
+	tok    string // token of each sorted pair (perm div top_k)
+	gates  string // routing weight of each sorted pair
+	xs     string // the tokens gathered in sorted order
+	counts string // per-expert pair counts (the group sizes)
 }
 
 // isSortTopK reports whether n sorts the expert ids another TopK selected:
@@ -70,7 +69,8 @@ func (c *ctx) sortOf(tk *pb.NodeProto) *pb.NodeProto {
 	for _, n := range c.consumersThrough(tk.Output[1]) {
 		if c.inLimit(n) && c.isSortTopK(n) {
 			if found != nil && found != n {
-				fail("the expert ids are sorted twice (%q and %q)", graph.NodeLabel(found), graph.NodeLabel(n))
+				a, b := graph.NodeLabel(found), graph.NodeLabel(n)
+				fail("the expert ids are sorted twice (%q and %q)", min(a, b), max(a, b))
 			}
 			found = n
 		}
@@ -89,7 +89,7 @@ type sortedTag struct{ stage, seg int }
 // consistently, and fills plan with each expert's weights (see KindSorted).
 func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
 	E, k := s.NumExperts, s.TopK
-	sd := &sortedDispatch{sort: sortTK}
+	sd := &sortedDispatch{}
 	if len(sortTK.Output) < 2 || len(sortTK.Input) < 2 {
 		fail("sort %q lacks its permutation output", graph.NodeLabel(sortTK))
 	}
@@ -597,7 +597,8 @@ var sortedElementwise = map[string]bool{
 // setOnce sets *dst to v, failing when it already holds another value.
 func (c *ctx) setOnce(dst *string, v, what string) {
 	if *dst != "" && *dst != v {
-		fail("two candidates for the %s of a sort-based block (%q and %q)", what, *dst, v)
+		a, b := min(*dst, v), max(*dst, v)
+		fail("two candidates for the %s of a sort-based block (%q and %q)", what, a, b)
 	}
 	*dst = v
 }
