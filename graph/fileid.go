@@ -157,12 +157,19 @@ func ReadLimited(r io.Reader, limit int64, name, what string) ([]byte, error) {
 // directory is refused. what describes the limit for the message (for
 // example "protobuf's 2 GiB limit").
 func ReadFileLimited(path string, limit int64, what string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := openNoWait(path)
 	if err != nil {
 		return nil, &InputError{File: path, Msg: "cannot read", Err: err}
 	}
 	defer f.Close()
 	return readOpened(f, path, limit, what)
+}
+
+// openNoWait opens path for reading without waiting for a writer when it
+// is a named pipe (O_NONBLOCK): a pipe nobody writes to reads as empty
+// instead of hanging; reads from a pipe with a writer still wait for data.
+func openNoWait(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 }
 
 func readOpened(f *os.File, path string, limit int64, what string) ([]byte, error) {
@@ -227,7 +234,7 @@ func checkHead(b []byte, whole bool) error {
 // from its size, and a pipe or device is read up to that limit, failing
 // early when its first bytes cannot start a message (/dev/zero).
 func ReadProtoFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := openNoWait(path)
 	if err != nil {
 		return nil, &InputError{File: path, Msg: "cannot read", Err: err}
 	}
