@@ -90,6 +90,7 @@ type sortedTag struct{ stage, seg int }
 func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
 	E, k := s.NumExperts, s.TopK
 	sd := &sortedDispatch{}
+	ids := expertIDs{c.through(tk.Output[1]), c.through(sortTK.Output[0])}
 	if len(sortTK.Output) < 2 || len(sortTK.Input) < 2 {
 		fail("sort %q lacks its permutation output", graph.NodeLabel(sortTK))
 	}
@@ -178,13 +179,13 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		switch {
 		case !c.inLimit(n):
 		case n.GetOpType() == "Split" && c.splitAxis(n) == 0 && len(n.Input) > 1 && len(n.Output) == E:
-			c.setOnce(&sd.counts, c.countsOf(n.Input[1], tk.Output[1], E), "per-expert counts")
+			c.setOnce(&sd.counts, c.countsOf(n.Input[1], ids, E), "per-expert counts")
 			for e, o := range n.Output {
 				gateSeg[o] = e
 			}
 		case n.GetOpType() == "Slice" && c.rowSlice(n):
 			e, cnt := c.groupSlice(n, E)
-			c.setOnce(&sd.counts, c.countsOf(cnt, tk.Output[1], E), "per-expert counts")
+			c.setOnce(&sd.counts, c.countsOf(cnt, ids, E), "per-expert counts")
 			gateSeg[n.Output[0]] = e
 		}
 	}
@@ -232,7 +233,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			if t0.seg != -1 || tagged != 0 || len(n.Input) < 2 || len(n.Output) != E {
 				fail("%q splits the sorted pairs into %d parts, not by the %d experts' counts", graph.NodeLabel(n), len(n.Output), E)
 			}
-			cnt := c.countsOf(n.Input[1], tk.Output[1], E)
+			cnt := c.countsOf(n.Input[1], ids, E)
 			c.setOnce(&sd.counts, cnt, "per-expert counts")
 			for e, o := range n.Output {
 				set(sortedTag{t0.stage, e}, o)
@@ -241,7 +242,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		case op == "Slice" && tagged == 0 && t0.seg == -1 && c.rowSlice(n):
 			// one expert's rows, between the counts' running sums
 			e, cnt := c.groupSlice(n, E)
-			c.setOnce(&sd.counts, c.countsOf(cnt, tk.Output[1], E), "per-expert counts")
+			c.setOnce(&sd.counts, c.countsOf(cnt, ids, E), "per-expert counts")
 			set(sortedTag{t0.stage, e}, n.Output...)
 			splitOf[n.Output[0]] = n.Input[0]
 		case op == "Concat" && c.concatAxis(n) == 0:
@@ -718,12 +719,12 @@ func (c *ctx) lastAxisOnly(n *pb.NodeProto) bool {
 }
 
 // countsOf checks that v, a Split's sizes, is the number of pairs routed to
-// each of the E experts, in expert order, counted from the top-k indices
-// idx, and returns the counts value. The counts are a sum over the tokens
-// (and top-k slots) of a one-hot of idx: ScatterElements of ones into
-// zeros along the expert axis, or OneHot; they may be listed element by
-// element (Gathers or Slices of the counts, concatenated in order).
-func (c *ctx) countsOf(v, idx string, E int) string {
+// each of the E experts, in expert order, counted from the expert ids, and
+// returns the counts value. The counts are a sum over the tokens (and
+// top-k slots) of a one-hot of the ids: ScatterElements of ones into zeros
+// along the expert axis, OneHot, or a comparison with every expert id; they
+// may be listed element by element (see countPiece).
+func (c *ctx) countsOf(v string, ids expertIDs, E int) string {
 	v = c.through(v)
 	if sz := c.constInts(v); sz != nil {
 		fail("the split sizes are constants %v: a trace baked in the group sizes of its own input, so the graph is right only for inputs routed exactly like it; the per-expert counts must be computed from the top-k indices", sz)
@@ -769,7 +770,7 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 		case "ScatterElements":
 			// ones scattered into [tokens, experts] zeros along the expert axis
 			ax := c.normAxis(p.Input[0], int(graph.AttrInt(p, "axis", 0)))
-			if ax != 1 || c.through(p.Input[1]) != c.through(idx) || !c.isFilled(p.Input[0], 0) || !c.isFilled(p.Input[2], 1) {
+			if ax != 1 || !ids.is(c, p.Input[1]) || !c.isFilled(p.Input[0], 0) || !c.isFilled(p.Input[2], 1) {
 				fail("%q is not a one-hot of the top-k indices", graph.NodeLabel(p))
 			}
 			if r := graph.AttrString(p, "reduction", "none"); r != "none" && r != "add" && r != "max" {
@@ -779,26 +780,26 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 			return counts
 		case "OneHot":
 			vals := c.constFloatsAny(p.Input[2])
-			if c.through(p.Input[0]) != c.through(idx) || graph.AttrInt(p, "axis", -1) != -1 || len(vals) != 2 || vals[0] != 0 || vals[1] != 1 {
+			if !ids.is(c, p.Input[0]) || graph.AttrInt(p, "axis", -1) != -1 || len(vals) != 2 || vals[0] != 0 || vals[1] != 1 {
 				fail("%q is not a one-hot of the top-k indices", graph.NodeLabel(p))
 			}
 			if d, ok := c.scalarInt(p.Input[1]); !ok || int(d) != E {
 				fail("%q has depth other than the %d experts", graph.NodeLabel(p), E)
 			}
-			c.checkCountAxes(reds, c.idsRank(p.Input[0])+1)
+			c.checkCountAxes(reds, ids.rank(c, p.Input[0])+1)
 			return counts
 		case "Equal":
 			// ids[..., None] == arange(E): a one-hot by comparison
 			for i := range 2 {
-				ids, rng := p.Input[i], p.Input[1-i]
-				if c.through(ids) != c.through(idx) || !c.isExpertRange(rng, E) {
+				v, rng := p.Input[i], p.Input[1-i]
+				if !ids.is(c, v) || !c.isExpertRange(rng, E) {
 					continue
 				}
-				raw := c.unitLast(ids)
+				raw := c.unitLast(v)
 				if raw == "" {
 					fail("%q compares the top-k indices with the expert ids along an axis other than a new last one", graph.NodeLabel(p))
 				}
-				c.checkCountAxes(reds, c.idsRank(raw)+1)
+				c.checkCountAxes(reds, ids.rank(c, raw)+1)
 				return counts
 			}
 			fail("%q is not a comparison of the top-k indices with every expert id", graph.NodeLabel(p))
@@ -809,10 +810,21 @@ func (c *ctx) countsOf(v, idx string, E int) string {
 	return ""
 }
 
-// idsRank is the rank of the top-k indices as a one-hot reads them: 1 when
-// flattened, else 2 ([tokens, k]).
-func (c *ctx) idsRank(ids string) int {
-	if c.flattens(ids) {
+// expertIDs are the values holding the routed expert ids: the top-k
+// indices, and their sorted copy (the sort's values), either of which the
+// per-expert counts may count (looked through noise).
+type expertIDs struct{ idx, sorted string }
+
+// is reports whether v (through noise) holds the expert ids.
+func (ids expertIDs) is(c *ctx, v string) bool {
+	v = c.through(v)
+	return v == ids.idx || v == ids.sorted
+}
+
+// rank is the rank of the expert ids v as a one-hot reads them: 1 when
+// flattened (the sort's values always are), else 2 ([tokens, k]).
+func (ids expertIDs) rank(c *ctx, v string) int {
+	if c.flattens(v) || c.through(v) == ids.sorted {
 		return 1
 	}
 	return 2

@@ -25,6 +25,7 @@ type sortedOpts struct {
 	oneHot           bool   // counts from OneHot instead of ScatterElements
 	oneHotTwice      bool   // the OneHot summed by two reductions
 	breakOnes        bool   // the counts' one-hot scatters twos
+	countSorted      bool   // with equalCounts: count the sorted ids
 	bias             bool   // an output bias after the scatter
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
@@ -101,10 +102,16 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		vals, idx = tk[0], tk[1]
 		w = one("Softmax", []string{vals}, graph.IntAttr("axis", 1))
 	}
+	flat := one("Reshape", []string{idx, ints(-1)})
+	st := add("TopK", []string{flat, one("Shape", []string{flat})}, 2, graph.IntAttr("axis", 0), graph.IntAttr("largest", 0))
+	sortVals := st[0]
 	// per-expert counts
 	var counts string
 	if o.equalCounts {
 		fl := one("Unsqueeze", []string{one("Reshape", []string{idx, ints(-1)}), ints(-1)})
+		if o.countSorted { // count the sort's values: the same ids, in sorted order
+			fl = one("Unsqueeze", []string{sortVals, ints(-1)})
+		}
 		eq := one("Equal", []string{fl, one("Range", []string{scalarI(0), scalarI(int64(E)), scalarI(1)})})
 		counts = one("ReduceSum", []string{one("Cast", []string{eq}, graph.IntAttr("to", int64(pb.TensorProto_INT64))), ints(0)}, graph.IntAttr("keepdims", 0))
 	} else if o.oneHot {
@@ -146,8 +153,6 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		sz[E-1] += int64(o.B*o.S*K) - per*int64(E)
 		split = ints(sz...)
 	}
-	flat := one("Reshape", []string{idx, ints(-1)})
-	st := add("TopK", []string{flat, one("Shape", []string{flat})}, 2, graph.IntAttr("axis", 0), graph.IntAttr("largest", 0))
 	perm := st[1]
 	div := int64(K)
 	if o.breakDiv != 0 {
@@ -365,6 +370,7 @@ func TestSortedSynthetic(t *testing.T) {
 		{"shared expert", func(o *sortedOpts) { o.shared = true; o.bias = true }, "softmax_topk_act_swiglu_shared"},
 		{"unbound counts", func(o *sortedOpts) { o.unbindCounts = true }, "softmax_topk_act_swiglu"},
 		{"counts by comparison", func(o *sortedOpts) { o.equalCounts = true }, "softmax_topk_act_swiglu"},
+		{"counts of the sorted ids", func(o *sortedOpts) { o.equalCounts, o.countSorted = true, true }, "softmax_topk_act_swiglu"},
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
 		{"top-3 of 6, wide", func(o *sortedOpts) { o.E, o.K, o.H, o.I = 6, 3, 24, 12 }, "softmax_topk_act_swiglu"},
