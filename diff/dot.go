@@ -14,6 +14,14 @@ type DOTOptions struct {
 	// MaxNodes caps the number of nodes drawn (default 4000). Above it each
 	// fused region is drawn as one box and unchanged context is left out.
 	MaxNodes int
+	// CollapseRegions, when > 0, draws each fused region of more than that
+	// many nodes as one summary box (node and initializer counts, op
+	// census) beside its fused node; 0 draws every region in full.
+	CollapseRegions int
+	// Region, when > 0, draws only fused region number Region (1-based,
+	// the order of Result.Regions) in full: its replaced nodes, the fused
+	// node and the edges among them.
+	Region int
 }
 
 // Colours of the graph renderers.
@@ -40,11 +48,14 @@ func DOTWith(w io.Writer, r *Result, opt DOTOptions) error {
 	if opt.MaxNodes <= 0 {
 		opt.MaxNodes = 4000
 	}
+	if opt.Region > len(r.Regions) || opt.Region < 0 {
+		return fmt.Errorf("region %d: the result has %d fused regions", opt.Region, len(r.Regions))
+	}
 	d := &dotGraph{clusters: make([][]string, len(r.Regions)), nodes: map[string]*dotNode{}}
 	if r.cmp != nil {
-		d.build(r, opt.MaxNodes)
+		d.build(r, opt)
 	} else {
-		d.buildFlat(r, opt.MaxNodes)
+		d.buildFlat(r, opt)
 	}
 	return d.write(w, r)
 }
@@ -92,8 +103,27 @@ func (d *dotGraph) refNode(id string, n NodeRef, fill, color string, cluster int
 	return &dotNode{id: id, label: nodeLabel(n.Op, n.Name), tooltip: dotEsc(n.Op + " " + n.Name), fill: fill, color: color, cluster: cluster}
 }
 
+// collapsedRegion reports whether region g is drawn as one summary box:
+// everything is collapsed (too many nodes), or the region is bigger than
+// opt.CollapseRegions; a region drawn alone (opt.Region) never is.
+func collapsedRegion(r *Result, g int, all bool, opt DOTOptions) bool {
+	if opt.Region > 0 {
+		return false
+	}
+	return all || opt.CollapseRegions > 0 && len(r.Regions[g].Nodes) > opt.CollapseRegions
+}
+
+// regionBox is the summary box of a collapsed region.
+func regionBox(rg Region, g int) *dotNode {
+	return &dotNode{id: fmt.Sprintf("r%d", g), cluster: g, fill: colRemovedFill, color: colRemoved,
+		label:   dotEsc(fmt.Sprintf("%d nodes, %d initializers replaced", len(rg.Nodes), len(rg.Initializers))) + `\n` + dotEsc(clip(opsLine(rg.Ops), 60)),
+		tooltip: dotEsc(opsLine(rg.Ops))}
+}
+
 // build draws from the matched graphs.
-func (d *dotGraph) build(r *Result, maxNodes int) {
+func (d *dotGraph) build(r *Result, opt DOTOptions) {
+	maxNodes := opt.MaxNodes
+	only := opt.Region - 1 // the one region drawn, or -1
 	c := r.cmp
 	a, b, mt := c.a, c.b, c.mt
 	total := 0
@@ -107,7 +137,8 @@ func (d *dotGraph) build(r *Result, maxNodes int) {
 			total++
 		}
 	}
-	collapse := total > maxNodes
+	collapse := total > maxNodes && only < 0
+	collapsed := func(g int) bool { return collapsedRegion(r, g, collapse, opt) }
 	// idA / idB give the drawn node of an A / B node, or "".
 	idA := func(i int32) string {
 		if mt.ma[i] >= 0 {
@@ -116,7 +147,7 @@ func (d *dotGraph) build(r *Result, maxNodes int) {
 			}
 			return ""
 		}
-		if g := c.region[i]; g >= 0 && collapse {
+		if g := c.region[i]; g >= 0 && collapsed(int(g)) {
 			return fmt.Sprintf("r%d", g)
 		}
 		if _, ok := d.nodes[fmt.Sprintf("a%d", i)]; ok {
@@ -135,11 +166,11 @@ func (d *dotGraph) build(r *Result, maxNodes int) {
 	}
 	drawn := 0
 	for g, j := range c.fused {
-		rg := r.Regions[g]
-		if collapse {
-			d.add(&dotNode{id: fmt.Sprintf("r%d", g), cluster: g, fill: colRemovedFill, color: colRemoved,
-				label:   dotEsc(fmt.Sprintf("%d nodes, %d initializers replaced", len(rg.Nodes), len(rg.Initializers))) + `\n` + dotEsc(clip(opsLine(rg.Ops), 60)),
-				tooltip: dotEsc(opsLine(rg.Ops))})
+		if only >= 0 && g != only {
+			continue
+		}
+		if collapsed(g) {
+			d.add(regionBox(r.Regions[g], g))
 			drawn++
 		}
 		fn := d.refNode(fmt.Sprintf("b%d", j), b.ref(int(j)), colAddedFill, colAdded, g)
@@ -161,7 +192,7 @@ func (d *dotGraph) build(r *Result, maxNodes int) {
 			continue
 		}
 		g := int(c.region[i])
-		if g >= 0 && collapse {
+		if g >= 0 && collapsed(g) || only >= 0 && g != only {
 			continue
 		}
 		if room() {
@@ -173,7 +204,7 @@ func (d *dotGraph) build(r *Result, maxNodes int) {
 		isFused[j] = true
 	}
 	for j := range b.nodes {
-		if mt.mb[j] < 0 && !isFused[int32(j)] && room() {
+		if only < 0 && mt.mb[j] < 0 && !isFused[int32(j)] && room() {
 			d.add(d.refNode(fmt.Sprintf("b%d", j), b.ref(j), colAddedFill, colAdded, -1))
 		}
 	}
@@ -183,7 +214,7 @@ func (d *dotGraph) build(r *Result, maxNodes int) {
 	}
 	sort.Slice(changed, func(x, y int) bool { return changed[x] < changed[y] })
 	for _, i := range changed {
-		if room() {
+		if only < 0 && room() {
 			n := d.refNode(fmt.Sprintf("m%d", i), b.ref(int(mt.ma[i])), colChangedFill, colChanged, -1)
 			d.add(n)
 		}
@@ -191,7 +222,7 @@ func (d *dotGraph) build(r *Result, maxNodes int) {
 	if skipped > 0 {
 		d.note = fmt.Sprintf("%d more changed nodes not drawn (limit %d)", skipped, maxNodes)
 	}
-	if !collapse {
+	if !collapse && only < 0 {
 		// One hop of unchanged context around everything drawn so far.
 		ctx := func(i int32) {
 			if mt.ma[i] >= 0 && !c.changed[i] {
@@ -287,10 +318,21 @@ func (d *dotGraph) build(r *Result, maxNodes int) {
 
 // buildFlat draws a Result without its matched graphs (decoded from JSON):
 // the nodes only, no edges.
-func (d *dotGraph) buildFlat(r *Result, maxNodes int) {
+func (d *dotGraph) buildFlat(r *Result, opt DOTOptions) {
+	maxNodes, only := opt.MaxNodes, opt.Region-1
 	drawn := 0
 	for g, rg := range r.Regions {
+		if only >= 0 && g != only {
+			continue
+		}
+		if collapsedRegion(r, g, false, opt) {
+			d.add(regionBox(rg, g))
+			drawn++
+		}
 		for k, n := range rg.Nodes {
+			if collapsedRegion(r, g, false, opt) {
+				break
+			}
 			if drawn < maxNodes {
 				d.add(d.refNode(fmt.Sprintf("r%d_%d", g, k), n, colRemovedFill, colRemoved, g))
 				drawn++
@@ -299,6 +341,9 @@ func (d *dotGraph) buildFlat(r *Result, maxNodes int) {
 		fn := d.refNode(fmt.Sprintf("f%d", g), rg.Fused, colAddedFill, colAdded, g)
 		fn.bold = true
 		d.add(fn)
+	}
+	if only >= 0 {
+		return
 	}
 	for k, n := range r.Nodes.Removed {
 		d.add(d.refNode(fmt.Sprintf("a%d", k), n, colRemovedFill, colRemoved, -1))
@@ -330,6 +375,9 @@ func (d *dotGraph) write(w io.Writer, r *Result) error {
 		fmt.Fprintf(bw, "%s%q [label=\"%s\", tooltip=\"%s\", fillcolor=\"%s\", color=\"%s\"%s];\n", indent, id, n.label, n.tooltip, n.fill, n.color, extra)
 	}
 	for g, ids := range d.clusters {
+		if len(ids) == 0 {
+			continue // a region not drawn (DOTOptions.Region)
+		}
 		rg := r.Regions[g]
 		fmt.Fprintf(bw, "  subgraph \"cluster_region_%d\" {\n", g)
 		fmt.Fprintf(bw, "    id=\"region_%d\";\n", g)

@@ -217,6 +217,12 @@ func regionTitle(g Region) string {
 	return fmt.Sprintf("%s (%s)", g.Fused.Name, s)
 }
 
+// Marks of the provenance column: words, which render in any font.
+const (
+	provOKMark  = "verified:"
+	provBadMark = "WARNING:"
+)
+
 // provenanceShort is the provenance column of the region tables.
 func provenanceShort(g Region) string {
 	p := g.Provenance
@@ -224,7 +230,7 @@ func provenanceShort(g Region) string {
 	case p == nil:
 		return "none (inferred)"
 	case p.Consistent:
-		return fmt.Sprintf("✅ %s, %s", plural(p.Nodes, "node"), plural(p.Initializers, "initializer"))
+		return fmt.Sprintf("%s %s, %s", provOKMark, plural(p.Nodes, "node"), plural(p.Initializers, "initializer"))
 	}
-	return fmt.Sprintf("⚠️ inconsistent: records %s, %s", plural(p.Nodes, "node"), plural(p.Initializers, "initializer"))
+	return fmt.Sprintf("%s inconsistent: records %s, %s", provBadMark, plural(p.Nodes, "node"), plural(p.Initializers, "initializer"))
 }

@@ -31,9 +31,15 @@ type HTMLOptions struct {
 	NoDot bool
 	// Timeout bounds the dot run (default 2 minutes).
 	Timeout time.Duration
-	// DOT are the options of the embedded graph.
+	// DOT are the options of the embedded graph. DOT.CollapseRegions 0
+	// means DefaultCollapseRegions; < 0 draws every region in full.
 	DOT DOTOptions
 }
+
+// DefaultCollapseRegions is the region size above which the HTML report's
+// graph draws a fused region as one summary box; the region's own graph
+// is then in its section, expandable.
+const DefaultCollapseRegions = 40
 
 // HTML writes one self-contained HTML page (no scripts, no network): the
 // summary, the tables of fused regions and other changes, and the change
@@ -43,6 +49,12 @@ func HTML(w io.Writer, r *Result) error { return HTMLWith(w, r, HTMLOptions{}) }
 
 // HTMLWith is HTML with options.
 func HTMLWith(w io.Writer, r *Result, opt HTMLOptions) error {
+	switch {
+	case opt.DOT.CollapseRegions == 0:
+		opt.DOT.CollapseRegions = DefaultCollapseRegions
+	case opt.DOT.CollapseRegions < 0:
+		opt.DOT.CollapseRegions = 0
+	}
 	var dot bytes.Buffer
 	if err := DOTWith(&dot, r, opt.DOT); err != nil {
 		return err
@@ -53,7 +65,7 @@ func HTMLWith(w io.Writer, r *Result, opt HTMLOptions) error {
 	} else if svg, err := RenderSVG(dot.Bytes(), opt.DotPath, opt.Timeout); err != nil {
 		page.DotNote = fmt.Sprintf("Graphviz could not render the graph (%v); the DOT source is below (render it with `dot -Tsvg`).", err)
 	} else {
-		page.SVG = template.HTML(svg)
+		page.SVG = template.HTML(fitSVG(svg))
 	}
 	for gi, g := range r.Regions {
 		rows := []htmlRow{}
@@ -67,13 +79,46 @@ func HTMLWith(w io.Writer, r *Result, opt HTMLOptions) error {
 		for _, e := range regionExtras(g) {
 			rows = append(rows, rowOf(e))
 		}
-		page.Regions = append(page.Regions, htmlRegion{N: gi + 1, ID: fmt.Sprintf("table_region_%d", gi), Title: regionTitle(g),
-			Region: g, Ops: opsLine(g.Ops), Prov: provenanceLine(g), ProvShort: provenanceShort(g), Rows: rows})
+		hr := htmlRegion{N: gi + 1, ID: fmt.Sprintf("table_region_%d", gi), Title: regionTitle(g),
+			Region: g, Ops: opsLine(g.Ops), Prov: provenanceLine(g), ProvShort: provenanceShort(g), Rows: rows}
+		if page.SVG != "" && opt.DOT.CollapseRegions > 0 && len(g.Nodes) > opt.DOT.CollapseRegions {
+			// Collapsed in the overview: its own graph, expandable here.
+			var rd bytes.Buffer
+			ro := opt.DOT
+			ro.Region = gi + 1
+			if err := DOTWith(&rd, r, ro); err != nil {
+				return err
+			}
+			if svg, err := RenderSVG(rd.Bytes(), opt.DotPath, opt.Timeout); err == nil {
+				hr.SVG = template.HTML(fitSVG(svg))
+			}
+		}
+		page.Regions = append(page.Regions, hr)
 	}
 	for _, e := range otherEntries(r) {
 		page.Others = append(page.Others, rowOf(e))
 	}
 	return htmlTemplate.Execute(w, page)
+}
+
+// fitSVG makes an SVG from Graphviz scale to the page width: the fixed
+// width and height of its root element (in points, often thousands) are
+// removed, so that its viewBox scales into a box as wide as the page.
+func fitSVG(svg []byte) []byte {
+	end := bytes.IndexByte(svg, '>')
+	if !bytes.HasPrefix(svg, []byte("<svg")) || end < 0 {
+		return svg
+	}
+	head := string(svg[:end])
+	for _, attr := range []string{"width", "height"} {
+		if i := strings.Index(head, " "+attr+"=\""); i >= 0 {
+			if j := strings.IndexByte(head[i+len(attr)+3:], '"'); j >= 0 {
+				head = head[:i] + head[i+len(attr)+3+j+1:]
+			}
+		}
+	}
+	out := append([]byte(head+` class="fit"`), svg[end:]...)
+	return out
 }
 
 func rowOf(e entry) htmlRow {
@@ -127,6 +172,8 @@ type htmlRegion struct {
 	Ops, Prov string
 	ProvShort string
 	Rows      []htmlRow
+	// SVG is the region's own graph when the overview collapses it.
+	SVG template.HTML
 }
 
 type htmlPage struct {
@@ -152,7 +199,10 @@ th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertic
 th { background: #f5f5f5; }
 tr.removed td:first-child { color: #c62828; } tr.added td:first-child { color: #2e7d32; } tr.changed td:first-child { color: #b28704; }
 .summary { font-weight: bold; font-size: 1.05em; }
-.graph { overflow: auto; border: 1px solid #ddd; padding: 0.5em; max-height: 80vh; }
+.graph { overflow: auto; border: 1px solid #ddd; padding: 0.5em; }
+svg.fit { width: 100%; height: auto; max-height: 85vh; }
+.prov-ok::before { content: ""; display: inline-block; width: 0.35em; height: 0.7em; margin: 0 0.4em 0.1em 0.1em; border: solid #2e7d32; border-width: 0 0.18em 0.18em 0; transform: rotate(45deg); }
+.prov-bad { color: #c62828; font-weight: bold; }
 .note { background: #fff8e1; border: 1px solid #f9a825; padding: 0.5em; }
 pre { background: #f7f7f7; padding: 0.5em; overflow: auto; max-height: 40vh; }
 </style>
@@ -165,7 +215,7 @@ pre { background: #f7f7f7; padding: 0.5em; overflow: auto; max-height: 40vh; }
 <h2>Fused regions</h2>
 <table>
 <tr><th>#</th><th>Fused node</th><th>Op</th><th>Variant</th><th>Kind</th><th>Nodes replaced</th><th>Initializers replaced</th><th>New initializers</th><th>Provenance</th></tr>
-{{range .Regions}}<tr><td><a href="#{{.ID}}">{{.N}}</a></td><td class="name">{{.Region.Fused.Name}}</td><td>{{.Region.Fused.Op}}</td><td><code>{{.Region.Variant}}</code></td><td>{{.Region.Kind}}</td><td>{{len .Region.Nodes}}</td><td>{{len .Region.Initializers}}</td><td>{{len .Region.NewInitializers}}</td><td>{{.ProvShort}}</td></tr>
+{{range .Regions}}<tr><td><a href="#{{.ID}}">{{.N}}</a></td><td class="name">{{.Region.Fused.Name}}</td><td>{{.Region.Fused.Op}}</td><td><code>{{.Region.Variant}}</code></td><td>{{.Region.Kind}}</td><td>{{len .Region.Nodes}}</td><td>{{len .Region.Initializers}}</td><td>{{len .Region.NewInitializers}}</td><td>{{if and .Region.Provenance .Region.Provenance.Consistent}}<span class="prov-ok">{{.ProvShort}}</span>{{else if .Region.Provenance}}<span class="prov-bad">{{.ProvShort}}</span>{{else}}{{.ProvShort}}{{end}}</td></tr>
 {{end}}</table>
 {{end}}
 <h2>Graph</h2>
@@ -177,7 +227,10 @@ pre { background: #f7f7f7; padding: 0.5em; overflow: auto; max-height: 40vh; }
 <h2 id="{{.ID}}">Fused region {{.N}}: {{.Title}}</h2>
 <p>{{.Prov}}</p>
 {{if .Ops}}<p>Ops: {{.Ops}}</p>{{end}}
-<details><summary>{{len .Rows}} entries</summary>
+{{if .SVG}}<details><summary>Graph of the {{len .Region.Nodes}} replaced nodes (collapsed to one box above)</summary>
+<div class="graph">{{.SVG}}</div>
+</details>
+{{end}}<details><summary>{{len .Rows}} entries</summary>
 <table>
 <tr><th>Change</th><th>What</th><th>Name</th><th>Details</th></tr>
 {{range .Rows}}<tr class="{{.Change}}"><td>{{.Change}}</td><td>{{.What}}</td><td class="name">{{.Name}}</td><td>{{.Info}}{{range .Details}}<br>{{.}}{{end}}</td></tr>
