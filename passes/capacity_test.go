@@ -157,14 +157,14 @@ func TestCapacityRoutersRefused(t *testing.T) {
 
 // TestQuantizedBlocksRefused: every dynamically int8-quantized export is
 // refused with a near-miss that says the block is int8-quantized and names
-// an integer linear (MatMulInteger) of the model fed by a
-// DynamicQuantizeLinear.
+// integer linears of the model (MatMulInteger fed by a DynamicQuantizeLinear,
+// or the contrib ops ONNX Runtime fuses them into).
 func TestQuantizedBlocksRefused(t *testing.T) {
 	cases := manifestCases(t, "int8_dyn")
 	if len(cases) < 4 {
 		t.Fatalf("%d int8 cases in the manifest, want at least 4", len(cases))
 	}
-	quoted := regexp.MustCompile(`MatMulInteger "([^"]+)"`)
+	quoted := regexp.MustCompile(`(MatMulInteger|MatMulIntegerToFloat|DynamicQuantizeMatMul) "([^"]+)"`)
 	for _, pc := range cases {
 		t.Run(pc.Name, func(t *testing.T) {
 			m, err := graph.Load(filepath.Join(refusalDir, pc.Name+".onnx"))
@@ -183,7 +183,7 @@ func TestQuantizedBlocksRefused(t *testing.T) {
 				t.Fatalf("quantized near-misses %+v (all %+v), want 1", nm, d.NearMiss)
 			}
 			n := nm[0]
-			if !strings.Contains(n.Reason, "int8-quantized") || !strings.Contains(n.Reason, "router linear is MatMulInteger") {
+			if !strings.Contains(n.Reason, "int8-quantized MoE block (dynamic quantization)") || !regexp.MustCompile(`router linear is `+quoted.String()).MatchString(n.Reason) {
 				t.Fatalf("reason %q", n.Reason)
 			}
 			if tk := nodeByName(m, n.Node); tk == nil || tk.GetOpType() != "TopK" {
@@ -191,15 +191,18 @@ func TestQuantizedBlocksRefused(t *testing.T) {
 			}
 			ms := quoted.FindAllStringSubmatch(n.Reason, -1)
 			if len(ms) == 0 {
-				t.Fatalf("reason names no MatMulInteger: %q", n.Reason)
+				t.Fatalf("reason names no integer linear: %q", n.Reason)
 			}
 			for _, mm := range ms {
-				q := nodeByName(m, mm[1])
-				if q == nil || q.GetOpType() != "MatMulInteger" {
-					t.Fatalf("reason names MatMulInteger %q, not a node of the model", mm[1])
+				q := nodeByName(m, mm[2])
+				if q == nil || q.GetOpType() != mm[1] {
+					t.Fatalf("reason names %s %q, not a node of the model", mm[1], mm[2])
+				}
+				if mm[1] == "DynamicQuantizeMatMul" {
+					continue // quantizes its float input itself
 				}
 				if p := m.Graph().Producer(q.Input[0]); p == nil || p.GetOpType() != "DynamicQuantizeLinear" {
-					t.Fatalf("%q is not fed by a DynamicQuantizeLinear", mm[1])
+					t.Fatalf("%q is not fed by a DynamicQuantizeLinear", mm[2])
 				}
 			}
 			if _, err := Rewrite(m, Options{Check: true}); !errors.Is(err, ErrNotFused) || !strings.Contains(err.Error(), "int8-quantized") {

@@ -163,10 +163,11 @@ func (c *ctx) quantReason(f quantFinding) string {
 	}
 	how := "quantization"
 	for _, n := range append([]*pb.NodeProto{f.router}, f.experts...) {
-		if n != nil && len(n.Input) > 0 {
-			if p := c.producerOp(n.Input[0]); p != nil && p.GetOpType() == "DynamicQuantizeLinear" {
-				how = "dynamic quantization"
-			}
+		if n == nil || len(n.Input) == 0 {
+			continue
+		}
+		if p := c.producerOp(n.Input[0]); n.GetOpType() == "DynamicQuantizeMatMul" || p != nil && p.GetOpType() == "DynamicQuantizeLinear" {
+			how = "dynamic quantization"
 		}
 	}
 	return "int8-quantized MoE block (" + how + "): " + strings.Join(parts, "; ") +
