@@ -145,6 +145,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	if err != nil {
 		return nil, err
 	}
+	inner := c.innerSelections(syn, found)
 	for i, n := range topo {
 		if n.GetOpType() == "TopK" || isORTMoE(n) {
 			if err := cx.Err(); err != nil {
@@ -175,7 +176,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 		if n.GetOpType() == "ArgMax" && !claimed[i] && syn[i] != nil {
 			n = syn[i] // a sparsemixer router's selection, as a TopK
 		}
-		if n.GetOpType() != "TopK" || n.GetDomain() != "" || claimed[i] && n == topo[i] {
+		if n.GetOpType() != "TopK" || n.GetDomain() != "" || claimed[i] && n == topo[i] || inner[int32(i)] {
 			continue
 		}
 		if c.isAuxTopK(n) {
@@ -240,6 +241,66 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	return det, nil
 }
 
+// innerSelections returns the positions of the selections (TopKs, or the
+// ArgMax of a sparsemixer router) whose speculated block succeeded but
+// that lie inside the region of another successful block: they are part
+// of that block's compute, not blocks of their own. Deciding this from all
+// results at once, rather than skipping what a block found earlier in the
+// node list covers, keeps the outcome independent of the node order.
+func (c *ctx) innerSelections(syn map[int]*pb.NodeProto, found map[*pb.NodeProto]*topKResult) map[int32]bool {
+	type success struct {
+		pos int32
+		b   *Block
+	}
+	var ok []success
+	for i, n := range c.topo {
+		if s := syn[i]; s != nil {
+			n = s
+		}
+		if r := found[n]; r != nil && r.err == nil {
+			ok = append(ok, success{int32(i), r.b})
+		}
+	}
+	if len(ok) < 2 {
+		return nil
+	}
+	in := map[int32][]int{} // position -> the successful blocks whose region holds it
+	for k, s := range ok {
+		for _, p := range c.blockPos(s.b) {
+			in[p] = append(in[p], k)
+		}
+	}
+	// A selection inside a larger block is inner; of two blocks that hold
+	// each other's selection with regions of one size (two selections of
+	// one block), the one listed first stands for both.
+	inner := map[int32]bool{}
+	for k, s := range ok {
+		for _, o := range in[s.pos] {
+			if o == k {
+				continue
+			}
+			if no, ns := len(c.blockPos(ok[o].b)), len(c.blockPos(s.b)); no > ns || no == ns && o < k {
+				inner[s.pos] = true
+			}
+		}
+	}
+	return inner
+}
+
+// blockPos returns the positions of b's region.
+func (c *ctx) blockPos(b *Block) []int32 {
+	if len(b.regionPos) == len(b.Region) {
+		return b.regionPos
+	}
+	ps := make([]int32, 0, len(b.Region))
+	for _, n := range b.Region {
+		if p, ok := c.posOf(n); ok {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
 // dropOverlaps refuses every pair of blocks whose regions share a node:
 // fusing both would delete nodes the other's fused node stands for (the
 // detector's boundaries keep blocks apart, chained ones included, so this
@@ -252,16 +313,7 @@ func (c *ctx) dropOverlaps(det *Detection) {
 	owner := make(map[int32]int, 0)
 	bad := make([]int, len(det.Blocks)) // 1 + the index of a block it overlaps
 	for i, b := range det.Blocks {
-		ps := b.regionPos
-		if len(ps) != len(b.Region) {
-			ps = ps[:0:0]
-			for _, n := range b.Region {
-				if p, ok := c.posOf(n); ok {
-					ps = append(ps, p)
-				}
-			}
-		}
-		for _, p := range ps {
+		for _, p := range c.blockPos(b) {
 			if j, ok := owner[p]; ok && j != i {
 				bad[i], bad[j] = j+1, i+1
 				continue

@@ -67,10 +67,12 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 			if !ok || (!math.IsNaN(float64(info.thr)) && thr != info.thr) {
 				continue
 			}
+			if w != "" {
+				return nil // two softmaxed picks: not one sparsemixer (and no first one to prefer)
+			}
 			info.thr, w = thr, ge.Output[0]
 			p, _ := c.orderOf(ge)
 			last = max(last, p)
-			break
 		}
 		if w == "" {
 			return nil
@@ -84,6 +86,9 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 			}
 			for _, a := range c.g.Consumers(sc.Output[0]) {
 				if a.GetOpType() == "ArgMax" && graph.AttrInt(a, "keepdims", 1) == 1 {
+					if next != nil {
+						return nil // two next picks: none is preferred by the node order
+					}
 					next, cur = a, sc.Output[0]
 				}
 			}
