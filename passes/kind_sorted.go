@@ -81,8 +81,10 @@ func (c *ctx) sortOf(tk *pb.NodeProto) *pb.NodeProto {
 // sortedTag says where a value stands in a sort-based block's expert
 // pipeline: its stage (0: the gathered tokens, 1: after the first
 // projection(s), 2: after the down projection, 3: weighted by the routing
-// weights) and the expert group it holds (-1: every sorted pair).
-type sortedTag struct{ stage, seg int }
+// weights), the expert group it holds (-1: every sorted pair) and, once
+// the outputs are put back in pair order by the inverse of the sort, their
+// layout (order: 0 sorted, 1 pairs [T·k, ·], 2 pairs [T, k, ·]).
+type sortedTag struct{ stage, seg, order int }
 
 // sortedExperts reads a sort-based block's experts: it checks that the
 // dispatch permutes, groups and scatters back the token/expert pairs
@@ -132,8 +134,8 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			}
 			c.setOnce(&sd.gates, n.Output[0], "sorted routing weights")
 		case op == "Shape" || op == "Size":
-		case (op == "ScatterND" || op == "ScatterElements" || op == "Expand") && k != 1:
-			fail("%s %q puts the sorted pairs back in pair order by the sort permutation: per-pair outputs (as a mixture of attention heads writes them), not the experts' outputs summed per token", op, graph.NodeLabel(n))
+		case op == "ScatterND" || op == "TopK" && c.isSortTopK(n):
+			// putting the outputs back in pair order (checked in the pipeline)
 		default:
 			if k != 1 {
 				fail("unexpected %s %q reads the sort permutation", op, graph.NodeLabel(n))
@@ -143,8 +145,8 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	if sd.tok == "" && k == 1 {
 		sd.tok = sd.perm
 	}
-	if sd.tok == "" || sd.gates == "" {
-		fail("the sort permutation does not give both the pairs' tokens (a division by top_k) and their routing weights")
+	if sd.tok == "" {
+		fail("the sort permutation does not give the pairs' tokens (a division by top_k)")
 	}
 	// The tokens gathered in sorted order; the scatter back is checked
 	// from the scatter.
@@ -174,9 +176,13 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	}
 
 	// The sorted routing weights, whole or split into the expert groups.
-	gateSeg := map[string]int{c.through(sd.gates): -1}
+	gateSeg := map[string]int{}
+	if sd.gates != "" {
+		gateSeg[c.through(sd.gates)] = -1
+	}
 	for _, n := range c.consumersThrough(sd.gates) {
 		switch {
+		case sd.gates == "":
 		case !c.inLimit(n):
 		case n.GetOpType() == "Split" && c.splitAxis(n) == 0 && len(n.Input) > 1 && len(n.Output) == E:
 			c.setOnce(&sd.counts, c.countsOf(n.Input[1], ids, E), "per-expert counts")
@@ -191,7 +197,8 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	}
 	// Follow the gathered tokens through the per-expert groups.
 	var scatter *pb.NodeProto
-	tags := map[string]sortedTag{sd.xs: {0, -1}}
+	tags := map[string]sortedTag{sd.xs: {0, -1, 0}}
+	var combine *pb.NodeProto // the weighted sum over each token's k pairs (pair order)
 	type segMM struct{ l1, l2 []*emm }
 	segs := make([]segMM, E)
 	concatOf := map[string]string{} // group value -> the Concat output that joins the groups
@@ -212,7 +219,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		}
 		t0 := in[0]
 		for _, t := range in[1:] {
-			if t.stage != t0.stage || t.seg != t0.seg && n.GetOpType() != "Concat" {
+			if t.stage != t0.stage || t.order != t0.order || t.seg != t0.seg && n.GetOpType() != "Concat" {
 				fail("%q mixes values of different expert groups or stages", graph.NodeLabel(n))
 			}
 		}
@@ -224,11 +231,23 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			}
 		}
 		op := n.GetOpType()
+		if t0.order > 0 || t0.stage < 2 && c.permutes(n, sd.perm) {
+			if c.pairOrder(n, t0, tagged, sd, tk, ri, s, set) {
+				combine = n
+			}
+			continue
+		}
 		switch {
 		case op == "Shape" || op == "Size":
 			continue
 		case op == "Identity" || op == "Cast":
 			set(t0, n.Output...)
+		case t0.stage >= 2 && t0.seg == -1 && c.permutes(n, sd.perm) && !(sd.tok == sd.perm && t0.stage == 3 && op == "ScatterND"):
+			// the outputs put back in pair order by the inverse of the sort
+			if tagged != c.permutedInput(n) {
+				fail("%q uses the expert outputs as indices", graph.NodeLabel(n))
+			}
+			set(sortedTag{t0.stage, -1, 1}, n.Output...)
 		case op == "Split" && c.splitAxis(n) == 0:
 			if t0.seg != -1 || tagged != 0 || len(n.Input) < 2 || len(n.Output) != E {
 				fail("%q splits the sorted pairs into %d parts, not by the %d experts' counts", graph.NodeLabel(n), len(n.Output), E)
@@ -236,14 +255,14 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			cnt := c.countsOf(n.Input[1], ids, E)
 			c.setOnce(&sd.counts, cnt, "per-expert counts")
 			for e, o := range n.Output {
-				set(sortedTag{t0.stage, e}, o)
+				set(sortedTag{t0.stage, e, 0}, o)
 				splitOf[o] = n.Input[0]
 			}
 		case op == "Slice" && tagged == 0 && t0.seg == -1 && c.rowSlice(n):
 			// one expert's rows, between the counts' running sums
 			e, cnt := c.groupSlice(n, E)
 			c.setOnce(&sd.counts, c.countsOf(cnt, ids, E), "per-expert counts")
-			set(sortedTag{t0.stage, e}, n.Output...)
+			set(sortedTag{t0.stage, e, 0}, n.Output...)
 			splitOf[n.Output[0]] = n.Input[0]
 		case op == "Concat" && c.concatAxis(n) == 0:
 			if len(n.Input) != E || len(in) != E {
@@ -257,7 +276,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			for _, v := range n.Input {
 				concatOf[v] = n.Output[0]
 			}
-			set(sortedTag{t0.stage, -1}, n.Output...)
+			set(sortedTag{t0.stage, -1, 0}, n.Output...)
 		case op == "MatMul" || op == "Gemm":
 			e := c.expertMatMul(n)
 			if e == nil || e.act != n.Input[tagged] {
@@ -277,7 +296,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			default:
 				fail("%q is a third projection after the expert's down projection", graph.NodeLabel(n))
 			}
-			set(sortedTag{t0.stage + 1, t0.seg}, n.Output...)
+			set(sortedTag{t0.stage + 1, t0.seg, 0}, n.Output...)
 		case t0.stage == 1 && (sortedElementwise[op] || op == "Split" || op == "Slice"):
 			if op == "Split" || op == "Slice" {
 				if tagged != 0 || !c.lastAxisOnly(n) {
@@ -308,7 +327,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			if g, ok := gateSeg[other]; !ok || g != t0.seg {
 				fail("%q weights the experts' outputs by something other than the sorted routing weights", graph.NodeLabel(n))
 			}
-			set(sortedTag{3, t0.seg}, n.Output...)
+			set(sortedTag{3, t0.seg, 0}, n.Output...)
 		case t0.stage == 3 && t0.seg == -1 && (op == "ScatterND" || op == "ScatterElements") && tagged == 2:
 			if scatter != nil {
 				fail("the weighted expert outputs are scattered twice")
@@ -318,12 +337,20 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			fail("unexpected %s %q in the expert pipeline of a sort-based block (stage %d)", op, graph.NodeLabel(n), t0.stage)
 		}
 	}
-	if scatter == nil {
+	switch {
+	case scatter != nil && combine != nil:
+		fail("the expert outputs are both scattered back to their tokens and summed in pair order")
+	case scatter != nil:
+		c.checkScatterBack(scatter, sd.tok)
+		if c.combineInput(b.Output, shared) != scatter.Output[0] {
+			fail("the block output is not the scatter back to token order")
+		}
+	case combine != nil:
+		if c.combineInput(b.Output, shared) != combine.Output[0] {
+			fail("the block output is not the weighted sum over each token's pairs")
+		}
+	default:
 		fail("the weighted expert outputs are not scattered back to token order")
-	}
-	c.checkScatterBack(scatter, sd.tok)
-	if c.combineInput(b.Output, shared) != scatter.Output[0] {
-		fail("the block output is not the scatter back to token order")
 	}
 	if sd.counts == "" {
 		fail("the sorted pairs are not split by the per-expert counts")
@@ -389,6 +416,85 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	e0 := plan.Experts[0]
 	s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
 	return KindSorted
+}
+
+// permutes reports whether n puts rows back in pair order by the inverse of
+// the sort permutation perm: ScatterND into zeros at rows perm (reduction
+// none or add: perm has no repeats), or a row Gather by the permutation
+// that sorts perm (its inverse).
+func (c *ctx) permutes(n *pb.NodeProto, perm string) bool {
+	switch n.GetOpType() {
+	case "ScatterND":
+		if len(n.Input) < 3 {
+			return false
+		}
+		v := c.rowIndex(n.Input[1])
+		return v != "" && c.through(v) == c.through(perm)
+	case "Gather", "GatherND":
+		_, idx, ok := c.gatherRows(n)
+		if !ok {
+			return false
+		}
+		p := c.producerOp(idx)
+		return p != nil && p.GetOpType() == "TopK" && graph.AttrInt(p, "largest", 1) == 0 && c.through(p.Input[0]) == c.through(perm) &&
+			len(p.Output) > 1 && c.through(idx) == p.Output[1]
+	}
+	return false
+}
+
+// permutedInput is the input position of the rows a permuting node (see
+// permutes) moves.
+func (c *ctx) permutedInput(n *pb.NodeProto) int {
+	if n.GetOpType() == "ScatterND" {
+		return 2
+	}
+	return 0
+}
+
+// pairOrder handles a node reading expert outputs put back in pair order
+// (see sortedTag): a reshape of the [T·k, ·] rows to [T, k, ·], their
+// multiplication by the routing weights in pair order, and the sum over
+// the k slots, which combines the experts (it reports true for that sum).
+// A permutation of values before the down projection puts per-pair
+// activations back in pair order: that is no MoE feed-forward block.
+func (c *ctx) pairOrder(n *pb.NodeProto, t sortedTag, tagged int, sd *sortedDispatch, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, set func(sortedTag, ...string)) bool {
+	op := n.GetOpType()
+	if t.stage < 2 {
+		fail("%s %q puts the sorted pairs back in pair order before the experts' down projections: per-pair outputs (as a mixture of attention heads writes them), not the experts' outputs summed per token", op, graph.NodeLabel(n))
+	}
+	switch {
+	case op == "Shape" || op == "Size":
+		return false
+	case op == "Identity" || op == "Cast":
+		set(t, n.Output...)
+		return false
+	case op == "Reshape" && tagged == 0 && t.order == 1:
+		if sh := c.constInts(n.Input[1]); len(sh) != 3 || int(sh[1]) != s.TopK || sh[2] != -1 && int(sh[2]) != s.Hidden {
+			fail("%q does not reshape the pairs to [tokens, %d, %d]", graph.NodeLabel(n), s.TopK, s.Hidden)
+		}
+		set(sortedTag{t.stage, -1, 2}, n.Output...)
+		return false
+	case op == "Mul" && t.stage == 2 && len(n.Input) == 2:
+		other := n.Input[1-tagged]
+		if sd.gates != "" && c.through(other) == c.through(sd.gates) || !c.isRoutingWeights(tk, ri, s, other) {
+			fail("%q weights the expert outputs in pair order by something other than the routing weights", graph.NodeLabel(n))
+		}
+		set(sortedTag{3, -1, t.order}, n.Output...)
+		return false
+	case op == "ReduceSum" && t.stage == 3 && t.order == 2 && tagged == 0:
+		var axes []int64
+		if len(n.Input) > 1 && n.Input[1] != "" {
+			axes = c.constInts(n.Input[1])
+		} else {
+			axes = graph.AttrInts(n, "axes")
+		}
+		if len(axes) != 1 || axes[0] != 1 && axes[0] != -2 || graph.AttrInt(n, "keepdims", 1) != 0 {
+			fail("%q does not sum the weighted outputs over each token's %d pairs", graph.NodeLabel(n), s.TopK)
+		}
+		return true
+	}
+	fail("unexpected %s %q on the expert outputs in pair order", op, graph.NodeLabel(n))
+	return false
 }
 
 // firstGemmBiases adds to rs the biases that first projections written as

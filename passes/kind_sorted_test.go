@@ -26,6 +26,8 @@ type sortedOpts struct {
 	oneHotTwice      bool   // the OneHot summed by two reductions
 	breakOnes        bool   // the counts' one-hot scatters twos
 	countSorted      bool   // with equalCounts: count the sorted ids
+	unsort           string // "scatter" or "gather": outputs put back in pair order, then weighted and summed over k
+	unsortWeighted   bool   // with unsort: weight by the sorted weights before putting back
 	bias             bool   // an output bias after the scatter
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
@@ -261,7 +263,7 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 			outs = append(outs, perExpert(wOut, e, as[e]))
 		}
 	}
-	var ow string
+	var ow, out string
 	if o.gatesPerGroup {
 		gs := groups(one("Unsqueeze", []string{bg, ints(1)}))
 		for e := range outs {
@@ -269,7 +271,7 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		}
 		ow = one("Concat", outs, graph.IntAttr("axis", 0))
 	} else {
-		out := one("Concat", outs, graph.IntAttr("axis", 0))
+		out = one("Concat", outs, graph.IntAttr("axis", 0))
 		ow = one("Mul", []string{out, one("Unsqueeze", []string{bg, ints(1)})})
 	}
 	zTH := one("ConstantOfShape", []string{one("Shape", []string{x2})}, zeroF)
@@ -282,7 +284,25 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		back = one("Div", []string{one("Range", []string{scalarI(0), n, scalarI(1)}), scalarI(int64(K))})
 	}
 	var sc string
-	if o.scatterElements {
+	if o.unsort != "" {
+		rows := out
+		if o.unsortWeighted {
+			rows = ow
+		}
+		var pairs string
+		if o.unsort == "gather" {
+			inv := add("TopK", []string{perm, one("Shape", []string{perm})}, 2, graph.IntAttr("axis", 0), graph.IntAttr("largest", 0))[1]
+			pairs = one("Gather", []string{rows, inv}, graph.IntAttr("axis", 0))
+		} else {
+			zN := one("ConstantOfShape", []string{one("Shape", []string{rows})}, zeroF)
+			pairs = one("ScatterND", []string{zN, one("Unsqueeze", []string{perm, ints(1)}), rows})
+		}
+		p3 := one("Reshape", []string{pairs, ints(-1, int64(K), int64(H))})
+		if !o.unsortWeighted {
+			p3 = one("Mul", []string{p3, one("Unsqueeze", []string{w, ints(-1)})})
+		}
+		sc = one("ReduceSum", []string{p3, ints(1)}, graph.IntAttr("keepdims", 0))
+	} else if o.scatterElements {
 		ix := one("Expand", []string{one("Unsqueeze", []string{back, ints(1)}), one("Shape", []string{ow})})
 		sc = one("ScatterElements", []string{zTH, ix, ow}, graph.IntAttr("axis", 0), graph.StringAttr("reduction", "add"))
 	} else {
@@ -370,6 +390,9 @@ func TestSortedSynthetic(t *testing.T) {
 		{"shared expert", func(o *sortedOpts) { o.shared = true; o.bias = true }, "softmax_topk_act_swiglu_shared"},
 		{"unbound counts", func(o *sortedOpts) { o.unbindCounts = true }, "softmax_topk_act_swiglu"},
 		{"counts by comparison", func(o *sortedOpts) { o.equalCounts = true }, "softmax_topk_act_swiglu"},
+		{"unsorted by ScatterND, weighted per pair", func(o *sortedOpts) { o.unsort = "scatter"; o.bias = true }, "softmax_topk_act_swiglu"},
+		{"unsorted by the inverse permutation", func(o *sortedOpts) { o.unsort = "gather"; o.E, o.K = 6, 3 }, "softmax_topk_act_swiglu"},
+		{"weighted, then unsorted", func(o *sortedOpts) { o.unsort = "scatter"; o.unsortWeighted = true }, "softmax_topk_act_swiglu"},
 		{"counts of the sorted ids", func(o *sortedOpts) { o.equalCounts, o.countSorted = true, true }, "softmax_topk_act_swiglu"},
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
@@ -426,8 +449,8 @@ func TestSortedRefused(t *testing.T) {
 		name, reason string
 		mod          func(o *sortedOpts)
 	}{
-		{"scatter back by the permutation", "puts the sorted pairs back in pair order", func(o *sortedOpts) { o.breakScatter = "perm" }},
-		{"scatter back by the permutation (ScatterElements)", "puts the sorted pairs back in pair order", func(o *sortedOpts) { o.breakScatter = "perm"; o.scatterElements = true }},
+		{"scatter back by the permutation", "does not reshape the pairs to [tokens, 2, 16]", func(o *sortedOpts) { o.breakScatter = "perm" }},
+		{"scatter back by the permutation (ScatterElements)", "unexpected Expand", func(o *sortedOpts) { o.breakScatter = "perm"; o.scatterElements = true }},
 		{"scatter back in unsorted order", "rows other than the sorted pairs' tokens", func(o *sortedOpts) { o.breakScatter = "identity" }},
 		{"weights without the softmax", "no router activation", func(o *sortedOpts) { o.rawGates = true }},
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
