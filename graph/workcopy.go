@@ -68,19 +68,47 @@ func (m *Model) Deferred(t *pb.TensorProto) (DeferredData, bool) {
 }
 
 // Unshare replaces each node of m's main graph that is also a node of
-// other's (see WorkingCopy) by a clone, so that m's nodes can then be
-// edited in place.
+// other's (see WorkingCopy) by a copy with its own output list, so that
+// the outputs of m's nodes can then be renamed in place; the copy shares
+// its input list, attributes and metadata with the original node, which
+// must still not be edited in place. An index kept for m's next Graph call
+// (see KeepIndex) is updated to the copies.
 func (m *Model) Unshare(other *Model) {
 	theirs := make(map[*pb.NodeProto]bool, len(other.Proto.GetGraph().GetNode()))
 	for _, n := range other.Proto.GetGraph().GetNode() {
 		theirs[n] = true
 	}
+	clones := map[*pb.NodeProto]*pb.NodeProto{}
 	for i, n := range m.Proto.GetGraph().GetNode() {
 		if theirs[n] {
-			m.Proto.Graph.Node[i] = proto.Clone(n).(*pb.NodeProto)
+			c := &pb.NodeProto{Input: n.Input, Output: append([]string(nil), n.Output...), Name: n.Name, OpType: n.OpType,
+				Domain: n.Domain, Overload: n.Overload, Attribute: n.Attribute, DocString: n.DocString,
+				MetadataProps: n.MetadataProps, DeviceConfigurations: n.DeviceConfigurations}
+			clones[n] = c
+			m.Proto.Graph.Node[i] = c
 		}
 	}
-	m.spare = nil
+	// An index kept for the next Graph call names the clones instead.
+	g := m.spare
+	if g == nil || g.P != m.Proto.Graph {
+		m.spare = nil
+		return
+	}
+	swap := func(l []*pb.NodeProto) {
+		for i, n := range l {
+			if c, ok := clones[n]; ok {
+				l[i] = c
+			}
+		}
+	}
+	swap(g.prod)
+	for _, l := range g.cons {
+		swap(l)
+	}
+	swap(g.added)
+	swap(g.topo)
+	swap(g.nodes)
+	m.spareSig = sigOf(m.Proto.Graph)
 }
 
 // KeepIndex hands g, an index over m's main graph that is still current,

@@ -119,7 +119,7 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 		return r
 	}
 	copied := map[*pb.NodeProto]bool{}
-	detached := make([][]string, len(rep.Fused))
+	detached := make([][]*pb.NodeProto, len(rep.Fused))
 	var added []*pb.NodeProto
 	usedDomains := map[string]bool{}
 	for i := range rep.Fused {
@@ -197,7 +197,7 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 							old.Output[x] = d
 						}
 					}
-					detached[i] = append(detached[i], d)
+					detached[i] = append(detached[i], old)
 					continue
 				}
 				c.Output[k] = nameIn(o)
@@ -212,9 +212,8 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 			added = append(added, c)
 		}
 	}
-	mg.Reindex()
 	for _, c := range added {
-		mg.AddNode(c)
+		mg.AddNode(c) // now the producer of the values it takes over
 	}
 	// Domains, functions and versions the copied nodes need.
 	domains := make([]string, 0, len(usedDomains))
@@ -252,21 +251,14 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 			dead[n] = true
 		}
 	}
-	readBefore := map[string]bool{}
-	for n := range dead {
-		for _, v := range graph.NodeInputs(n) {
-			readBefore[v] = true
-		}
-	}
-	// Attribute the dead nodes to the fused node whose detached values
+	// Attribute the dead nodes to the fused node whose detached producers
 	// they fed.
 	owner := map[*pb.NodeProto]int{}
 	for i, ds := range detached {
 		stack := slices.Clone(ds)
 		for len(stack) > 0 {
-			v := stack[len(stack)-1]
+			p := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
-			p := mg.Producer(v)
 			if p == nil || !dead[p] {
 				continue
 			}
@@ -274,50 +266,44 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 				continue
 			}
 			owner[p] = i
-			stack = append(stack, graph.NodeInputs(p)...)
+			for _, v := range graph.NodeInputs(p) {
+				stack = append(stack, mg.Producer(v))
+			}
 		}
 	}
 	removedNodes := make([][]string, len(rep.Fused))
 	removedInits := make([][]string, len(rep.Fused))
-	for _, n := range mg.P.Node {
-		if dead[n] {
-			if _, ok := owner[n]; !ok {
-				owner[n] = 0
-			}
-			i := owner[n]
-			removedNodes[i] = append(removedNodes[i], graph.NodeLabel(n))
-		}
-	}
-	mg.RemoveNodes(dead)
-	stillRead := map[string]bool{}
-	for _, n := range mg.P.Node {
-		for _, v := range graph.NodeInputs(n) {
-			stillRead[v] = true
-		}
-	}
-	for _, v := range mg.P.Output {
-		stillRead[v.GetName()] = true
-	}
 	initOwner := map[string]int{}
-	for n, i := range owner {
+	for _, n := range mg.P.Node {
+		if !dead[n] {
+			continue
+		}
+		if _, ok := owner[n]; !ok {
+			owner[n] = 0
+		}
+		i := owner[n]
+		removedNodes[i] = append(removedNodes[i], graph.NodeLabel(n))
 		for _, v := range graph.NodeInputs(n) {
-			if _, ok := initOwner[v]; !ok || i < initOwner[v] {
+			if mg.Initializer(v) == nil {
+				continue
+			}
+			if j, ok := initOwner[v]; !ok || i < j {
 				initOwner[v] = i
 			}
 		}
 	}
+	// An initializer goes when dead nodes read it and no other node does.
 	keptInits := mg.P.Initializer[:0]
 	for _, t := range mg.P.Initializer {
 		v := t.GetName()
-		if readBefore[v] && !stillRead[v] && !mg.IsInput(v) {
-			if i, ok := initOwner[v]; ok {
-				removedInits[i] = append(removedInits[i], v)
-			}
+		if i, ok := initOwner[v]; ok && !mg.IsInput(v) && !mg.IsOutput(v) && !slices.ContainsFunc(mg.Consumers(v), func(c *pb.NodeProto) bool { return !dead[c] }) {
+			removedInits[i] = append(removedInits[i], v)
 			continue
 		}
 		keptInits = append(keptInits, t)
 	}
 	mg.P.Initializer = keptInits
+	mg.RemoveNodes(dead) // reindexes, initializers included
 	callsAfter := calledFunctions(mg.P.Node)
 	keptFuncs := m.Proto.Functions[:0]
 	for _, f := range m.Proto.Functions {
@@ -328,7 +314,6 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 		keptFuncs = append(keptFuncs, f)
 	}
 	m.Proto.Functions = keptFuncs
-	mg.Reindex()
 	if err := mg.Sort(); err != nil {
 		return err
 	}

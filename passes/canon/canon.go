@@ -128,6 +128,7 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 	if err := Apply(ctx, dw, rules, dry); err != nil {
 		return nil, nil, err
 	}
+	m.KeepIndex(dw.G) // for m's next Graph call, whatever follows
 	if len(dry.Applied) == 0 {
 		raise := !opt.KeepOpset && res.OpsetFrom > 0 && res.OpsetFrom < MinOpset
 		if raise {
@@ -137,7 +138,6 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 			}
 		}
 		if !raise {
-			m.KeepIndex(dw.G)
 			res.Notes = append(res.Notes, dw.notes...)
 			return m.WorkingCopy(), res, nil
 		}
@@ -162,6 +162,7 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 		}
 	}
 	w.flush()
+	wc.KeepIndex(w.G)
 	res.Notes = append(res.Notes, w.notes...)
 	return wc, res, nil
 }
