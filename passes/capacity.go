@@ -48,7 +48,8 @@ type capacityCmp struct {
 // capacityPassOps are the ops a position count passes through between its
 // CumSum and the comparison with the capacity.
 var capacityPassOps = map[string]bool{"Cast": true, "Identity": true, "Reshape": true, "Squeeze": true, "Unsqueeze": true,
-	"Transpose": true, "Gather": true, "Slice": true, "Expand": true, "Flatten": true, "Mul": true, "Sub": true, "Add": true}
+	"Transpose": true, "Gather": true, "Slice": true, "Expand": true, "Flatten": true, "Mul": true, "Sub": true, "Add": true,
+	"ReduceSum": true, "ReduceMax": true, "Where": true}
 
 // maskPassOps are the ops a one-hot expert mask passes through before its
 // CumSum (casts, re-layouts, a reorder by priority, a padding mask).
@@ -115,6 +116,9 @@ func (c *ctx) oneHotSelection(v string, depth int) *pb.NodeProto {
 				}
 			}
 			return nil
+		case op == "Gather" && len(p.Input) == 2 && c.isConst(p.Input[0]):
+			// one_hot as rows of a constant identity: eye(E)[indices]
+			return c.indexSelection(p.Input[1])
 		case (op == "ScatterElements" || op == "Scatter") && len(p.Input) == 3:
 			// one_hot as zeros.scatter(axis, indices, 1)
 			return c.indexSelection(p.Input[1])

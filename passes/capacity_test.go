@@ -257,23 +257,46 @@ func TestCapacityArithmetic(t *testing.T) {
 		cmp        string
 		posLeft    bool
 		want       int64
+		onehot     string // how the expert mask is made: OneHot (default), Equal, Gather, ScatterElements
+		reduce     bool   // the position is summed over the experts before the comparison
 	}{
-		{"count <= C (Switch)", 0, 3, "LessOrEqual", true, 3},
-		{"count-1 < C (NLLB)", -1, 5, "Less", true, 5},
-		{"count < C", 0, 4, "Less", true, 3},
-		{"C > count-1", -1, 2, "Greater", false, 2},
-		{"C >= count", 0, 7, "GreaterOrEqual", false, 7},
-		{"count+1 <= C", 1, 6, "LessOrEqual", true, 5},
+		{"count <= C (Switch)", 0, 3, "LessOrEqual", true, 3, "", false},
+		{"count-1 < C (NLLB)", -1, 5, "Less", true, 5, "", false},
+		{"count < C", 0, 4, "Less", true, 3, "", false},
+		{"C > count-1", -1, 2, "Greater", false, 2, "", false},
+		{"C >= count", 0, 7, "GreaterOrEqual", false, 7, "", false},
+		{"count+1 <= C", 1, 6, "LessOrEqual", true, 5, "", false},
+		{"one-hot as indices == arange", -1, 4, "Less", true, 4, "Equal", false},
+		{"one-hot as eye(E)[indices]", -1, 4, "Less", true, 4, "Gather", false},
+		{"one-hot by scatter", 0, 4, "LessOrEqual", true, 4, "ScatterElements", false},
+		{"position summed over experts", -1, 3, "Less", true, 3, "", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			nodes := []*pb.NodeProto{
 				graph.NewNode("MatMul", "", "router", []string{"x", "w"}, []string{"logits"}),
 				graph.NewNode("Softmax", "", "sm", []string{"logits"}, []string{"p"}),
-				graph.NewNode("ArgMax", "", "pick", []string{"p"}, []string{"idx"}, graph.IntAttr("axis", -1), graph.IntAttr("keepdims", 0)),
-				graph.NewNode("OneHot", "", "onehot", []string{"idx", "depth", "vals"}, []string{"mask"}),
+				graph.NewNode("ArgMax", "", "pick", []string{"p"}, []string{"idx"}, graph.IntAttr("axis", -1), graph.IntAttr("keepdims", 1)),
+			}
+			switch tc.onehot {
+			case "":
+				nodes = append(nodes, graph.NewNode("OneHot", "", "onehot", []string{"idx", "depth", "vals"}, []string{"mask"}))
+			case "Equal":
+				nodes = append(nodes, graph.NewNode("Equal", "", "onehot", []string{"idx", "arange"}, []string{"mask"}))
+			case "Gather":
+				nodes = append(nodes, graph.NewNode("Gather", "", "onehot", []string{"eye", "idx"}, []string{"mask"}))
+			case "ScatterElements":
+				nodes = append(nodes, graph.NewNode("ScatterElements", "", "onehot", []string{"zeros", "idx", "ones"}, []string{"mask"}, graph.IntAttr("axis", 1)))
+			}
+			nodes = append(nodes,
 				graph.NewNode("CumSum", "", "count", []string{"mask", "axis0"}, []string{"c"}),
-				graph.NewNode("Add", "", "shift", []string{"c", "off"}, []string{"pos"}),
+				graph.NewNode("Add", "", "shift", []string{"c", "off"}, []string{"pos0"}))
+			if tc.reduce {
+				nodes = append(nodes,
+					graph.NewNode("Mul", "", "own", []string{"pos0", "mask"}, []string{"posm"}),
+					graph.NewNode("ReduceSum", "", "pertoken", []string{"posm", "axes"}, []string{"pos"}))
+			} else {
+				nodes = append(nodes, graph.NewNode("Identity", "", "same", []string{"pos0"}, []string{"pos"}))
 			}
 			in := []string{"pos", "limit"}
 			if !tc.posLeft {
@@ -291,6 +314,11 @@ func TestCapacityArithmetic(t *testing.T) {
 				moe.Int64Tensor("axis0", nil, []int64{0}),
 				moe.Int64Tensor("off", nil, []int64{tc.off}),
 				moe.Int64Tensor("limit", nil, []int64{tc.limit}),
+				moe.Int64Tensor("arange", []int64{4}, []int64{0, 1, 2, 3}),
+				moe.Int64Tensor("eye", []int64{4, 4}, []int64{1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}),
+				moe.Int64Tensor("zeros", []int64{4, 4}, make([]int64, 16)),
+				moe.Int64Tensor("ones", []int64{4, 1}, []int64{1, 1, 1, 1}),
+				moe.Int64Tensor("axes", []int64{1}, []int64{-1}),
 			}
 			d, err := Detect(tinyModel(nodes, inits, "x", "y"))
 			if err != nil {
