@@ -19,6 +19,9 @@ func TestFindLibrary(t *testing.T) {
 		t.Fatal(err)
 	}
 	empty := t.TempDir()
+	// Run from a folder outside the checkout, whose .ortlib (where .ci/run
+	// puts the library) would otherwise be found before the library path.
+	t.Chdir(empty)
 	cases := []struct {
 		name       string
 		env, ldDir string
