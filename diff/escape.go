@@ -29,7 +29,7 @@ func Printable(s string) string {
 			b.WriteString(`\r`)
 		case r == '\t':
 			b.WriteString(`\t`)
-		case r == '\\' && i >= 0:
+		case r == '\\':
 			b.WriteString(`\\`)
 		case needsEscape(r) && r < 0x100:
 			fmt.Fprintf(&b, `\x%02x`, r)

@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -146,7 +147,7 @@ func ReadLimited(r io.Reader, limit int64, name, what string) ([]byte, error) {
 		return nil, &InputError{File: name, Msg: "cannot read", Err: err}
 	}
 	if int64(len(b)) > limit {
-		return nil, &InputError{File: name, Msg: fmt.Sprintf("more than %d bytes, %s", limit, what), Err: ErrTooBig}
+		return nil, &InputError{File: name, Msg: fmt.Sprintf("more than %d bytes (%s)", limit, what), Err: ErrTooBig}
 	}
 	return b, nil
 }
@@ -183,7 +184,7 @@ func readOpened(f *os.File, path string, limit int64, what string) ([]byte, erro
 	case fi.Mode().IsRegular() && fi.Size() > limit:
 		return nil, &InputError{File: path, Msg: fmt.Sprintf("%d bytes, more than %s (%d bytes)", fi.Size(), what, limit), Err: ErrTooBig}
 	}
-	return ReadLimited(f, limit, path, "more than "+what)
+	return ReadLimited(f, limit, path, what)
 }
 
 // ReadModelBytes reads a serialized model from r, up to protobuf's 2 GiB
@@ -203,11 +204,7 @@ func ReadModelBytes(r io.Reader, name string) ([]byte, error) {
 	if n < 16 {
 		return head, nil
 	}
-	rest, err := ReadLimited(r, MaxReadSize-int64(n), name, "protobuf's 2 GiB limit on one model file")
-	if err != nil {
-		return nil, err
-	}
-	return append(head, rest...), nil
+	return ReadLimited(io.MultiReader(bytes.NewReader(head), r), MaxReadSize, name, "protobuf's 2 GiB limit on one message")
 }
 
 // checkHead checks that b starts with a valid protobuf field tag.

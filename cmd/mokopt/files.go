@@ -183,10 +183,10 @@ func checkSameFiles(inputs []inputRef, outs []outFile, inPlace bool) error {
 			if !inPlace && in.what == "the input model" && !w.side {
 				hint = "; use --in-place to replace the input"
 			}
-			return usageErr(fmt.Errorf("refusing to write %s %s: it is the same file as %s %s%s", w.what, w.path, in.what, in.Path, hint))
+			return usageErr(fmt.Errorf("refusing to write %s %s: it is the same file as %s (%s)%s", w.what, w.path, in.Path, in.what, hint))
 		}
 		if prev, dup := seen[id]; dup {
-			return usageErr(fmt.Errorf("refusing to write %s %s: it is the same file as %s %s", w.what, w.path, prev.what, prev.path))
+			return usageErr(fmt.Errorf("refusing to write %s %s: it is the same file as %s (%s)", w.what, w.path, prev.path, prev.what))
 		}
 		seen[id] = w
 	}
@@ -198,7 +198,7 @@ func checkSameFiles(inputs []inputRef, outs []outFile, inPlace bool) error {
 			continue
 		}
 		if prev, dup := names[abs]; dup {
-			return usageErr(fmt.Errorf("refusing to write %s %s: it is the same file as %s %s", w.what, w.path, prev.what, prev.path))
+			return usageErr(fmt.Errorf("refusing to write %s %s: it is the same file as %s (%s)", w.what, w.path, prev.path, prev.what))
 		}
 		names[abs] = w
 	}
