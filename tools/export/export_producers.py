@@ -76,7 +76,7 @@ def finish(name, cls, family, sizes, call, verdict, feeds_list, ref=None, extra=
 def _local(s):
     """Error text without this machine's paths."""
     s = s.replace(os.path.dirname(os.path.abspath(__file__)) + os.sep, "tools/export/")
-    return re.sub(r"/\S*/site-packages/", "site-packages/", s)
+    return re.sub(r"/\S*?/lib/python3\.\d+(/site-packages/|/)", "site-packages/", s)
 
 
 def fail(name, cls, family, call, e):
@@ -84,7 +84,7 @@ def fail(name, cls, family, call, e):
     while c.__cause__ is not None:
         c = c.__cause__
     MANIFEST.append({"name": name, "class": cls, "family": family, "exporter_call": call, "ok": False,
-                     "error": _local(repr(c)[:1500])})
+                     "error": _local(repr(c))[:1500]})
     print(_local(traceback.format_exc()[-1200:]), flush=True)
     print("FAIL", name, repr(c)[:500], flush=True)
     p = os.path.join(OUT, name + ".onnx")
@@ -756,33 +756,47 @@ def do_full():
         def forward(s, input_ids):
             return s.m(input_ids=input_ids, use_cache=False).logits
     # 2-layer decoders through dynamo (TorchScript cannot export transformers 5's mask code: aten::diff):
-    # Mixtral then ONNX Runtime extended-optimized; Qwen2-MoE unoptimized (optimize=False)
-    for name, fam, post in (("full_ort_extended_mixtral_dynamo", "mixtral", "ort"),
-                            ("full_dynamo_raw_qwen2_moe", "qwen2_moe", "raw")):
+    # Mixtral then ONNX Runtime extended-optimized; Qwen2-MoE unoptimized (optimize=False), smaller;
+    # Mixtral dynamically int8-quantized
+    for name, fam, post, h, mi, i in (("full_ort_extended_mixtral_dynamo", "mixtral", "ort", 64, 32, 64),
+                                      ("full_dynamo_raw_qwen2_moe", "qwen2_moe", "raw", 32, 16, 32),
+                                      ("full_int8_mixtral_dynamo", "mixtral", "int8", 64, 32, 64)):
         try:
-            moe, model = hf_block(fam, 64, 4, 2, mi=32, i=64, layers=2, impl="batched_mm")
+            moe, model = hf_block(fam, h, 4, 2, mi=mi, i=i, layers=2, impl="batched_mm")
             mod = Full(model).eval()
             g = torch.Generator().manual_seed(90)
             ids = [torch.randint(0, 128, (B, T), generator=g) for _ in range(2)]
             p = os.path.join(OUT, name + ".onnx")
+            src = p[:-5] + "_src.onnx"
             kw = dict(input_names=["input_ids"], output_names=["logits"], dynamo=True, opset_version=18, external_data=False)
             if post == "raw":
                 kw["optimize"] = False
             with torch.no_grad():
                 ref = [mod(i).numpy() for i in ids]
-                torch.onnx.export(mod, (ids[0],), p if post != "ort" else p[:-5] + "_src.onnx", **kw)
+                torch.onnx.export(mod, (ids[0],), p if post == "raw" else src, **kw)
             call = f"torch.onnx.export({type(model).__name__}(2 layers, experts batched_mm), (input_ids[{B},{T}],), ..., dynamo=True, opset_version=18"
+            verdict = {"verdict": "fuse", "E": 4, "k": 2, "blocks": 2, "shared": fam == "qwen2_moe"}
+            cls = "full_" + post
             if post == "raw":
                 call += ", optimize=False)"
-            else:
+            elif post == "ort":
                 call += "); then ORT_ENABLE_EXTENDED optimized_model_filepath (CPU EP)"
                 so = ort.SessionOptions()
                 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
                 so.optimized_model_filepath = p
-                ort.InferenceSession(p[:-5] + "_src.onnx", so, providers=["CPUExecutionProvider"])
-                os.remove(p[:-5] + "_src.onnx")
-            finish(name, "full_" + post, fam, dict(H=64, E=4, k=2, layers=2, vocab=128), call,
-                   {"verdict": "fuse", "E": 4, "k": 2, "blocks": 2, "shared": fam == "qwen2_moe"},
+                ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+            else:
+                from onnxruntime.quantization import quantize_dynamic
+                m0 = onnx.load(src)
+                del m0.graph.value_info[:]
+                onnx.save(m0, src)
+                quantize_dynamic(src, p)
+                call += "); value_info cleared; then onnxruntime.quantization.quantize_dynamic(that, '" + name + ".onnx')"
+                verdict = {"verdict": "refuse", "reason": "dynamically int8-quantized blocks", "E": 4, "k": 2, "blocks": 2, "shared": False}
+                cls, ref = "int8_dyn", None
+            if os.path.exists(src):
+                os.remove(src)
+            finish(name, cls, fam, dict(H=h, MI=mi, I=i, E=4, k=2, layers=2, vocab=128), call, verdict,
                    [[i.numpy()] for i in ids], ref=ref)
         except Exception as ex:  # noqa: BLE001
             fail(name, "full", fam, "full decoder", ex)
