@@ -129,6 +129,10 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 				c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
 				continue
 			}
+			if c.pairTokens(data, k) {
+				c.setOnce(&sd.tok, n.Output[0], "token index")
+				continue
+			}
 			if !c.flattens(data) || !c.isRoutingWeights(tk, ri, s, data) {
 				fail("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
 			}
@@ -416,6 +420,50 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	e0 := plan.Experts[0]
 	s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
 	return KindSorted
+}
+
+// pairTokens reports whether v holds each token/expert pair's token, pair
+// i being token i div k: a constant so made, or arange(tokens) given a
+// second axis, expanded to k along it and flattened.
+func (c *ctx) pairTokens(v string, k int) bool {
+	if t := c.constTensor(v); t != nil {
+		is := c.constInts(v)
+		if len(is) == 0 || len(is)%k != 0 {
+			return false
+		}
+		for i, x := range is {
+			if int(x) != i/k {
+				return false
+			}
+		}
+		return true
+	}
+	if !c.flattens(v) {
+		return false
+	}
+	ex := c.producerOp(v)
+	if ex == nil || ex.GetOpType() != "Expand" || len(ex.Input) < 2 {
+		return false
+	}
+	if sh := c.constInts(ex.Input[1]); len(sh) != 2 || int(sh[1]) != k {
+		cat := c.producerOp(ex.Input[1])
+		if cat == nil || cat.GetOpType() != "Concat" || len(cat.Input) != 2 {
+			return false
+		}
+		if kk := c.constInts(cat.Input[1]); len(kk) != 1 || int(kk[0]) != k {
+			return false
+		}
+	}
+	if c.unitLast(ex.Input[0]) == "" {
+		return false
+	}
+	r := c.producerOp(ex.Input[0])
+	if r == nil || r.GetOpType() != "Range" || len(r.Input) < 3 {
+		return false
+	}
+	st, ok1 := c.scalarInt(r.Input[0])
+	d, ok2 := c.scalarInt(r.Input[2])
+	return ok1 && ok2 && st == 0 && d == 1
 }
 
 // permutes reports whether n puts rows back in pair order by the inverse of
@@ -1028,7 +1076,7 @@ func (c *ctx) unitLast(v string) string {
 				return ""
 			}
 			r := c.rankOf(p.Input[0])
-			if r < 0 && c.flattens(p.Input[0]) {
+			if q := c.producerOp(p.Input[0]); r < 0 && (c.flattens(p.Input[0]) || q != nil && q.GetOpType() == "Range") {
 				r = 1
 			}
 			if axes[0] == -1 || r >= 0 && int(axes[0]) == r {

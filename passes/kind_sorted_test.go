@@ -28,6 +28,8 @@ type sortedOpts struct {
 	countSorted      bool   // with equalCounts: count the sorted ids
 	unsort           string // "scatter" or "gather": outputs put back in pair order, then weighted and summed over k
 	unsortWeighted   bool   // with unsort: weight by the sorted weights before putting back
+	tokGather        string // "const" or "range": the pairs' tokens gathered by the permutation from token_of_pair
+	breakTok         bool   // with tokGather "const": each pair given the next pair's token
 	bias             bool   // an output bias after the scatter
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
@@ -161,7 +163,24 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		div = int64(o.breakDiv)
 	}
 	tok := perm
-	if !o.noDiv {
+	switch {
+	case o.tokGather == "const":
+		n := o.B * o.S * K
+		tp := make([]int64, n)
+		for i := range tp {
+			tp[i] = int64(i / K)
+			if o.breakTok {
+				tp[i] = int64((i + 1) % n / K)
+			}
+		}
+		tok = one("Gather", []string{ints(tp...), perm}, graph.IntAttr("axis", 0))
+	case o.tokGather == "range":
+		T := one("Gather", []string{one("Shape", []string{x2}), scalarI(0)}, graph.IntAttr("axis", 0))
+		ar := one("Unsqueeze", []string{one("Range", []string{scalarI(0), T, scalarI(1)}), ints(1)})
+		shp := one("Concat", []string{one("Unsqueeze", []string{T, ints(0)}), ints(int64(K))}, graph.IntAttr("axis", 0))
+		tp := one("Reshape", []string{one("Expand", []string{ar, shp}), ints(-1)})
+		tok = one("Gather", []string{tp, perm}, graph.IntAttr("axis", 0))
+	case !o.noDiv:
 		tok = one("Div", []string{perm, scalarI(div)})
 	}
 	if o.rawGates {
@@ -393,6 +412,8 @@ func TestSortedSynthetic(t *testing.T) {
 		{"unsorted by ScatterND, weighted per pair", func(o *sortedOpts) { o.unsort = "scatter"; o.bias = true }, "softmax_topk_act_swiglu"},
 		{"unsorted by the inverse permutation", func(o *sortedOpts) { o.unsort = "gather"; o.E, o.K = 6, 3 }, "softmax_topk_act_swiglu"},
 		{"weighted, then unsorted", func(o *sortedOpts) { o.unsort = "scatter"; o.unsortWeighted = true }, "softmax_topk_act_swiglu"},
+		{"tokens of the pairs, constant", func(o *sortedOpts) { o.tokGather = "const"; o.unsort = "gather"; o.unsortWeighted = true }, "softmax_topk_act_swiglu"},
+		{"tokens of the pairs, arange", func(o *sortedOpts) { o.tokGather = "range"; o.bias = true }, "softmax_topk_act_swiglu"},
 		{"counts of the sorted ids", func(o *sortedOpts) { o.equalCounts, o.countSorted = true, true }, "softmax_topk_act_swiglu"},
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
@@ -455,6 +476,7 @@ func TestSortedRefused(t *testing.T) {
 		{"weights without the softmax", "no router activation", func(o *sortedOpts) { o.rawGates = true }},
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
 		{"counts of twos", "not a one-hot of the top-k indices", func(o *sortedOpts) { o.breakOnes = true }},
+		{"pairs given the next pair's token", "something other than the flattened routing weights", func(o *sortedOpts) { o.tokGather, o.breakTok = "const", true }},
 		{"split by constant sizes", "a trace baked in the group sizes", func(o *sortedOpts) { o.breakSplit = "const" }},
 		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
 	}
