@@ -62,7 +62,7 @@ func (c *ctx) capacityRouters() []*capacityRouter {
 	byRouter := map[*pb.NodeProto]*capacityRouter{}
 	var out []*capacityRouter
 	for _, n := range c.topo {
-		if n.GetOpType() != "CumSum" || n.GetDomain() != "" || len(n.Input) < 1 {
+		if n.GetOpType() != "CumSum" || n.GetDomain() != "" || len(n.Input) < 1 || len(n.Output) < 1 {
 			continue
 		}
 		sel := c.oneHotSelection(n.Input[0], 0)
@@ -255,7 +255,7 @@ func (c *ctx) capacityCompares(cs *pb.NodeProto) []capacityCmp {
 				continue
 			}
 			next := item{n.Output[0], it.offset, it.depth + 1}
-			if op == "Sub" || op == "Add" {
+			if (op == "Sub" || op == "Add") && len(n.Input) == 2 {
 				other := n.Input[1]
 				if other == it.v {
 					if op == "Sub" {

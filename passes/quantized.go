@@ -87,7 +87,7 @@ func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool) quantFinding {
 				continue // the experts' outputs are combined: the block ends here
 			}
 			if op == "TopK" || op == "MatMul" || op == "Gemm" {
-				if op == "TopK" || c.isConst(n.Input[1]) || c.weightBehind(n.Input[1]) {
+				if op == "TopK" || len(n.Input) < 2 || c.isConst(n.Input[1]) || c.weightBehind(n.Input[1]) {
 					continue // another block's router, or a float weight linear
 				}
 			}
@@ -186,6 +186,9 @@ func (c *ctx) describeQuant(n *pb.NodeProto) string {
 		if t := c.constTensor(n.Input[w]); t != nil {
 			s += fmt.Sprintf(" (weight %q %s %v)", t.GetName(), strings.ToLower(graph.DataType(t).String()), t.GetDims())
 		}
+	}
+	if len(n.Input) == 0 {
+		return s
 	}
 	if p := c.producerOp(n.Input[0]); p != nil && p.GetOpType() == "DynamicQuantizeLinear" {
 		s += fmt.Sprintf(" over DynamicQuantizeLinear %q", graph.NodeLabel(p))
