@@ -90,6 +90,13 @@ func TestContribDecompositions(t *testing.T) {
 			ref: func(map[string]*eval.Tensor) map[string]*eval.Tensor {
 				return map[string]*eval.Tensor{"y": matmul2(a, b32, true, false, 1)}
 			}},
+		{name: "transposematmul (older name)", nodes: []*pb.NodeProto{msNode("TransposeMatMul", []string{"a", "bt"}, []string{"y"}, graph.IntAttr("transB", 1))}, extra: msImport,
+			inputs: map[string]*eval.Tensor{"a": a, "bt": bt}, outputs: []string{"y"}, want: map[string]int{"MatMul": 1, "Transpose": 1},
+			ref: func(map[string]*eval.Tensor) map[string]*eval.Tensor {
+				return map[string]*eval.Tensor{"y": matmul2(a, bt, false, true, 1)}
+			}},
+		{name: "fusedmatmul batch transpose kept", nodes: []*pb.NodeProto{msNode("FusedMatMul", []string{"a", "bt"}, []string{"y"}, graph.IntAttr("transBatchA", 1))}, extra: msImport,
+			inputs: map[string]*eval.Tensor{"a": a, "bt": bt}, outputs: []string{"y"}, noChange: true},
 		{name: "gelu", nodes: []*pb.NodeProto{msNode("Gelu", []string{"x"}, []string{"y"})}, extra: msImport,
 			inputs: in, outputs: []string{"y"}, want: map[string]int{"Erf": 1},
 			ref: func(map[string]*eval.Tensor) map[string]*eval.Tensor {

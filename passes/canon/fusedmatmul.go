@@ -11,16 +11,17 @@ import (
 // transB), alpha * (A' @ B') with A', B' transposed on their last two axes
 // when asked, into Transpose, MatMul and a Mul by alpha (left out when alpha
 // is 1). A transpose needs its operand's rank. transBatchA/transBatchB are
-// left fused, with a note.
+// left fused, with a note. com.microsoft::TransposeMatMul, the op's older
+// name with the same attributes, is read the same way.
 var FusedMatMul = Rule{
 	Name: "contrib-fusedmatmul",
-	Ops:  []string{msDomain + "::FusedMatMul"},
+	Ops:  []string{msDomain + "::FusedMatMul", msDomain + "::TransposeMatMul"},
 	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
 		if len(n.Input) != 2 || len(n.Output) != 1 {
 			return false, nil
 		}
 		if graph.AttrInt(n, "transBatchA", 0) != 0 || graph.AttrInt(n, "transBatchB", 0) != 0 {
-			w.note(fmt.Sprintf("com.microsoft::FusedMatMul %s kept: batch transposes are not decomposed", graph.NodeLabel(n)))
+			w.note(fmt.Sprintf("com.microsoft::%s %s kept: batch transposes are not decomposed", n.GetOpType(), graph.NodeLabel(n)))
 			return false, nil
 		}
 		var nodes []*pb.NodeProto
