@@ -30,6 +30,7 @@ type sortedOpts struct {
 	unsortWeighted   bool   // with unsort: weight by the sorted weights before putting back
 	tokGather        string // "const" or "range": the pairs' tokens gathered by the permutation from token_of_pair
 	breakTok         bool   // with tokGather "const": each pair given the next pair's token
+	halveUp          bool   // the up half scaled by 0.5 (no activation mokopt reads: only the numerical check can tell)
 	bias             bool   // an output bias after the scatter
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
@@ -276,6 +277,9 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		if o.gateSecond {
 			g, u = u, g
 		}
+		if o.halveUp {
+			u = one("Mul", []string{u, floats(nil, []float32{0.5})})
+		}
 		a := one("Mul", []string{silu(g), u})
 		as := groups(a)
 		for e := range E {
@@ -477,6 +481,7 @@ func TestSortedRefused(t *testing.T) {
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
 		{"counts of twos", "not a one-hot of the top-k indices", func(o *sortedOpts) { o.breakOnes = true }},
 		{"pairs given the next pair's token", "something other than the flattened routing weights", func(o *sortedOpts) { o.tokGather, o.breakTok = "const", true }},
+		{"up half scaled", "numerical check", func(o *sortedOpts) { o.halveUp = true }},
 		{"split by constant sizes", "a trace baked in the group sizes", func(o *sortedOpts) { o.breakSplit = "const" }},
 		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
 	}
