@@ -237,6 +237,9 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		op := n.GetOpType()
 		if t0.order > 0 || t0.stage < 2 && c.permutes(n, sd.perm) {
 			if c.pairOrder(n, t0, tagged, sd, tk, ri, s, set) {
+				if combine != nil {
+					fail("the weighted expert outputs are summed over the pairs twice")
+				}
 				combine = n
 			}
 			continue
