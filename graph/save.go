@@ -492,21 +492,30 @@ var ErrInvalidOutput = errors.New("the model to write fails the checker")
 // ErrInvalidOutput listing the problems, or nil.
 func (m *Model) CheckOutput() error {
 	var errs []error
-	g := NewGraph(m.Proto.Graph)
-	errs = append(errs, g.Validate()...)
-	opset := m.Opset("")
-	for _, n := range m.Proto.Graph.Node {
-		if err := checkArity(n, opset); err != nil {
-			errs = append(errs, err)
+	// The main graph as a body without enclosing scope (a leaner pass than
+	// building a Graph index): values produced once, nothing read that
+	// nothing defines, no cycle, every output defined.
+	gp := m.Proto.Graph
+	local := make(map[string]bool, len(gp.Input)+len(gp.Initializer)+len(gp.Node))
+	for _, t := range gp.Initializer {
+		if local[t.GetName()] {
+			errs = append(errs, fmt.Errorf("initializer %q is defined more than once", t.GetName()))
+		}
+		local[t.GetName()] = true
+	}
+	for _, v := range gp.Input {
+		local[v.GetName()] = true // an input may also be an initializer (IR < 4)
+	}
+	errs = append(errs, checkNodeList(gp.Node, local, nil, "main graph")...)
+	for _, v := range gp.Output {
+		if nm := v.GetName(); !local[nm] {
+			errs = append(errs, fmt.Errorf("graph output %q is not defined", nm))
 		}
 	}
-	if g.dupInit {
-		seen := map[string]bool{}
-		for _, t := range m.Proto.Graph.Initializer {
-			if seen[t.GetName()] {
-				errs = append(errs, fmt.Errorf("initializer %q is defined more than once", t.GetName()))
-			}
-			seen[t.GetName()] = true
+	opset := m.Opset("")
+	for _, n := range gp.Node {
+		if err := checkArity(n, opset); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	for _, t := range allInitializers(m.Proto) {

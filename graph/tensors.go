@@ -37,6 +37,13 @@ func otherTensors(mp *pb.ModelProto) []placedTensor {
 	nodes = func(ns []*pb.NodeProto, where string) {
 		for _, n := range ns {
 			for _, a := range n.Attribute {
+				walk(a.G, where)
+				for _, sg := range a.Graphs {
+					walk(sg, where)
+				}
+				if a.T == nil && len(a.Tensors) == 0 && a.SparseTensor == nil && len(a.SparseTensors) == 0 {
+					continue
+				}
 				label := fmt.Sprintf("%snode %q attribute %q", where, NodeLabel(n), a.GetName())
 				if a.T != nil {
 					out = append(out, placedTensor{a.T, label})
@@ -47,10 +54,6 @@ func otherTensors(mp *pb.ModelProto) []placedTensor {
 				sparse(a.SparseTensor, label)
 				for i, st := range a.SparseTensors {
 					sparse(st, fmt.Sprintf("%s[%d]", label, i))
-				}
-				walk(a.G, where)
-				for _, sg := range a.Graphs {
-					walk(sg, where)
 				}
 			}
 		}
@@ -103,6 +106,9 @@ func (m *Model) tensorLabel(t *pb.TensorProto) string {
 // a cycle inside a body, and a read of a value that neither the body nor an
 // enclosing scope defines.
 func checkBodies(mp *pb.ModelProto) []error {
+	if !hasBodies(mp) {
+		return nil
+	}
 	var errs []error
 	main := map[string]bool{}
 	for _, v := range mp.Graph.Input {
@@ -169,6 +175,22 @@ func checkBodies(mp *pb.ModelProto) []error {
 	return errs
 }
 
+// hasBodies reports whether a node of the main graph holds a subgraph or
+// the model has functions.
+func hasBodies(mp *pb.ModelProto) bool {
+	if len(mp.Functions) > 0 {
+		return true
+	}
+	for _, n := range mp.Graph.Node {
+		for _, a := range n.Attribute {
+			if a.G != nil || len(a.Graphs) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func inScopes(scopes []map[string]bool, name string) bool {
 	for _, s := range scopes {
 		if s[name] {
@@ -185,7 +207,7 @@ func inScopes(scopes []map[string]bool, name string) bool {
 // nested body is).
 func checkNodeList(ns []*pb.NodeProto, local map[string]bool, scopes []map[string]bool, where string) []error {
 	var errs []error
-	prod := map[string]int{}
+	prod := make(map[string]int, len(ns))
 	for i, n := range ns {
 		for _, o := range n.Output {
 			if o == "" {
