@@ -436,3 +436,26 @@ func TestFloatBlockBeforeQuantizedLinear(t *testing.T) {
 		t.Fatalf("blocks %d, near-misses %+v; want the float block fused", len(d.Blocks), d.NearMiss)
 	}
 }
+
+// TestRefusalMalformedNoPanic: nodes with missing inputs or outputs on the
+// capacity and quantized paths give a result, never a panic.
+func TestRefusalMalformedNoPanic(t *testing.T) {
+	nodes := []*pb.NodeProto{
+		graph.NewNode("MatMul", "", "router", []string{"x", "w"}, []string{"logits"}),
+		graph.NewNode("Softmax", "", "sm", []string{"logits"}, []string{"p"}),
+		graph.NewNode("ArgMax", "", "pick", []string{"p"}, []string{"idx"}),
+		graph.NewNode("OneHot", "", "onehot", []string{"idx"}, []string{"mask"}),
+		graph.NewNode("CumSum", "", "count", []string{"mask"}, []string{"c"}),
+		graph.NewNode("CumSum", "", "nothing", []string{"mask"}, nil),
+		graph.NewNode("Sub", "", "half", []string{"c"}, []string{"pos"}),
+		graph.NewNode("Less", "", "cap", []string{"pos"}, []string{"keep"}),
+		graph.NewNode("TopK", "", "tk", []string{"p"}, []string{"v", "i"}),
+		graph.NewNode("MatMulInteger", "", "mmi", []string{"w"}, []string{"acc"}),
+		graph.NewNode("Add", "", "y", []string{"keep", "acc", "i"}, []string{"y"}),
+	}
+	m := tinyModel(nodes, []*pb.TensorProto{moe.Float32Tensor("w", []int64{8, 4}, make([]float32, 32))}, "x", "y")
+	d, err := Detect(m)
+	if err == nil && d == nil {
+		t.Fatal("no detection and no error")
+	}
+}
