@@ -144,6 +144,7 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 	}
 	wc := m.WorkingCopy()
 	w := newWork(wc, opt)
+	w.orig = dw.G
 	if err := Apply(ctx, w, rules, res); err != nil {
 		return nil, nil, err
 	}
@@ -162,6 +163,7 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 		}
 	}
 	w.flush()
+	w.reserveGone()
 	wc.KeepIndex(w.G)
 	res.Notes = append(res.Notes, w.notes...)
 	return wc, res, nil

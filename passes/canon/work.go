@@ -29,7 +29,12 @@ type Work struct {
 	notes []string
 	// dry: nothing is edited; the first rule that would change the graph
 	// ends the run (see Canonicalize).
-	dry     bool
+	dry bool
+	// orig indexes the original model, whose value names NewName never
+	// hands out (a name the working copy dropped still means the
+	// original's value there); gone lists the outputs of removed nodes.
+	orig    *graph.Graph
+	gone    []string
 	removed map[*pb.NodeProto]bool
 	types   map[string]*pb.TypeProto_Tensor // declared tensor types by value name
 	consts  map[string]*eval.Tensor
@@ -81,6 +86,7 @@ func (w *Work) Opset() int64 { return w.M.Opset("") }
 func (w *Work) Remove(n *pb.NodeProto) {
 	if !w.dry {
 		w.removed[n] = true
+		w.gone = append(w.gone, n.Output...)
 	}
 }
 
@@ -91,6 +97,7 @@ func (w *Work) Replace(n *pb.NodeProto, nodes ...*pb.NodeProto) {
 		return
 	}
 	w.removed[n] = true
+	w.gone = append(w.gone, n.Output...)
 	for _, r := range nodes {
 		w.G.AddNode(r)
 	}
@@ -164,6 +171,7 @@ func (w *Work) Drop(n *pb.NodeProto, in string) bool {
 		return true
 	}
 	w.removed[n] = true
+	w.gone = append(w.gone, out)
 	for _, c := range w.Consumers(out) {
 		// Nodes may be shared with the original model: edit a clone.
 		r := proto.Clone(c).(*pb.NodeProto)
@@ -183,7 +191,24 @@ func (w *Work) NewName(prefix string) string {
 	if w.dry {
 		return prefix
 	}
-	return w.G.UniqueName(prefix)
+	name := w.G.UniqueName(prefix)
+	for w.orig != nil && w.orig.ValueID(name) >= 0 {
+		name = w.G.UniqueName(prefix) // the last one is reserved now
+	}
+	return name
+}
+
+// reserveGone reserves, in the working copy's index, the names of the
+// values removed nodes produced that nothing produces any more, so that
+// names handed out later (by the matcher's rewrite) never reuse one: every
+// name of the working copy then either means what it means in the
+// original or is new to both.
+func (w *Work) reserveGone() {
+	for _, o := range w.gone {
+		if o != "" && w.G.Producer(o) == nil && w.G.Initializer(o) == nil {
+			w.G.UniqueName(o)
+		}
+	}
 }
 
 // SetOpset imports domain at version into the working copy.
