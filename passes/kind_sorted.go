@@ -1193,6 +1193,18 @@ func (c *ctx) constFloatsAny(v string) []float64 {
 func (c *ctx) isFilled(v string, f float64) bool {
 	v = c.through(v)
 	if t := c.constTensor(v); t != nil {
+		if f == 0 { // zeros of a static shape, however many: all bytes zero
+			b, err := c.m.TensorBytes(t)
+			if err != nil || len(b) == 0 {
+				return false
+			}
+			for _, x := range b {
+				if x != 0 {
+					return false
+				}
+			}
+			return true
+		}
 		vals := c.constFloatsAny(v)
 		if vals == nil {
 			return false
