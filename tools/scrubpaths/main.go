@@ -6,10 +6,11 @@
 //
 //	go run ./tools/scrubpaths FILE.onnx...
 //
-// A path inside a Python installation becomes the part after
+// An absolute path inside a Python installation becomes the part after
 // "site-packages/" (e.g. transformers/models/olmoe/modeling_olmoe.py); any
-// other path becomes its base name (export_moe.py). Files are rewritten in
-// place only when something changed. Models with external data are refused.
+// other absolute path becomes its base name (export_moe.py); relative paths
+// are kept. Files are rewritten in place only when something changed. Models
+// with external data are refused.
 package main
 
 import (
@@ -28,13 +29,13 @@ var fileRef = regexp.MustCompile(`File "([^"]+)"`)
 
 // relative returns the scrubbed form of one traceback path.
 func relative(p string) string {
+	if !strings.HasPrefix(p, "/") && !(len(p) > 2 && p[1] == ':' && (p[2] == '\\' || p[2] == '/')) {
+		return p
+	}
 	if i := strings.LastIndex(p, "site-packages/"); i >= 0 {
 		return p[i+len("site-packages/"):]
 	}
-	if strings.Contains(p, "/") {
-		return path.Base(p)
-	}
-	return p
+	return path.Base(strings.ReplaceAll(p, "\\", "/"))
 }
 
 // scrub rewrites the paths in one metadata value and reports whether it changed.
