@@ -289,6 +289,13 @@ func TestFlagAndFolderRefusals(t *testing.T) {
 			}
 		})
 	}
+	// /proc takes no new files, even from root.
+	if fi, err := os.Stat("/proc"); err == nil && fi.IsDir() {
+		code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", "/proc/mokopt-out.onnx"})
+		if code != 2 || !strings.Contains(msg, "not writable") {
+			t.Fatalf("unwritable folder: exit %d: %s", code, msg)
+		}
+	}
 	if os.Geteuid() != 0 {
 		ro := filepath.Join(dir, "ro")
 		os.Mkdir(ro, 0o555)
