@@ -603,6 +603,9 @@ func (c *ctx) groupSlice(n *pb.NodeProto, E int) (int, string) {
 	if cnt == "" {
 		cnt = ce
 	}
+	if bs == -2 || be == -2 {
+		fail("%q slices the sorted rows at constant bounds: a trace baked in the group sizes of its own input, so the graph is right only for inputs routed exactly like it; the bounds must be running sums of the per-expert counts", graph.NodeLabel(n))
+	}
 	if bs < 0 || be != bs+1 || bs >= E || cnt == "" || cs != "" && ce != "" && cs != ce {
 		fail("%q slices the sorted rows other than from one expert group's start to its end", graph.NodeLabel(n))
 	}
@@ -611,7 +614,8 @@ func (c *ctx) groupSlice(n *pb.NodeProto, E int) (int, string) {
 
 // groupBound returns which group boundary v holds (b: the number of rows
 // of experts 0..b-1) and the counts it sums ("" for a constant bound), or
-// -1.
+// -1, or -2 for a constant row number other than the first or past the
+// last.
 func (c *ctx) groupBound(v string, E int) (int, string) {
 	if is := c.constInts(v); len(is) == 1 {
 		switch {
@@ -620,7 +624,7 @@ func (c *ctx) groupBound(v string, E int) (int, string) {
 		case is[0] >= 1<<31-1: // past the end
 			return E, ""
 		}
-		return -1, ""
+		return -2, "" // a row number baked in by a trace
 	}
 	offs, j := c.countPiece(v)
 	if offs == "" {

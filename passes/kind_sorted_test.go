@@ -37,7 +37,7 @@ type sortedOpts struct {
 	rawGates         bool   // weight by the top-k logits instead of their softmax
 	gelu             bool   // a two-layer GELU MLP per expert
 	equalCounts      bool   // counts from ids[:, None] == arange(E) over the flattened ids
-	sliceGroups      string // "inclusive", "exclusive" or "padded": groups sliced between running sums of the counts
+	sliceGroups      string // "inclusive", "exclusive" or "padded": groups sliced between running sums of the counts; "traced": at constant rows
 	breakSlice       bool   // the first group sliced over two experts' rows
 	gemmBias         bool   // per-expert projections as Gemm with per-expert biases
 	half             bool   // float16 input and output around a float32 block
@@ -200,6 +200,8 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 				return ints(0)
 			case b == E:
 				return ints(1<<62 + 1)
+			case o.sliceGroups == "traced": // the trace input's group sizes, baked in
+				return ints(int64(b * o.B * o.S * K / E))
 			case o.sliceGroups == "exclusive":
 				return one("Slice", []string{offs, ints(int64(b)), ints(int64(b + 1))})
 			case o.sliceGroups == "padded":
@@ -482,6 +484,7 @@ func TestSortedRefused(t *testing.T) {
 		{"counts of twos", "not a one-hot of the top-k indices", func(o *sortedOpts) { o.breakOnes = true }},
 		{"pairs given the next pair's token", "something other than the flattened routing weights", func(o *sortedOpts) { o.tokGather, o.breakTok = "const", true }},
 		{"up half scaled", "numerical check", func(o *sortedOpts) { o.halveUp = true }},
+		{"groups sliced at constant rows", "slices the sorted rows at constant bounds", func(o *sortedOpts) { o.sliceGroups = "traced" }},
 		{"split by constant sizes", "a trace baked in the group sizes", func(o *sortedOpts) { o.breakSplit = "const" }},
 		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
 	}
