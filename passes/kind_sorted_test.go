@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	rand2 "math/rand/v2"
 	"strings"
 	"testing"
 
@@ -504,6 +505,42 @@ func TestSortedRefused(t *testing.T) {
 			// one block, one report: the sort is not a candidate of its own
 			if got := len(rep.NearMiss) + len(rep.Refused); got != 1 {
 				t.Fatalf("%d reports, want 1: %+v %+v", got, rep.NearMiss, rep.Refused)
+			}
+		})
+	}
+}
+
+// TestSortedSyntheticInvariance rewrites synthetic sort-based blocks of
+// every dispatch form under random valid node orders and renamings: each
+// gives the same fused node (see fusedSummary) as the builder's order.
+func TestSortedSyntheticInvariance(t *testing.T) {
+	base := sortedOpts{E: 4, K: 2, H: 16, I: 8, B: 2, S: 5}
+	variants := []func(o *sortedOpts){
+		func(o *sortedOpts) { o.bias = true },
+		func(o *sortedOpts) { o.separate, o.gatesPerGroup, o.sliceGroups = true, true, "exclusive" },
+		func(o *sortedOpts) { o.unsort, o.tokGather = "gather", "range" },
+		func(o *sortedOpts) { o.unsort, o.unsortWeighted, o.listCounts = "scatter", true, true },
+		func(o *sortedOpts) { o.oneHot, o.oneHotTwice, o.scatterElements, o.gemmBias = true, true, true, true },
+	}
+	for i, mod := range variants {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			o := base
+			mod(&o)
+			m := sortedModel(o, int64(i+1))
+			rep, err := Rewrite(m, Options{Check: true})
+			if err != nil || len(rep.Fused) != 1 {
+				t.Fatalf("builder order: %v, %+v", err, rep)
+			}
+			want := fusedSummary(t, m, rep, err, nil)
+			rng := rand2.New(rand2.NewPCG(uint64(i), 11))
+			for trial := range 5 {
+				m := sortedModel(o, int64(i+1))
+				shuffleOrder(m.Proto.Graph, rng)
+				back := renameAll(m.Proto.Graph, rng)
+				rep, err := Rewrite(m, Options{Check: true})
+				if got := fusedSummary(t, m, rep, err, back); got != want {
+					t.Fatalf("trial %d: %v\n got %.400s\nwant %.400s", trial, err, got, want)
+				}
 			}
 		})
 	}
