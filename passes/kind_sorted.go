@@ -110,6 +110,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	// The permutation gives each sorted pair its token (perm div k) and its
 	// routing weight (the flattened weights gathered by perm).
 	xIn := c.through(ri.x)
+	var other []*pb.NodeProto // gathers by perm of something else
 	for _, n := range c.consumersThrough(sd.perm) {
 		if !c.inLimit(n) {
 			continue
@@ -134,7 +135,8 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 				continue
 			}
 			if !c.flattens(data) || !c.isRoutingWeights(tk, ri, s, data) {
-				fail("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
+				other = append(other, n) // the pipeline's, or refused below
+				continue
 			}
 			c.setOnce(&sd.gates, n.Output[0], "sorted routing weights")
 		case op == "Shape" || op == "Size":
@@ -177,6 +179,14 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	}
 	if sd.xs == "" {
 		fail("the tokens are not gathered in sorted order")
+	}
+	if len(other) > 0 {
+		fromX := c.reachFrom(sd.xs)
+		for _, n := range other {
+			if !fromX.has(n) { // else the expert pipeline checks it
+				fail("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
+			}
+		}
 	}
 
 	// The sorted routing weights, whole or split into the expert groups.

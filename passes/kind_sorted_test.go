@@ -32,6 +32,7 @@ type sortedOpts struct {
 	tokGather        string // "const" or "range": the pairs' tokens gathered by the permutation from token_of_pair
 	breakTok         bool   // with tokGather "const": each pair given the next pair's token
 	halveUp          bool   // the up half scaled by 0.5 (no activation mokopt reads: only the numerical check can tell)
+	perPair          bool   // first projections put back in pair order between the projections
 	bias             bool   // an output bias after the scatter
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
 	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
@@ -275,6 +276,11 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 			hs = append(hs, perExpert(wIn, e, segs[e]))
 		}
 		h := one("Concat", hs, graph.IntAttr("axis", 0))
+		if o.perPair { // back to pair order and sorted again, as a mixture of attention does
+			zp := one("ConstantOfShape", []string{one("Shape", []string{h})}, zeroF)
+			pairs := one("ScatterND", []string{zp, one("Unsqueeze", []string{perm, ints(1)}), h})
+			h = one("Gather", []string{pairs, perm}, graph.IntAttr("axis", 0))
+		}
 		ch := add("Split", []string{h, ints(int64(I), int64(I))}, 2, graph.IntAttr("axis", -1))
 		g, u := ch[0], ch[1]
 		if o.gateSecond {
@@ -483,9 +489,10 @@ func TestSortedRefused(t *testing.T) {
 		{"weights without the softmax", "no router activation", func(o *sortedOpts) { o.rawGates = true }},
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
 		{"counts of twos", "not a one-hot of the top-k indices", func(o *sortedOpts) { o.breakOnes = true }},
-		{"pairs given the next pair's token", "something other than the flattened routing weights", func(o *sortedOpts) { o.tokGather, o.breakTok = "const", true }},
+		{"pairs given the next pair's token", "does not give the pairs' tokens", func(o *sortedOpts) { o.tokGather, o.breakTok = "const", true }},
 		{"up half scaled", "numerical check", func(o *sortedOpts) { o.halveUp = true }},
 		{"groups sliced at constant rows", "slices the sorted rows at constant bounds", func(o *sortedOpts) { o.sliceGroups = "traced" }},
+		{"per-pair outputs", "before the experts' down projections", func(o *sortedOpts) { o.perPair = true }},
 		{"split by constant sizes", "a trace baked in the group sizes", func(o *sortedOpts) { o.breakSplit = "const" }},
 		{"tokens by the wrong division", "not by top_k", func(o *sortedOpts) { o.breakDiv = 3 }},
 	}
