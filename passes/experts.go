@@ -699,7 +699,7 @@ func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
 			l1 = append(l1, e)
 		}
 	}
-	if l2 == nil || len(l1) != 2 {
+	if l2 == nil || len(l1) != 2 && len(l1) != 1 {
 		fail("shared expert is not a SwiGLU MLP (%d input projections)", len(l1))
 	}
 	tmp := moe.Spec{}
@@ -707,8 +707,8 @@ func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
 	if tmp.Activation != moe.SwiGLU || rs.gateB != nil || rs.upB != nil || rs.downB != nil {
 		fail("shared expert is not a plain SwiGLU MLP")
 	}
-	plan.SharedGate = &Proj{Init: rs.gate.w.t, Expert: -1, InOut: rs.gate.inOut}
-	plan.SharedUp = &Proj{Init: rs.up.w.t, Expert: -1, InOut: rs.up.inOut}
+	plan.SharedGate = &Proj{Init: rs.gate.w.t, Expert: -1, InOut: rs.gate.inOut, Part: rs.gate.part}
+	plan.SharedUp = &Proj{Init: rs.up.w.t, Expert: -1, InOut: rs.up.inOut, Part: rs.up.part}
 	plan.SharedDown = &Proj{Init: rs.down.w.t, Expert: -1, InOut: rs.down.inOut}
 	d := rs.down.w.t.GetDims()
 	s.SharedInter = int(d[1])

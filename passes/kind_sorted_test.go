@@ -45,6 +45,7 @@ type sortedOpts struct {
 	half             bool   // float16 input and output around a float32 block
 	unbindCounts     bool   // split sizes from the counts split into one-element pieces
 	shared           bool   // a SwiGLU shared expert added to the scattered outputs
+	sharedFused      bool   // the shared expert with one fused gate_up projection (GraniteMoeShared)
 	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string // "const": split by constant sizes
 	breakDiv         int    // divide the permutation by this instead of K
@@ -340,13 +341,19 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 	} else {
 		sc = one("ScatterND", []string{zTH, one("Unsqueeze", []string{back, ints(1)}), ow}, graph.StringAttr("reduction", "add"))
 	}
-	if o.shared {
+	if o.shared || o.sharedFused {
 		Is := int64(2 * I)
 		mm := func(in string, r, c int64) string {
 			return one("MatMul", []string{in, floats([]int64{r, c}, rnd(int(r*c), 0.5))})
 		}
-		g := mm(x2, int64(H), Is)
-		a := one("Mul", []string{silu(g), mm(x2, int64(H), Is)})
+		var g, u string
+		if o.sharedFused { // one [H, 2·Is] projection, chunked: gate first
+			gu := add("Split", []string{mm(x2, int64(H), 2*Is), ints(Is, Is)}, 2, graph.IntAttr("axis", -1))
+			g, u = gu[0], gu[1]
+		} else {
+			g, u = mm(x2, int64(H), Is), mm(x2, int64(H), Is)
+		}
+		a := one("Mul", []string{silu(g), u})
 		sc = one("Add", []string{sc, mm(a, Is, int64(H))})
 	}
 	y := one("Reshape", []string{sc, one("Shape", []string{"x"})})
@@ -420,6 +427,7 @@ func TestSortedSynthetic(t *testing.T) {
 		{"Gemm biases, separate gate and up", func(o *sortedOpts) { o.gemmBias = true; o.separate = true }, "softmax_topk_act_swiglu_ebias"},
 		{"float16 input and output", func(o *sortedOpts) { o.half = true }, "softmax_topk_act_swiglu_f16io"},
 		{"shared expert", func(o *sortedOpts) { o.shared = true; o.bias = true }, "softmax_topk_act_swiglu_shared"},
+		{"shared expert, fused gate_up", func(o *sortedOpts) { o.sharedFused = true }, "softmax_topk_act_swiglu_shared"},
 		{"unbound counts", func(o *sortedOpts) { o.unbindCounts = true }, "softmax_topk_act_swiglu"},
 		{"counts by comparison", func(o *sortedOpts) { o.equalCounts = true }, "softmax_topk_act_swiglu"},
 		{"unsorted by ScatterND, weighted per pair", func(o *sortedOpts) { o.unsort = "scatter"; o.bias = true }, "softmax_topk_act_swiglu"},
