@@ -92,10 +92,10 @@ type sortedTag struct{ stage, seg, order int }
 func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
 	E, k := s.NumExperts, s.TopK
 	sd := &sortedDispatch{}
-	ids := expertIDs{c.through(tk.Output[1]), c.through(sortTK.Output[0])}
 	if len(sortTK.Output) < 2 || len(sortTK.Input) < 2 {
 		fail("sort %q lacks its permutation output", graph.NodeLabel(sortTK))
 	}
+	ids := expertIDs{c.through(tk.Output[1]), c.through(sortTK.Output[0])}
 	if ax := graph.AttrInt(sortTK, "axis", -1); ax != 0 && ax != -1 {
 		fail("sort %q runs along axis %d, not over the flattened pairs", graph.NodeLabel(sortTK), ax)
 	}
