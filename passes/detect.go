@@ -724,7 +724,9 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 			} else {
 				v = a
 			}
-			c.groupInfo(p, ri)
+			if err := c.groupInfo(p, ri); err != nil {
+				fail("%v", err)
+			}
 			continue
 		case "Add":
 			a, bb := p.Input[0], p.Input[1]
@@ -827,30 +829,32 @@ func (c *ctx) isActivated(v string) bool {
 // (its k is topk_group) whose input reduces a [.., n_group, E/n_group]
 // reshape of the choice scores, either as the sum of each group's two best
 // (a ReduceSum over an inner TopK, DeepSeek-V3) or as each group's best
-// (a ReduceMax, DeepSeek-V2's group_limited_greedy).
-func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
+// (a ReduceMax, DeepSeek-V2's group_limited_greedy). It says why when they
+// cannot be read.
+func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) error {
 	// The group selection lies between the router linear and the mask: the
 	// walk does not go on through weight matmuls into earlier layers.
 	back := c.backwardTo(where.Input[0], func(n *pb.NodeProto) bool { return c.expertMatMul(n) != nil })
-	groupsRead := false
+	// The nodes come from a map: what is read must not depend on which is
+	// seen first, so two different readings refuse the block.
+	groupsRead, topkRead := false, false
+	var err error
 	readGroups := func(reshape *pb.NodeProto) {
 		if reshape == nil || reshape.GetOpType() != "Reshape" {
 			return
 		}
 		if sh := c.constInts(reshape.Input[1]); len(sh) >= 2 && sh[len(sh)-2] > 0 {
-			if groupsRead && ri.nGroup != int(sh[len(sh)-2]) {
-				fail("group-limited routing: two group counts (%d and %d)", ri.nGroup, sh[len(sh)-2])
+			if groupsRead && ri.nGroup != int(sh[len(sh)-2]) && err == nil {
+				err = fmt.Errorf("group-limited routing: two group counts (%d and %d)", ri.nGroup, sh[len(sh)-2])
 			}
 			ri.nGroup, groupsRead = int(sh[len(sh)-2]), true
 		}
 	}
-	// The nodes come from a map: what is read must not depend on which
-	// is seen first.
 	setTopK := func(k int64) {
-		if ri.topkGroup != 1 && ri.topkGroup != int(k) {
-			fail("group-limited routing: two group selections (topk_group %d and %d)", ri.topkGroup, k)
+		if topkRead && ri.topkGroup != int(k) && err == nil {
+			err = fmt.Errorf("group-limited routing: two group selections (topk_group %d and %d)", ri.topkGroup, k)
 		}
-		ri.topkGroup = int(k)
+		ri.topkGroup, topkRead = int(k), true
 	}
 	for n := range back {
 		if n.GetOpType() != "TopK" {
@@ -869,11 +873,15 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) {
 		}
 		readGroups(c.g.Producer(n.Input[0])) // the inner TopK reads the reshape
 	}
+	if err != nil {
+		return err
+	}
 	// One group (GLM-4.5 style configs keep the machinery with n_group=1)
 	// is plain top-k routing.
 	if !groupsRead || ri.nGroup < 1 || ri.topkGroup < 1 || ri.topkGroup > ri.nGroup {
-		fail("group-limited routing: cannot read the number of groups (n_group %d, topk_group %d)", ri.nGroup, ri.topkGroup)
+		return fmt.Errorf("group-limited routing: cannot read the number of groups (n_group %d, topk_group %d)", ri.nGroup, ri.topkGroup)
 	}
+	return nil
 }
 
 // postDominator finds the combine point: the first value after the TopK
