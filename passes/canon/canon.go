@@ -95,9 +95,9 @@ func (r *Result) Summary() string {
 // MinOpset is the default-domain opset the working copy is raised to.
 const MinOpset = 13
 
-// maxSweeps bounds the driver's sweeps over the graph: each sweep that
-// changes nothing ends it, and every rule shrinks the graph or moves it
-// toward canonical ops, so this is never reached on a sane model.
+// maxSweeps bounds the driver's work at this many rule attempts per node:
+// every rule shrinks the graph or moves it toward canonical ops, so this is
+// never reached on a sane model.
 const maxSweeps = 64
 
 // Options control Canonicalize.
@@ -170,7 +170,12 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 }
 
 // Apply runs rules over w's graph to a fixed point, counting applications
-// in res.Applied.
+// in res.Applied. It offers every node, in topological order, to the rules
+// naming its op (first match wins), then works through a queue of the nodes
+// an application may have enabled: the nodes it added, the consumers of
+// values it produced or rerouted, and the producers of the values its
+// removed nodes read. A node no rule changes is thus looked at once unless
+// a neighbour changes, and the graph is reindexed once, at the end.
 func Apply(ctx context.Context, w *Work, rules []Rule, res *Result) error {
 	byOp := map[string][]*Rule{}
 	var any []*Rule
@@ -185,45 +190,58 @@ func Apply(ctx context.Context, w *Work, rules []Rule, res *Result) error {
 		}
 	}
 	merged := map[string][]*Rule{} // byOp[key] then any, by op key
-	for sweep := 0; sweep < maxSweeps; sweep++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		w.flush()
-		order, err := w.G.TopoSort()
-		if err != nil {
-			return err
-		}
-		changed := false
-		for _, n := range order {
-			if w.removed[n] {
-				continue
-			}
-			key := graph.OpKey(n)
-			rs, ok := merged[key]
-			if !ok {
-				rs = slices.Concat(byOp[key], any)
-				merged[key] = rs
-			}
-			for _, r := range rs {
-				ok, err := r.Apply(w, n)
-				if err != nil {
-					return fmt.Errorf("canonicalize (%s) at node %s: %w", r.Name, graph.NodeLabel(n), err)
-				}
-				if ok && w.dry {
-					res.Applied[r.Name]++
-					return nil // something would change
-				}
-				if ok {
-					res.Applied[r.Name]++
-					changed = true
-					break
-				}
-			}
-		}
-		if !changed {
-			return nil
+	w.flush()
+	order, err := w.G.TopoSort()
+	if err != nil {
+		return err
+	}
+	queue := slices.Clone(order)
+	queued := make(map[*pb.NodeProto]bool, len(queue))
+	for _, n := range queue {
+		queued[n] = true
+	}
+	w.touch = func(n *pb.NodeProto) {
+		if n != nil && !queued[n] && !w.removed[n] {
+			queued[n] = true
+			queue = append(queue, n)
 		}
 	}
-	return fmt.Errorf("canonicalize: no fixed point after %d sweeps", maxSweeps)
+	defer func() { w.touch = nil }()
+	added0 := w.added
+	for i := 0; i < len(queue); i++ {
+		if limit := maxSweeps * (len(order) + w.added - added0 + 1); i > limit {
+			return fmt.Errorf("canonicalize: no fixed point after %d rule attempts", limit)
+		}
+		if i%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		n := queue[i]
+		queued[n] = false
+		if w.removed[n] {
+			continue
+		}
+		key := graph.OpKey(n)
+		rs, ok := merged[key]
+		if !ok {
+			rs = slices.Concat(byOp[key], any)
+			merged[key] = rs
+		}
+		for _, r := range rs {
+			ok, err := r.Apply(w, n)
+			if err != nil {
+				return fmt.Errorf("canonicalize (%s) at node %s: %w", r.Name, graph.NodeLabel(n), err)
+			}
+			if ok {
+				res.Applied[r.Name]++
+				if w.dry {
+					return nil // something would change
+				}
+				break
+			}
+		}
+	}
+	w.flush()
+	return nil
 }

@@ -33,8 +33,12 @@ type Work struct {
 	// orig indexes the original model, whose value names NewName never
 	// hands out (a name the working copy dropped still means the
 	// original's value there); gone lists the outputs of removed nodes.
-	orig    *graph.Graph
-	gone    []string
+	orig *graph.Graph
+	gone []string
+	// touch, set while Apply runs, queues a node for another look; added
+	// counts the nodes Replace added.
+	touch   func(n *pb.NodeProto)
+	added   int
 	removed map[*pb.NodeProto]bool
 	types   map[string]*pb.TypeProto_Tensor // declared tensor types by value name
 	consts  map[string]*eval.Tensor
@@ -82,11 +86,41 @@ func (w *Work) Flush() { w.flush() }
 // Opset returns the working copy's default-domain opset.
 func (w *Work) Opset() int64 { return w.M.Opset("") }
 
+// touched queues, after n was removed or replaced, the nodes that may
+// match a rule now: the consumers of its outputs, the producers and other
+// consumers of its inputs, and the nodes that replace it with their
+// consumers.
+func (w *Work) touched(n *pb.NodeProto, added []*pb.NodeProto) {
+	if w.touch == nil {
+		return
+	}
+	for _, a := range added {
+		w.touch(a)
+		for _, o := range a.Output {
+			for _, c := range w.G.Consumers(o) {
+				w.touch(c)
+			}
+		}
+	}
+	for _, o := range n.Output {
+		for _, c := range w.G.Consumers(o) {
+			w.touch(c)
+		}
+	}
+	for _, v := range graph.NodeInputs(n) {
+		w.touch(w.Producer(v))
+		for _, c := range w.G.Consumers(v) {
+			w.touch(c)
+		}
+	}
+}
+
 // Remove takes n out of the graph (at the end of the sweep).
 func (w *Work) Remove(n *pb.NodeProto) {
 	if !w.dry {
 		w.removed[n] = true
 		w.gone = append(w.gone, n.Output...)
+		w.touched(n, nil)
 	}
 }
 
@@ -101,9 +135,11 @@ func (w *Work) Replace(n *pb.NodeProto, nodes ...*pb.NodeProto) {
 	for _, r := range nodes {
 		w.G.AddNode(r)
 	}
+	w.added += len(nodes)
 	for _, o := range n.Output {
 		delete(w.consts, o)
 	}
+	w.touched(n, nodes)
 }
 
 // Consumers returns the nodes that read v and are not removed.
@@ -172,6 +208,7 @@ func (w *Work) Drop(n *pb.NodeProto, in string) bool {
 	}
 	w.removed[n] = true
 	w.gone = append(w.gone, out)
+	w.touched(n, nil)
 	for _, c := range w.Consumers(out) {
 		// Nodes may be shared with the original model: edit a clone.
 		r := proto.Clone(c).(*pb.NodeProto)
@@ -350,6 +387,11 @@ func (w *Work) AddConst(name string, t *eval.Tensor) (string, error) {
 	}
 	w.G.AddInitializer(tp)
 	w.consts[name] = t
+	if w.touch != nil {
+		for _, c := range w.G.Consumers(name) {
+			w.touch(c)
+		}
+	}
 	return name, nil
 }
 
