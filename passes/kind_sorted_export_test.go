@@ -247,3 +247,30 @@ func TestSortedChained(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkSortedChain rewrites 200 directly chained copies of the real
+// GraniteMoE sort-based export (no numerical check): detection of the
+// sort-based kind stays linear in the model's size.
+func BenchmarkSortedChain(b *testing.B) {
+	m, err := graph.Load(filepath.Join(producersDir, "sorted_granitemoe_dynamo.onnx"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n = 200
+	raw, err := chainCopies(m, n).Marshal()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		b.StopTimer()
+		ch, err := graph.Parse(raw, "chain.onnx")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		rep, err := Rewrite(ch, Options{})
+		if err != nil || len(rep.Fused) != n {
+			b.Fatalf("fused %d of %d: %v", len(rep.Fused), n, err)
+		}
+	}
+}
