@@ -179,10 +179,12 @@ func sameOnRandomInputs(t *testing.T, a, b *graph.Model, sets int) {
 
 // TestChainedRewriteWritesValidModels rewrites 2, 3 and 10 directly chained
 // blocks with and without Partial: the result passes graph validation (no
-// value read that nothing defines), fuses every block, and computes what
-// the original chain computes.
+// value read that nothing defines) and the model check, fuses every block,
+// holds as many fused nodes as the report says, and computes what the
+// original chain computes (for the TorchScript trace, whose original only
+// runs on inputs like its own, on two copies).
 func TestChainedRewriteWritesValidModels(t *testing.T) {
-	for _, name := range []string{"phimoe_block_dynamo_batched_mm", "qwen3_moe_block_dynamo_batched_mm"} {
+	for _, name := range []string{"phimoe_block_dynamo_batched_mm", "qwen3_moe_block_dynamo_batched_mm", "olmoe_block_torchscript"} {
 		for _, n := range []int{2, 3, 10} {
 			for _, partial := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/%d/partial=%v", name, n, partial), func(t *testing.T) {
@@ -210,6 +212,9 @@ func TestChainedRewriteWritesValidModels(t *testing.T) {
 					}
 					if held != len(rep.Fused) {
 						t.Fatalf("report says %d fused, the model holds %d fused nodes", len(rep.Fused), held)
+					}
+					if strings.HasSuffix(name, "_torchscript") && n > 2 {
+						return // the trace's original runs only on inputs like its own (see chainBlocks)
 					}
 					sameOnRandomInputs(t, orig, m, 2)
 				})
