@@ -603,9 +603,9 @@ func (c *ctx) rowSlice(n *pb.NodeProto) bool {
 
 // groupSlice reads a Slice of the sorted rows from one expert group's
 // start to its end: both bounds are running sums of the per-expert counts
-// (CumSum, inclusive or exclusive, or an inclusive one behind a leading
-// 0), the start 0 for the first group and the end past the last row for
-// the last. It returns the group and the counts value.
+// (CumSum, inclusive or exclusive, an inclusive one behind a leading 0,
+// or one less the counts), the start 0 for the first group and the end
+// past the last row for the last. It returns the group and the counts value.
 func (c *ctx) groupSlice(n *pb.NodeProto, E int) (int, string) {
 	bs, cs := c.groupBound(n.Input[1], E)
 	be, ce := c.groupBound(n.Input[2], E)
@@ -655,13 +655,22 @@ func (c *ctx) groupBound(v string, E int) (int, string) {
 		}
 		p, j = q, j-1
 	}
-	if p.GetOpType() != "CumSum" || graph.AttrInt(p, "reverse", 0) != 0 {
+	exclusive := false
+	if p.GetOpType() == "Sub" && len(p.Input) == 2 {
+		// cumsum(counts) - counts: the exclusive sums
+		q := c.producerOp(p.Input[0])
+		if q == nil || q.GetOpType() != "CumSum" || graph.AttrInt(q, "exclusive", 0) != 0 || len(q.Input) < 2 || c.through(q.Input[0]) != c.through(p.Input[1]) {
+			return -1, ""
+		}
+		p, exclusive = q, true
+	}
+	if p.GetOpType() != "CumSum" || len(p.Input) < 2 || graph.AttrInt(p, "reverse", 0) != 0 {
 		return -1, ""
 	}
 	if ax, ok := c.scalarInt(p.Input[1]); !ok || ax != 0 && ax != -1 {
 		return -1, ""
 	}
-	if graph.AttrInt(p, "exclusive", 0) != 0 {
+	if exclusive || graph.AttrInt(p, "exclusive", 0) != 0 {
 		return j, p.Input[0]
 	}
 	return j + 1, p.Input[0]

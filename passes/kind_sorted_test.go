@@ -205,7 +205,7 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 				return ints(1<<62 + 1)
 			case o.sliceGroups == "traced": // the trace input's group sizes, baked in
 				return ints(int64(b * o.B * o.S * K / E))
-			case o.sliceGroups == "exclusive":
+			case o.sliceGroups == "exclusive" || o.sliceGroups == "sub":
 				return one("Slice", []string{offs, ints(int64(b)), ints(int64(b + 1))})
 			case o.sliceGroups == "padded":
 				return one("Unsqueeze", []string{one("Gather", []string{offs, scalarI(int64(b))}, graph.IntAttr("axis", 0)), ints(0)})
@@ -217,6 +217,8 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 			offs = one("CumSum", []string{split, scalarI(0)}, graph.IntAttr("exclusive", 1))
 		case "padded":
 			offs = one("Concat", []string{ints(0), one("CumSum", []string{split, scalarI(0)})}, graph.IntAttr("axis", 0))
+		case "sub": // exclusive sums as inclusive sums less the counts
+			offs = one("Sub", []string{one("CumSum", []string{split, scalarI(0)}), split})
 		default:
 			offs = one("CumSum", []string{split, scalarI(0)})
 		}
@@ -422,6 +424,7 @@ func TestSortedSynthetic(t *testing.T) {
 		{"top-1, no division", func(o *sortedOpts) { o.E, o.K, o.noDiv = 8, 1, true }, "softmax_topk_act_swiglu"},
 		{"groups sliced by running sums", func(o *sortedOpts) { o.sliceGroups = "inclusive" }, "softmax_topk_act_swiglu"},
 		{"groups sliced by exclusive sums", func(o *sortedOpts) { o.sliceGroups = "exclusive"; o.separate = true; o.gatesPerGroup = true }, "softmax_topk_act_swiglu"},
+		{"groups sliced by sums less the counts", func(o *sortedOpts) { o.sliceGroups = "sub" }, "softmax_topk_act_swiglu"},
 		{"groups sliced by padded sums", func(o *sortedOpts) { o.sliceGroups = "padded"; o.gelu = true }, "softmax_topk_act_gelu"},
 		{"Gemm biases, fused gate_up", func(o *sortedOpts) { o.gemmBias = true; o.gateSecond = true }, "softmax_topk_act_swiglu_ebias"},
 		{"Gemm biases, separate gate and up", func(o *sortedOpts) { o.gemmBias = true; o.separate = true }, "softmax_topk_act_swiglu_ebias"},
