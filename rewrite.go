@@ -38,6 +38,10 @@ type RewriteOptions struct {
 	// runs the original model on instead of random inputs: for graphs that
 	// only run on inputs like their export's (traces).
 	CheckData string
+	// MemLimit caps, in bytes, the tensors the numerical check's
+	// interpreter holds at once (eval.Options.MemLimit); a check that needs
+	// more fails with an error wrapping eval.ErrMemLimit. 0 means no limit.
+	MemLimit int64
 }
 
 // Rewrite finds every MoE block of m and replaces each with one fused
@@ -51,7 +55,7 @@ func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport,
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
-	po := passes.Options{Partial: opt.Partial, Check: !opt.SkipCheck, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable}
+	po := passes.Options{Partial: opt.Partial, Check: !opt.SkipCheck, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable, MemLimit: opt.MemLimit}
 	if opt.CheckData != "" {
 		sets, err := verify.DataSets(opt.CheckData)
 		if err != nil {

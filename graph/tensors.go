@@ -147,6 +147,9 @@ func checkBodies(mp *pb.ModelProto) []error {
 						}
 					}
 					scopes = append(scopes, local)
+					if len(w) > 1024 { // deep nesting: name the innermost levels only, in linear time
+						w = "... " + w[len(w)-512:]
+					}
 					inNodes(g.Node, w+": ")
 					scopes = scopes[:len(scopes)-1]
 				}

@@ -256,7 +256,7 @@ func TestHalfPrecisionCheckCatches(t *testing.T) {
 					t.Fatal(err)
 				}
 				tc.break_(&b.Spec, w)
-				errs, err := numericCheck(context.Background(), m, []*Block{b}, []*moe.Weights{w}, nil)
+				errs, err := numericCheck(context.Background(), m, []*Block{b}, []*moe.Weights{w}, nil, 0)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"unsafe"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -23,7 +24,16 @@ var CheckTolerance = struct{ RTol, ATol float64 }{1e-4, 1e-5}
 // uniform in [0, V) where V is the row count of the first initializer the
 // input gathers from (an embedding), else 100. Dynamic dims take
 // dynDim (the first) and 1 (the rest).
+//
+// A declared shape whose element count overflows is an error.
 func RandomFeeds(m *graph.Model, seed uint64, dynDim int) (map[string]*eval.Tensor, error) {
+	return randomFeeds(m, seed, dynDim, 0)
+}
+
+// randomFeeds is RandomFeeds where an input whose elements alone would
+// take more than memLimit bytes (when > 0) is an error wrapping
+// eval.ErrMemLimit.
+func randomFeeds(m *graph.Model, seed uint64, dynDim int, memLimit int64) (map[string]*eval.Tensor, error) {
 	g := m.Graph()
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f6b6f7074))
 	feeds := map[string]*eval.Tensor{}
@@ -45,11 +55,17 @@ func RandomFeeds(m *graph.Model, seed uint64, dynDim int) (map[string]*eval.Tens
 				dyn = 1
 			}
 		}
+		dt := pb.TensorProto_DataType(tt.GetElemType())
+		if err := eval.CheckShape(pb.TensorProto_FLOAT, shape, memLimit); err != nil {
+			if errors.Is(err, eval.ErrMemLimit) {
+				return nil, fmt.Errorf("random input %q: %w", v.GetName(), err)
+			}
+			return nil, &graph.InputError{File: m.Name(), Object: fmt.Sprintf("input %q", v.GetName()), Msg: fmt.Sprintf("declared shape %v: %v", shape, err)}
+		}
 		n := 1
 		for _, d := range shape {
 			n *= d
 		}
-		dt := pb.TensorProto_DataType(tt.GetElemType())
 		switch dt {
 		case pb.TensorProto_FLOAT, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16, pb.TensorProto_DOUBLE:
 			x := make([]float32, n)
@@ -83,38 +99,111 @@ func RandomFeeds(m *graph.Model, seed uint64, dynDim int) (map[string]*eval.Tens
 	return feeds, nil
 }
 
-// numericCheck runs the original model on random inputs (two seeds),
+// checkTokens is how many distinct tokens the numerical check feeds:
+// enough that every expert is expected to be chosen about four times (4E/k
+// tokens, k experts each), at least 14 and at most 128.
+func checkTokens(blocks []*Block) int {
+	n := 14
+	for _, b := range blocks {
+		if k := b.Spec.TopK; k > 0 {
+			n = max(n, (4*b.Spec.NumExperts+k-1)/k)
+		}
+	}
+	return min(n, 128)
+}
+
+// checkFeeds makes the numerical check's random inputs: like RandomFeeds
+// with dynamic dims of distinct (the first) and 1, but an input whose
+// static dims hold more than distinct rows (a float input's last dim is a
+// row; each element of an integer input is one) repeats distinct random
+// rows over them. A static-token graph then computes only distinct
+// different tokens, and the interpreter computes each repeated row of a
+// matrix product once, so the check's work follows distinct, not the
+// exported token count.
+func checkFeeds(m *graph.Model, seed uint64, distinct int, memLimit int64) (map[string]*eval.Tensor, error) {
+	feeds, err := randomFeeds(m, seed, distinct, memLimit)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range feeds {
+		row := 1
+		if t.F32 != nil && len(t.Shape) > 1 {
+			row = t.Shape[len(t.Shape)-1]
+		}
+		period := distinct * row
+		switch {
+		case t.F32 != nil:
+			for i := period; i < len(t.F32); i++ {
+				t.F32[i] = t.F32[i-period]
+			}
+		case t.I64 != nil:
+			for i := period; i < len(t.I64); i++ {
+				t.I64[i] = t.I64[i-period]
+			}
+		}
+	}
+	return feeds, nil
+}
+
+// distinctRows returns the distinct rows (H values each) of x in order of
+// first appearance and, per row of x, the position of its distinct row.
+func distinctRows(x []float32, H int) ([]float32, []int) {
+	T := len(x) / H
+	of := make([]int, T)
+	first := map[string]int{}
+	var out []float32
+	for t := 0; t < T; t++ {
+		row := x[t*H : (t+1)*H]
+		key := string(unsafeBytes(row))
+		j, ok := first[key]
+		if !ok {
+			j = len(first)
+			first[key] = j
+			out = append(out, row...)
+		}
+		of[t] = j
+	}
+	return out, of
+}
+
+// numericCheck runs the original model on random inputs (one run of
+// checkTokens distinct tokens; further seeds only if a run fails),
 // captures each block's input and output, and compares the output with the
-// fused node's reference semantics on the captured input. It returns one
+// fused node's reference semantics on the captured input; a nil entry of
+// ws is read from the block's weight plan when the block is checked. It returns one
 // error (or nil) per block. A block whose fused input has the wrong shape
 // but whose router input fits is switched to the router input.
 //
 // With data (CheckData) the model runs on those input sets instead, each of
 // which must run; the case label in messages is then the set's position.
-func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, data []map[string]*eval.Tensor) ([]error, error) {
+func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, data []map[string]*eval.Tensor, memLimit int64) ([]error, error) {
 	errs := make([]error, len(blocks))
 	want := map[string]bool{}
 	for _, b := range blocks {
 		want[b.Input], want[b.Router], want[b.Output] = true, true, true
 	}
 	ran := 0
+	distinct := checkTokens(blocks)
 	var lastErr error
 	cases := uint64(12)
 	if len(data) > 0 {
 		cases = uint64(len(data))
 	}
-	for seed := uint64(1); seed <= cases && (ran < 2 || len(data) > 0); seed++ {
+	for seed := uint64(1); seed <= cases && (ran < 1 || len(data) > 0); seed++ {
 		var feeds map[string]*eval.Tensor
 		var err error
 		if len(data) > 0 {
 			feeds = data[seed-1]
-		} else if feeds, err = RandomFeeds(m, seed, 7); err != nil {
+		} else if feeds, err = checkFeeds(m, seed, distinct, memLimit); err != nil {
 			return nil, err
 		}
-		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }})
+		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, MemLimit: memLimit})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if errors.Is(err, eval.ErrMemLimit) || errors.Is(err, eval.ErrWorkLimit) {
+				return nil, fmt.Errorf("numerical check: %w", err)
 			}
 			if len(data) > 0 {
 				return nil, fmt.Errorf("numerical check: the original model does not run on check data set %d: %w", seed-1, err)
@@ -143,15 +232,27 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 				}
 			}
 			T := len(x.F32) / b.Spec.Hidden
+			w := ws[i]
+			if w == nil { // read now, dropped after this block
+				if w, err = b.W.Materialize(m, &b.Spec); err != nil {
+					errs[i] = err
+					continue
+				}
+			}
+			// The fused semantics are per token: computed once per
+			// distinct token, compared on every token.
+			xd, of := distinctRows(x.F32, b.Spec.Hidden)
+			Td := len(xd) / b.Spec.Hidden
 			var keep func(int) bool
 			if b.TracedExperts > 0 {
-				keep = tracedExperts(&b.Spec, ws[i], x.F32, T, b.TracedExperts)
+				keep = tracedExperts(&b.Spec, w, xd, Td, b.TracedExperts)
 			}
-			got, err := moe.ForwardExperts(&b.Spec, ws[i], x.F32, T, keep)
+			gd, err := moe.ForwardExperts(&b.Spec, w, xd, Td, keep)
 			if err != nil {
 				errs[i] = err
 				continue
 			}
+			got := expandRows(gd, of, b.Spec.Hidden)
 			peak := 0.0
 			for _, v := range y.F32 {
 				peak = max(peak, math.Abs(float64(v)))
@@ -159,9 +260,9 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			rtol, atol, half := checkTolerance(y.DType, peak)
 			var skip func(int) bool
 			if half { // tokens whose routing a rounded router may flip
-				gaps := moe.RouteGaps(&b.Spec, ws[i], x.F32, T)
+				gaps := moe.RouteGaps(&b.Spec, w, xd, Td)
 				tie := nearTie(y.DType)
-				skip = func(t int) bool { return gaps[t] < tie }
+				skip = func(t int) bool { return gaps[of[t]] < tie }
 			}
 			off, worst, at := tokensOff(got, y.F32, b.Spec.Hidden, rtol, atol, skip)
 			if off > 0 {
@@ -204,4 +305,22 @@ func tracedExperts(s *moe.Spec, w *moe.Weights, x []float32, T, n int) func(int)
 		}
 	}
 	return func(e int) bool { return kept[e] }
+}
+
+// expandRows is the inverse of distinctRows: row t of the result is row
+// of[t] of d.
+func expandRows(d []float32, of []int, H int) []float32 {
+	out := make([]float32, len(of)*H)
+	for t, j := range of {
+		copy(out[t*H:(t+1)*H], d[j*H:(j+1)*H])
+	}
+	return out
+}
+
+// unsafeBytes views a float slice's bytes (for use as a map key).
+func unsafeBytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }

@@ -45,6 +45,10 @@ type Options struct {
 	// random inputs: for graphs that only run on inputs like their export's,
 	// such as traces unrolled over the experts hit at trace time.
 	CheckData []map[string]*eval.Tensor
+	// MemLimit caps the bytes the numerical check's interpreter holds at
+	// once (eval.Options.MemLimit); 0 means no limit. A check over it fails
+	// the rewrite with an error wrapping eval.ErrMemLimit.
+	MemLimit int64
 }
 
 func (o *Options) progress(stage string, done, total int) {
@@ -114,17 +118,11 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 			return rep, err
 		}
 		opt.progress("weights", i, len(det.Blocks))
-		// The check needs the weights in memory; without it they are only
-		// validated here and streamed to the output when it is saved.
+		// The weights are only validated here and streamed to the output
+		// when it is saved; the numerical check reads each block's weights
+		// when it checks that block, one block at a time.
 		var w *moe.Weights
-		var ts []fusedTensor
-		var err error
-		if opt.Check {
-			w, err = b.W.Materialize(m, &b.Spec)
-		}
-		if err == nil {
-			ts, err = b.W.fusedTensors(&b.Spec)
-		}
+		ts, err := b.W.fusedTensors(&b.Spec)
 		for i := range ts {
 			if err == nil && w == nil {
 				err = ts[i].check(m)
@@ -149,7 +147,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		}
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
 		opt.progress("check", 0, len(bs))
-		errs, err := numericCheck(ctx, m, bs, ws, opt.CheckData)
+		errs, err := numericCheck(ctx, m, bs, ws, opt.CheckData, opt.MemLimit)
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
 			errs, err = make([]error, len(bs)), nil

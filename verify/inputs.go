@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"errors"
 	"fmt"
 	"math/rand"
 	"strings"
@@ -158,7 +159,14 @@ func vocabFor(m *graph.Model, input string) (int64, string) {
 
 // randomInputs builds deterministic inputs for one token count. Notes
 // explain the choices made.
-func randomInputs(m *graph.Model, specs []inputSpec, tokens int, seed int64) ([]*eval.Tensor, []string, error) {
+//
+// A float input whose static dims hold more than maxDistinctRows rows (a row
+// is its last dim) repeats maxDistinctRows random rows over them, with a
+// note: a static-token model then computes only that many different tokens,
+// and the interpreter computes each repeated row of a matrix product once.
+// Shapes whose element count overflows, or whose data alone exceeds
+// memLimit (when > 0), are errors.
+func randomInputs(m *graph.Model, specs []inputSpec, tokens int, seed int64, memLimit int64) ([]*eval.Tensor, []string, error) {
 	shapes := resolveDims(specs, tokens)
 	rng := rand.New(rand.NewSource(seed*1000003 + int64(tokens)))
 	var notes []string
@@ -167,12 +175,26 @@ func randomInputs(m *graph.Model, specs []inputSpec, tokens int, seed int64) ([]
 		if !eval.SupportedDType(s.DType) || s.DType == pb.TensorProto_STRING {
 			return nil, nil, &graph.InputError{File: m.Name(), Object: fmt.Sprintf("input %q", s.Name), Msg: fmt.Sprintf("cannot generate random %s values (use a data dir)", s.DType)}
 		}
-		t := eval.New(s.DType, shapes[i])
+		t, err := eval.NewChecked(s.DType, shapes[i], memLimit)
+		if errors.Is(err, eval.ErrMemLimit) {
+			return nil, nil, fmt.Errorf("random input %q of shape %v: %w", s.Name, shapes[i], err)
+		}
+		if err != nil {
+			return nil, nil, &graph.InputError{File: m.Name(), Object: fmt.Sprintf("input %q", s.Name), Msg: fmt.Sprintf("declared shape %v: %v", shapes[i], err)}
+		}
 		lname := strings.ToLower(s.Name)
 		switch {
 		case t.F32 != nil || t.F64 != nil:
+			period := t.Len()
+			if r := len(shapes[i]); r > 1 && shapes[i][r-1] > 0 && t.Len()/shapes[i][r-1] > maxDistinctRows {
+				period = maxDistinctRows * shapes[i][r-1]
+				notes = append(notes, fmt.Sprintf("input %q: %d random rows repeated over its %d rows", s.Name, maxDistinctRows, t.Len()/shapes[i][r-1]))
+			}
 			for j := 0; j < t.Len(); j++ {
 				v := rng.NormFloat64()
+				if j >= period {
+					v = t.Float64At(j - period)
+				}
 				if t.F32 != nil {
 					t.F32[j] = float32(v)
 				} else {
@@ -219,3 +241,7 @@ func randomInputs(m *graph.Model, specs []inputSpec, tokens int, seed int64) ([]
 	}
 	return out, notes, nil
 }
+
+// maxDistinctRows is how many different random rows a float input with
+// more (static) rows gets.
+const maxDistinctRows = 64

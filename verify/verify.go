@@ -567,7 +567,7 @@ func inputSets(a *graph.Model, opt Options, r *Report) ([]inputSet, error) {
 			note += fmt.Sprintf(" and the token counts %v are ignored", opt.Tokens)
 		}
 		r.Notes = append(r.Notes, note)
-		tensors, notes, err := randomInputs(a, specs, 0, opt.Seed)
+		tensors, notes, err := randomInputs(a, specs, 0, opt.Seed, opt.Eval.MemLimit)
 		if err != nil {
 			return nil, err
 		}
@@ -577,7 +577,7 @@ func inputSets(a *graph.Model, opt Options, r *Report) ([]inputSet, error) {
 	r.Notes = append(r.Notes, "symbolic dims: batch = 1, sequence = token count (rule: named dims agree across inputs; a name with \"batch\" is 1, with \"seq\"/\"token\"/\"len\" is the token count; otherwise the leading dim of a rank>=2 input is 1 and other symbolic dims are the token count)")
 	var sets []inputSet
 	for _, t := range tokens {
-		tensors, notes, err := randomInputs(a, specs, t, opt.Seed)
+		tensors, notes, err := randomInputs(a, specs, t, opt.Seed, opt.Eval.MemLimit)
 		if err != nil {
 			return nil, err
 		}

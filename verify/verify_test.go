@@ -220,9 +220,9 @@ func TestRandomTokensDynamic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x1, _, _ := randomInputs(a, specs, 64, 42)
-	x2, _, _ := randomInputs(a, specs, 64, 42)
-	x3, _, _ := randomInputs(a, specs, 64, 43)
+	x1, _, _ := randomInputs(a, specs, 64, 42, 0)
+	x2, _, _ := randomInputs(a, specs, 64, 42, 0)
+	x3, _, _ := randomInputs(a, specs, 64, 43, 0)
 	same, diff := true, false
 	for i, v := range x1[0].I64 {
 		if v < 0 || v >= 50 {

@@ -76,7 +76,7 @@ func runFailed(err error) error {
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
-	case errors.Is(err, eval.ErrMemLimit):
+	case errors.Is(err, eval.ErrMemLimit), errors.Is(err, eval.ErrWorkLimit):
 		return &exitError{code: 1, msg: err.Error(), err: err}
 	}
 	return &exitError{code: 2, msg: err.Error(), err: err}

@@ -2,8 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestParseByteSize(t *testing.T) {
@@ -44,4 +52,156 @@ func TestMemLimitFlag(t *testing.T) {
 			t.Errorf("%v: exit %d %q; want %d and %q", c.args, code, msg, c.code, c.want)
 		}
 	}
+}
+
+// bombModel wraps nodes into a model with float input x [4] (unless
+// inputs is set) and output y.
+func bombModel(nodes []*pb.NodeProto, inits []*pb.TensorProto, inputs ...*pb.ValueInfoProto) *pb.ModelProto {
+	if len(inputs) == 0 {
+		inputs = []*pb.ValueInfoProto{vi("x")}
+	}
+	return &pb.ModelProto{IrVersion: proto.Int64(10), OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}},
+		Graph: &pb.GraphProto{Name: proto.String("g"), Node: nodes, Initializer: inits, Input: inputs,
+			Output: []*pb.ValueInfoProto{{Name: proto.String("y")}}}}
+}
+
+func i64Init(name string, v ...int64) *pb.TensorProto {
+	return &pb.TensorProto{Name: proto.String(name), Dims: []int64{int64(len(v))}, DataType: proto.Int32(int32(pb.TensorProto_INT64)), Int64Data: v}
+}
+
+func scalarI64(name string, v int64) *pb.TensorProto {
+	return &pb.TensorProto{Name: proto.String(name), DataType: proto.Int32(int32(pb.TensorProto_INT64)), Int64Data: []int64{v}}
+}
+
+// nestedFunctions is a model whose node calls f0, each fi calling f(i+1)
+// twice, depth levels deep: 2^depth calls of the innermost function.
+func nestedFunctions(depth int) *pb.ModelProto {
+	mp := bombModel([]*pb.NodeProto{graph.NewNode("f0", "local", "call", []string{"x"}, []string{"y"})}, nil)
+	mp.OpsetImport = append(mp.OpsetImport, &pb.OperatorSetIdProto{Domain: proto.String("local"), Version: proto.Int64(1)})
+	for i := 0; i < depth; i++ {
+		f := &pb.FunctionProto{Name: proto.String(fmt.Sprintf("f%d", i)), Domain: proto.String("local"), Input: []string{"a"}, Output: []string{"b"},
+			OpsetImport: mp.OpsetImport}
+		if i == depth-1 {
+			f.Node = []*pb.NodeProto{graph.NewNode("Relu", "", "r", []string{"a"}, []string{"b"})}
+		} else {
+			next := fmt.Sprintf("f%d", i+1)
+			f.Node = []*pb.NodeProto{
+				graph.NewNode(next, "local", "c1", []string{"a"}, []string{"t"}),
+				graph.NewNode(next, "local", "c2", []string{"t"}, []string{"b"}),
+			}
+		}
+		mp.Functions = append(mp.Functions, f)
+	}
+	return mp
+}
+
+// nestedIf is a model of depth If nodes, each the then-branch of the one
+// above, the innermost returning Relu(x).
+func nestedIf(depth int) *pb.ModelProto {
+	body := &pb.GraphProto{Name: proto.String("b"), Node: []*pb.NodeProto{graph.NewNode("Relu", "", "r", []string{"x"}, []string{"o"})},
+		Output: []*pb.ValueInfoProto{{Name: proto.String("o")}}}
+	for i := 0; i < depth; i++ {
+		n := graph.NewNode("If", "", fmt.Sprintf("if%d", i), []string{"c"}, []string{"o"})
+		n.Attribute = []*pb.AttributeProto{
+			{Name: proto.String("then_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: body},
+			{Name: proto.String("else_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: &pb.GraphProto{Name: proto.String("e"),
+				Node: []*pb.NodeProto{graph.NewNode("Identity", "", "id", []string{"x"}, []string{"o"})}, Output: []*pb.ValueInfoProto{{Name: proto.String("o")}}}},
+		}
+		body = &pb.GraphProto{Name: proto.String(fmt.Sprintf("b%d", i)), Node: []*pb.NodeProto{n}, Output: []*pb.ValueInfoProto{{Name: proto.String("o")}}}
+	}
+	body.Node[0].Output = []string{"y"}
+	c := &pb.TensorProto{Name: proto.String("c"), DataType: proto.Int32(int32(pb.TensorProto_BOOL)), Int32Data: []int32{1}}
+	return bombModel(body.Node, []*pb.TensorProto{c})
+}
+
+// TestResourceBombs: verify and run under the default memory budget end
+// every memory or work bomb with exit 1 and a message saying what it needed
+// and which flag helps (never a Go runtime crash or a run without end); a
+// declared shape whose element count overflows is refused, not run on an
+// empty tensor; If nesting costs linear time.
+func TestResourceBombs(t *testing.T) {
+	huge := &pb.ValueInfoProto{Name: proto.String("x"), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
+		ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)),
+		Shape: &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{
+			{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 1 << 40}}, {Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 1 << 40}}}}}}}}
+	big := &pb.ValueInfoProto{Name: proto.String("x"), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
+		ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)),
+		Shape: &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{
+			{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 1 << 20}}, {Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 1 << 20}}}}}}}}
+	loopBody := &pb.GraphProto{Name: proto.String("body"),
+		Node:   []*pb.NodeProto{graph.NewNode("Identity", "", "keep", []string{"cond"}, []string{"cond_out"}), graph.NewNode("Relu", "", "r", []string{"v"}, []string{"v_out"})},
+		Input:  []*pb.ValueInfoProto{{Name: proto.String("i")}, {Name: proto.String("cond")}, {Name: proto.String("v")}},
+		Output: []*pb.ValueInfoProto{{Name: proto.String("cond_out")}, {Name: proto.String("v_out")}}}
+	loop := graph.NewNode("Loop", "", "loop", []string{"trips", "", "x"}, []string{"y"})
+	loop.Attribute = []*pb.AttributeProto{{Name: proto.String("body"), Type: pb.AttributeProto_GRAPH.Enum(), G: loopBody}}
+	scanBody := &pb.GraphProto{Name: proto.String("body"),
+		Node:   []*pb.NodeProto{graph.NewNode("Identity", "", "keep", []string{"cond"}, []string{"cond_out"}), graph.NewNode("Expand", "", "e", []string{"v", "shape"}, []string{"s_out"})},
+		Input:  []*pb.ValueInfoProto{{Name: proto.String("i")}, {Name: proto.String("cond")}, {Name: proto.String("v")}},
+		Output: []*pb.ValueInfoProto{{Name: proto.String("cond_out")}, {Name: proto.String("v")}, {Name: proto.String("s_out")}}}
+	scanLoop := graph.NewNode("Loop", "", "loop", []string{"trips", "", "x"}, []string{"v_last", "y"})
+	scanLoop.Attribute = []*pb.AttributeProto{{Name: proto.String("body"), Type: pb.AttributeProto_GRAPH.Enum(), G: scanBody}}
+	for _, c := range []struct {
+		name  string
+		mp    *pb.ModelProto
+		code  int
+		want  []string
+		flags []string
+	}{
+		{"Expand bomb", bombModel([]*pb.NodeProto{graph.NewNode("Expand", "", "bomb", []string{"x", "shape"}, []string{"y"})},
+			[]*pb.TensorProto{i64Init("shape", 1<<20, 1<<18, 4)}), 1, []string{"memory limit exceeded", "--mem-limit"}, nil},
+		{"ConstantOfShape bomb", bombModel([]*pb.NodeProto{graph.NewNode("ConstantOfShape", "", "bomb", []string{"shape"}, []string{"z"}), graph.NewNode("Add", "", "a", []string{"z", "x"}, []string{"y"})},
+			[]*pb.TensorProto{i64Init("shape", 1<<20, 1<<20, 4)}), 1, []string{"memory limit exceeded", "--mem-limit"}, nil},
+		{"Tile bomb", bombModel([]*pb.NodeProto{graph.NewNode("Tile", "", "bomb", []string{"x", "reps"}, []string{"y"})},
+			[]*pb.TensorProto{i64Init("reps", 1<<40)}), 1, []string{"memory limit exceeded", "--mem-limit"}, nil},
+		{"random input of huge declared dims", bombModel([]*pb.NodeProto{graph.NewNode("Relu", "", "r", []string{"x"}, []string{"y"})}, nil, big), 1, []string{"memory limit exceeded", "--mem-limit"}, nil},
+		{"Loop scan outputs", bombModel([]*pb.NodeProto{scanLoop}, []*pb.TensorProto{scalarI64("trips", 1<<40), i64Init("shape", 1<<10, 1<<10, 4)}), 1, []string{"memory limit exceeded", "--mem-limit"},
+			// Scan outputs grow one iteration at a time up to the budget:
+			// a small budget keeps the test light.
+			[]string{"--mem-limit", "256MiB"}},
+		{"Loop trip count 1e15", bombModel([]*pb.NodeProto{loop}, []*pb.TensorProto{scalarI64("trips", 1e15)}), 1, []string{"work limit exceeded", "Loop"}, nil},
+		{"functions 40 deep, fan-out 2", nestedFunctions(40), 1, []string{"work limit exceeded", "functions"}, nil},
+		{"declared dims [2^40, 2^40]", bombModel([]*pb.NodeProto{graph.NewNode("Relu", "", "r", []string{"x"}, []string{"y"})}, nil, huge), 2, []string{"too large", `"x"`}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			f := filepath.Join(dir, "bomb.onnx")
+			if err := os.WriteFile(f, marshal(t, c.mp), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, args := range [][]string{append([]string{"verify", f, f}, c.flags...)} {
+				code, msg, err := runCLI(context.Background(), args)
+				if code != c.code {
+					t.Fatalf("%v: exit %d (%v), want %d", args, code, msg, c.code)
+				}
+				for _, w := range c.want {
+					if !strings.Contains(msg, w) {
+						t.Errorf("%v: message %q lacks %q", args, msg, w)
+					}
+				}
+				_ = err
+			}
+		})
+	}
+}
+
+// TestNestedIfLinear: If nodes nested 3,000 deep cost no more than linear
+// time over 1,000 deep (with slack for a loaded machine: under 6x).
+func TestNestedIfLinear(t *testing.T) {
+	took := map[int]time.Duration{}
+	for _, depth := range []int{1000, 3000} {
+		f := filepath.Join(t.TempDir(), "if.onnx")
+		if err := os.WriteFile(f, marshal(t, nestedIf(depth)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		code, msg, _ := runCLI(context.Background(), []string{"verify", f, f, "--tokens", "1"})
+		took[depth] = time.Since(start)
+		if code != 0 {
+			t.Fatalf("depth %d: exit %d %s", depth, code, msg)
+		}
+	}
+	if took[3000] > 6*took[1000] {
+		t.Fatalf("If nested 3000 deep took %v, 1000 deep %v: worse than linear", took[3000], took[1000])
+	}
+	t.Logf("If nested 1000 deep: %v, 3000 deep: %v", took[1000], took[3000])
 }

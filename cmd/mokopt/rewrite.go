@@ -20,6 +20,7 @@ func newRewriteCmd() *cobra.Command {
 	var out, report, extMode, checkData string
 	var partial, asJSON, inPlace, noCheck, restore bool
 	var epf epFlags
+	memLimit := memLimitAuto
 	c := &cobra.Command{
 		Use:   "rewrite IN -o OUT",
 		Short: "Fuse every MoE block into one ai.mok::MoE node",
@@ -52,7 +53,7 @@ simulated collectives against the merged model, and writes one global model;
 				if err != nil {
 					return usageErr(err)
 				}
-				return runMergeRanks(c, args, out, report, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, EPTable: tbl}, &epf, mode, asJSON)
+				return runMergeRanks(c, args, out, report, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, EPTable: tbl, MemLimit: memBudget(memLimit)}, &epf, mode, asJSON)
 			}
 			if len(args) != 1 {
 				return usageErr(fmt.Errorf("rewrite takes one model (%d given; rank files need --merge-ranks)", len(args)))
@@ -88,7 +89,9 @@ simulated collectives against the merged model, and writes one global model;
 				m.Graph().SetMetadata(mokopt.MetaEPRank, strconv.Itoa(epf.rank))
 			}
 			progress := newProgress(c)
-			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData})
+			budget := memBudget(memLimit)
+			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData, MemLimit: budget})
+			rerr = memLimitError(rerr, budget, "--no-check skips the numerical check")
 			if rep != nil && report != "" && c.Context().Err() == nil {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
 					return err
@@ -126,6 +129,7 @@ simulated collectives against the merged model, and writes one global model;
 	c.Flags().BoolVar(&restore, "restore-traced-experts", false, "rebuild, with a warning, blocks whose TorchScript trace computes fewer experts than its stacked weights hold")
 	c.Flags().StringVar(&extMode, "external-data", "keep", "where initializer bytes go: keep, repack or inline")
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	c.Flags().Var(&memLimit, "mem-limit", memLimitHelp)
 	epf.addRewrite(c.Flags())
 	return c
 }

@@ -37,7 +37,7 @@ func newVerifyCmd() *cobra.Command {
 	var asJSON bool
 	var elementwise bool
 	var quantBound float64
-	var memLimit byteSize
+	memLimit := memLimitAuto
 	c := &cobra.Command{
 		Use:   "verify A B",
 		Short: "Run two models on the same inputs and compare their outputs",
@@ -76,8 +76,9 @@ another bound.`,
 			if elementwise {
 				quantBound = -1
 			}
-			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, MemLimit: int64(memLimit), Runner: runner, Engine: engine, Progress: newProgress(c), QuantBound: quantBound})
-			return reportVerify(c.OutOrStdout(), rep, err, asJSON)
+			budget := memBudget(memLimit)
+			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, MemLimit: budget, Runner: runner, Engine: engine, Progress: newProgress(c), QuantBound: quantBound})
+			return reportVerify(c.OutOrStdout(), rep, memLimitError(err, budget, ""), asJSON)
 		},
 	}
 	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder with input_N.pb files")
@@ -93,13 +94,11 @@ another bound.`,
 	return c
 }
 
-const memLimitHelp = "cap on the interpreter's live tensor bytes, e.g. 4GiB (0: none); exceeding it fails the run with exit 1"
-
 func newRunCmd() *cobra.Command {
 	var data string
 	var rtol, atol float64
 	var asJSON bool
-	var memLimit byteSize
+	memLimit := memLimitAuto
 	c := &cobra.Command{
 		Use:   "run MODEL --data DIR",
 		Short: "Run a model on a test_data_set and compare with its output_N.pb files",
@@ -113,8 +112,9 @@ func newRunCmd() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			rep, err := mokopt.Run(c.Context(), m, data, mokopt.VerifyOptions{RTol: rtol, ATol: atol, MemLimit: int64(memLimit), Progress: newProgress(c)})
-			return reportVerify(c.OutOrStdout(), rep, err, asJSON)
+			budget := memBudget(memLimit)
+			rep, err := mokopt.Run(c.Context(), m, data, mokopt.VerifyOptions{RTol: rtol, ATol: atol, MemLimit: budget, Progress: newProgress(c)})
+			return reportVerify(c.OutOrStdout(), rep, memLimitError(err, budget, ""), asJSON)
 		},
 	}
 	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -38,7 +39,28 @@ type Options struct {
 	// Threads bounds the goroutines a kernel may use (MatMul); 0 means
 	// GOMAXPROCS.
 	Threads int
+	// MaxNodeRuns bounds the node evaluations of the run, counting those
+	// inside function bodies and every Loop, Scan and If iteration;
+	// exceeding it ends the run with an error wrapping ErrWorkLimit. 0
+	// means DefaultMaxNodeRuns; negative means no bound.
+	MaxNodeRuns int64
 }
+
+// DefaultMaxNodeRuns is the node evaluations a run may make unless
+// Options.MaxNodeRuns says otherwise: twenty runs of a 100,000-node graph,
+// and far below what a Loop with an absurd trip count or functions calling
+// functions exponentially often would ask for. Each function call and
+// each subgraph run (a Loop iteration, an If branch) also counts as
+// subgraphRunCost evaluations, what setting it up costs.
+const DefaultMaxNodeRuns = 1 << 21
+
+// subgraphRunCost is what one function call or subgraph run counts toward
+// Options.MaxNodeRuns beyond its nodes.
+const subgraphRunCost = 16
+
+// ErrWorkLimit is wrapped by the error a Run returns when it evaluates more
+// nodes than Options.MaxNodeRuns allows.
+var ErrWorkLimit = errors.New("work limit exceeded")
 
 // ErrMemLimit is wrapped by the error a Run returns when the live values
 // exceed Options.MemLimit.
@@ -240,6 +262,10 @@ type runner struct {
 	funcs   map[funcKey]*pb.FunctionProto
 	live    int64
 	depth   int
+	runs    int64 // node evaluations so far
+	maxRuns int64
+	free    map[*pb.GraphProto][]string  // freeVars memo
+	orders  map[orderKey][]*pb.NodeProto // topoOrder memo
 }
 
 // scope is one graph's (or function body's) value table; lookups fall back
@@ -280,6 +306,9 @@ func (s *scope) lookup(r *runner, name string) (*Tensor, error) {
 			return t, nil
 		}
 		if p, ok := sc.inits[name]; ok {
+			if err := r.checkInitializer(p); err != nil {
+				return nil, err
+			}
 			t, err := initializerTensor(p, r.m.TensorBytes)
 			if err != nil {
 				return nil, err
@@ -303,9 +332,16 @@ func Run(ctx context.Context, m *graph.Model, feeds map[string]*Tensor, opt Opti
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	r := &runner{ctx: ctx, m: m, opt: opt, threads: opt.Threads, funcs: map[funcKey]*pb.FunctionProto{}}
+	r := &runner{ctx: ctx, m: m, opt: opt, threads: opt.Threads, funcs: map[funcKey]*pb.FunctionProto{},
+		free: map[*pb.GraphProto][]string{}, orders: map[orderKey][]*pb.NodeProto{}}
 	if r.threads <= 0 {
 		r.threads = defaultThreads()
+	}
+	switch r.maxRuns = opt.MaxNodeRuns; {
+	case r.maxRuns == 0:
+		r.maxRuns = DefaultMaxNodeRuns
+	case r.maxRuns < 0:
+		r.maxRuns = math.MaxInt64
 	}
 	for _, f := range m.Proto.GetFunctions() {
 		r.funcs[funcKey{normDomain(f.GetDomain()), f.GetName(), f.GetOverload()}] = f
@@ -419,14 +455,17 @@ func opsetMap(imps []*pb.OperatorSetIdProto) map[string]int64 {
 // runNodes evaluates nodes in sc (sorted topologically) and returns the
 // values named outs. Values kept by keep, and outs, are not freed.
 func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]int64, outs []string, keep func(string) bool) ([]*Tensor, error) {
-	order, err := graph.NewGraph(&pb.GraphProto{Node: nodes}).TopoSort()
+	if sc.parent != nil || r.depth > 0 {
+		r.runs += subgraphRunCost
+	}
+	order, err := r.topoOrder(nodes)
 	if err != nil {
 		return nil, &graph.InputError{File: r.m.Name(), Msg: err.Error()}
 	}
 	// last use of every value, by position in order.
 	last := map[string]int{}
 	for i, n := range order {
-		for _, in := range graph.NodeInputs(n) {
+		for _, in := range r.inputsOf(n) {
 			if in != "" {
 				last[in] = i
 			}
@@ -441,6 +480,9 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 		if err := r.ctx.Err(); err != nil {
 			return nil, err
 		}
+		if r.runs++; r.runs > r.maxRuns {
+			return nil, fmt.Errorf("%w: more than %d node evaluations (at node %s (%s)): a Loop with a huge trip count, or functions that call functions many times over", ErrWorkLimit, r.maxRuns, graph.NodeLabel(n), n.GetOpType())
+		}
 		inputs = inputs[:0]
 		for _, in := range n.Input {
 			if in == "" {
@@ -448,6 +490,9 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 				continue
 			}
 			t, err := sc.lookup(r, in)
+			if errors.Is(err, ErrMemLimit) {
+				return nil, fmt.Errorf("%s: %w", nodeObj(n), err)
+			}
 			if err != nil {
 				return nil, &graph.InputError{File: r.m.Name(), Object: nodeObj(n), Msg: err.Error()}
 			}
@@ -476,7 +521,7 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 			return nil, fmt.Errorf("%w: %d bytes live after node %s (%s), limit %d", ErrMemLimit, r.live, graph.NodeLabel(n), n.GetOpType(), r.opt.MemLimit)
 		}
 		// free values whose last use was this node.
-		for _, in := range graph.NodeInputs(n) {
+		for _, in := range r.inputsOf(n) {
 			if in == "" || last[in] != i || pinned[in] || keep(in) {
 				continue
 			}
@@ -524,7 +569,7 @@ func (r *runner) runNode(sc *scope, n *pb.NodeProto, opsets map[string]int64, in
 	out, err := callKernel(fn, c, n, inputs)
 	if err != nil {
 		var u *UnsupportedOpError
-		if errors.As(err, &u) || errors.Is(err, ErrMemLimit) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if errors.As(err, &u) || errors.Is(err, ErrMemLimit) || errors.Is(err, ErrWorkLimit) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return nil, err
 		}
 		var ie *graph.InputError

@@ -142,3 +142,62 @@ func (r *runner) materialize(t *Tensor, consumer *pb.NodeProto) (*Tensor, error)
 	}
 	return out, err
 }
+
+// checkInitializer errors, before its bytes are read, if an initializer
+// would push the run past its memory limit (its size from its dims, which
+// a small model may declare over a huge side file).
+func (r *runner) checkInitializer(p *pb.TensorProto) error {
+	if r.opt.MemLimit <= 0 {
+		return nil
+	}
+	shape := make([]int, len(p.GetDims()))
+	for i, d := range p.GetDims() {
+		if d < 0 || d > math.MaxInt32 {
+			return nil // FromProto names the bad dim
+		}
+		shape[i] = int(d)
+	}
+	dt := graph.DataType(p)
+	n, err := checkedNumel(shape)
+	if err != nil || kindOf(dt) == kNone {
+		return nil
+	}
+	sz := int64(n) * 8
+	if kindOf(dt) == kF32 {
+		sz = int64(n) * 4
+	}
+	if r.live+sz > r.opt.MemLimit {
+		return fmt.Errorf("%w: initializer %q (%s%v) needs %d bytes with %d live (limit %d)", ErrMemLimit, p.GetName(), dt, shape, sz, r.live, r.opt.MemLimit)
+	}
+	return nil
+}
+
+// NewChecked is New for a shape read from a file: an element count that
+// overflows or a negative dim is an error, and so is a tensor whose data
+// would take more than memLimit bytes (an error wrapping ErrMemLimit; 0
+// means no limit).
+func NewChecked(dt pb.TensorProto_DataType, shape []int, memLimit int64) (*Tensor, error) {
+	if err := CheckShape(dt, shape, memLimit); err != nil {
+		return nil, err
+	}
+	return New(dt, shape), nil
+}
+
+// CheckShape is NewChecked's check, without allocating.
+func CheckShape(dt pb.TensorProto_DataType, shape []int, memLimit int64) error {
+	if kindOf(dt) == kNone {
+		return fmt.Errorf("data type %s is not supported", dt)
+	}
+	n, err := checkedNumel(shape)
+	if err != nil {
+		return err
+	}
+	sz := int64(n) * 8
+	if kindOf(dt) == kF32 {
+		sz = int64(n) * 4
+	}
+	if memLimit > 0 && sz > memLimit {
+		return fmt.Errorf("%w: a %s%v tensor needs %d bytes (limit %d)", ErrMemLimit, dt, shape, sz, memLimit)
+	}
+	return nil
+}

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -67,6 +68,13 @@ func kLoop(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		return nil, errf("Loop body has %d outputs for %d carried values", len(body.GetOutput()), nCarried)
 	}
 	scans := make([][]*Tensor, nScan)
+	// The scan outputs gathered so far count toward the memory limit.
+	held := int64(0)
+	defer func() {
+		if c.r != nil {
+			c.r.live -= held
+		}
+	}()
 	for i := int64(0); (maxTrip < 0 || i < maxTrip) && cond; i++ {
 		if err := c.Context.Err(); err != nil {
 			return nil, err
@@ -83,6 +91,14 @@ func kLoop(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		copy(carried, res[1:1+nCarried])
 		for s := 0; s < nScan; s++ {
 			scans[s] = append(scans[s], res[1+nCarried+s])
+			if c.r != nil && res[1+nCarried+s] != nil {
+				sz := res[1+nCarried+s].ByteSize()
+				held += sz
+				c.r.live += sz
+			}
+		}
+		if c.r != nil && c.r.opt.MemLimit > 0 && c.r.live > c.r.opt.MemLimit {
+			return nil, fmt.Errorf("%w: Loop scan outputs hold %d bytes after %d iterations, %d live (limit %d)", ErrMemLimit, held, i+1, c.r.live, c.r.opt.MemLimit)
 		}
 		if maxTrip < 0 && opt(in, 1) == nil {
 			return nil, errf("Loop without trip count or condition never ends")
@@ -100,9 +116,12 @@ func kLoop(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		}
 		first := scans[s][0]
 		for _, t := range scans[s] {
-			if !slices.Equal(t.Shape, first.Shape) {
+			if t == nil || !slices.Equal(t.Shape, first.Shape) {
 				return nil, errf("Loop scan output %d changes shape across iterations", s)
 			}
+		}
+		if err := c.checkAlloc(first.DType, append([]int{len(scans[s])}, first.Shape...)); err != nil {
+			return nil, err
 		}
 		out = append(out, stack(scans[s], first.DType, first.Shape))
 	}
