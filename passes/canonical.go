@@ -60,7 +60,6 @@ func rewriteCanonical(m *graph.Model, opt Options) (*Report, error) {
 		}
 		return rep, err
 	}
-	wc.Unshare(m) // rewriteIn edits nodes in place
 	rep, err := rewriteIn(wc, opt)
 	if err != nil && res.OpsetRefused != "" {
 		err = fmt.Errorf("%w; the opset was not raised: %s", err, res.OpsetRefused)

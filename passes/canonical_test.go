@@ -112,6 +112,9 @@ func TestProducersCanonical(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if em == nil {
+				em = m // already canonical
+			}
 			sets, _ := filepath.Glob(filepath.Join(canonProducersDir, c.Name+"_data", "test_data_set_*"))
 			if len(sets) == 0 || (c.Sets > 0 && len(sets) != c.Sets) {
 				t.Fatalf("%d golden sets, manifest says %d", len(sets), c.Sets)

@@ -112,7 +112,10 @@ type Options struct {
 }
 
 // Canonicalize returns a working copy of m in canonical form (see the
-// package comment) and what was done; m is not edited.
+// package comment) and what was done; m is not edited. When nothing would
+// change (Result.Changed is false), the working copy is nil: m is its own
+// canonical form, and keeps the index built to find that out for its next
+// Graph call.
 func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Model, *Result, error) {
 	rules := opt.Rules
 	if rules == nil {
@@ -139,7 +142,7 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 		}
 		if !raise {
 			res.Notes = append(res.Notes, dw.notes...)
-			return m.WorkingCopy(), res, nil
+			return nil, res, nil
 		}
 	}
 	wc := m.WorkingCopy()

@@ -1,6 +1,7 @@
 package canon
 
 import (
+	"context"
 	"math/rand/v2"
 	"testing"
 
@@ -33,15 +34,36 @@ func TestInline(t *testing.T) {
 		graph.NewNode("inner", "local", "i2", []string{"t", "w"}, []string{"t2"}, graph.FloatAttr("alpha", 0.3)),
 		graph.NewNode("Add", "", "add", []string{"t2", "a"}, []string{"o"}))
 	local := []*pb.OperatorSetIdProto{{Domain: proto.String("local"), Version: proto.Int64(1)}}
+	// flat evaluates, as the truth, the computation written out without
+	// functions: LeakyRelu(LeakyRelu(x @ w, a1) @ w, a2) (+ x when add).
+	flat := func(a1, a2 float32, add bool) func(map[string]*eval.Tensor) map[string]*eval.Tensor {
+		return func(in map[string]*eval.Tensor) map[string]*eval.Tensor {
+			nodes := []*pb.NodeProto{
+				node("MatMul", []string{"x", "w"}, []string{"t1"}), node("LeakyRelu", []string{"t1"}, []string{"l1"}, graph.FloatAttr("alpha", a1)),
+				node("MatMul", []string{"l1", "w"}, []string{"t2"}), node("LeakyRelu", []string{"t2"}, []string{"l2"}, graph.FloatAttr("alpha", a2))}
+			last := "l2"
+			if add {
+				nodes = append(nodes, node("Add", []string{"l2", "x"}, []string{"s"}))
+				last = "s"
+			}
+			nodes = append(nodes, node("Identity", []string{last}, []string{"y"}))
+			rc := ruleCase{nodes: nodes, inputs: in, outputs: []string{"y"}}
+			out, err := eval.Run(context.Background(), rc.model(t), in, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+	}
 	runRuleCases(t, []Rule{Inline}, []ruleCase{
 		{name: "nested with attributes", nodes: []*pb.NodeProto{graph.NewNode("outer", "local", "call", []string{"x", "w"}, []string{"y"})},
 			funcs: []*pb.FunctionProto{inner, outer}, extra: local, inputs: x, outputs: []string{"y"},
-			want: map[string]int{"local::outer": 0, "local::inner": 0, "MatMul": 2, "LeakyRelu": 2, "Add": 1}},
+			want: map[string]int{"local::outer": 0, "local::inner": 0, "MatMul": 2, "LeakyRelu": 2, "Add": 1}, ref: flat(0.1, 0.3, true)},
 		{name: "two calls get distinct names", nodes: []*pb.NodeProto{
 			graph.NewNode("inner", "local", "c1", []string{"x", "w"}, []string{"y1"}, graph.FloatAttr("alpha", 0.2)),
 			graph.NewNode("inner", "local", "c2", []string{"y1", "w"}, []string{"y"}, graph.FloatAttr("alpha", 0.2))},
 			funcs: []*pb.FunctionProto{inner}, extra: local, inputs: x, outputs: []string{"y"},
-			want: map[string]int{"local::inner": 0, "MatMul": 2}},
+			want: map[string]int{"local::inner": 0, "MatMul": 2}, ref: flat(0.2, 0.2, false)},
 		{name: "other opset not inlined", opset: 13, nodes: []*pb.NodeProto{graph.NewNode("inner", "local", "c", []string{"x", "w"}, []string{"y"})},
 			funcs: []*pb.FunctionProto{inner}, extra: local, inputs: x, outputs: []string{"y"}, noChange: true},
 	})

@@ -48,8 +48,8 @@ func TestRaiseOpset(t *testing.T) {
 				t.Fatal(err)
 			}
 			if c.refuse != "" {
-				if !strings.Contains(res.OpsetRefused, c.refuse) || wc.Opset("") != c.opset {
-					t.Fatalf("want a refusal naming %s, got %q (opset %d)", c.refuse, res.OpsetRefused, wc.Opset(""))
+				if !strings.Contains(res.OpsetRefused, c.refuse) || res.OpsetTo != c.opset || (wc != nil && wc.Opset("") != c.opset) {
+					t.Fatalf("want a refusal naming %s, got %q (opset %d)", c.refuse, res.OpsetRefused, res.OpsetTo)
 				}
 				return
 			}
