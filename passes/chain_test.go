@@ -228,7 +228,8 @@ func TestChainedRewriteWritesValidModels(t *testing.T) {
 // without compute): each TopK is reported, and detection time grows
 // linearly with the chain (a candidate's failure walks its own block, not
 // the rest of the model): four times the copies may not take more than
-// eight times as long (quadratic work would take sixteen).
+// ten times as long (quadratic work would take sixteen; the margin is for
+// a busy machine).
 func TestFailingChainIsLinear(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing")
@@ -257,7 +258,7 @@ func TestFailingChainIsLinear(t *testing.T) {
 	}
 	small, large := detectTime(50), detectTime(200)
 	t.Logf("detection of 50 failing copies %v, of 200 %v (ratio %.1f)", small, large, float64(large)/float64(small))
-	if large > 8*small {
+	if large > 10*small {
 		t.Fatalf("detection of 200 failing copies took %v, of 50 %v: not linear", large, small)
 	}
 }
