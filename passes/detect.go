@@ -682,7 +682,9 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	c.setLimitPos(regionPos)
 	c.idxDeps = nil
 	defer func() { c.setLimit(nil); c.idxDeps = nil }()
-	c.routerPost(tk, ri, &s)
+	if err := c.routerPost(tk, ri, &s); err != nil {
+		fail("%v", err)
+	}
 	plan := &WeightPlan{}
 	kind := c.experts(b, tk, ri, &s, sharedNodes, plan)
 	b.Kind = kind
@@ -1185,8 +1187,9 @@ func (c *ctx) hasWeightMatMul(v, x0 string) bool {
 }
 
 // routerPost reads renormalisation, scaling and (for top-k-then-activation)
-// the activation from the nodes between the top-k values and the experts.
-func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) {
+// the activation from the nodes between the top-k values and the experts,
+// or says why they cannot be read.
+func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) error {
 	seeds := []string{tk.Output[0]}
 	// With a correction bias the weights are the unbiased scores gathered by the indices.
 	if ri.scores != "" {
@@ -1217,7 +1220,7 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) {
 			for _, in := range n.Input {
 				if f, ok := c.scalarFloat(in); ok && f != 1 {
 					if s.RoutedScalingFactor != 1 && s.RoutedScalingFactor != f {
-						fail("routing weights scaled twice (by %g and %g)", s.RoutedScalingFactor, f)
+						return fmt.Errorf("routing weights scaled twice (by %g and %g)", s.RoutedScalingFactor, f)
 					}
 					s.RoutedScalingFactor = f
 				}
@@ -1225,8 +1228,9 @@ func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) {
 		}
 	}
 	if s.RouterActivation == "" {
-		fail("no router activation (softmax or sigmoid) found around the TopK")
+		return errors.New("no router activation (softmax or sigmoid) found around the TopK")
 	}
+	return nil
 }
 
 // routingNodes lists the nodes reached from vals (within c.lim) without

@@ -313,7 +313,10 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 		}
 	}
 	c.setLimit(region)
-	c.routerPost(tk, ri, &s)
+	if err := c.routerPost(tk, ri, &s); err != nil {
+		c.setLimit(nil)
+		fail("%v", err)
+	}
 	c.setLimit(nil)
 	plan := &WeightPlan{Router: Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}, Experts: make([]ExpertProj, L)}
 	if ri.bias != nil {
