@@ -201,3 +201,7 @@ func CheckShape(dt pb.TensorProto_DataType, shape []int, memLimit int64) error {
 	}
 	return nil
 }
+
+// LazyGathers returns how many gathers this process has kept lazy (for
+// tests that check a path is taken).
+func LazyGathers() int64 { return lazyGathers.Load() }

@@ -1,0 +1,248 @@
+package passes
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/models"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+// checkedBlock builds a generated model, detects its one block and reads
+// its weights.
+func checkedBlock(t *testing.T, cfg models.Config) (*graph.Model, *Block, *moe.Weights) {
+	t.Helper()
+	m, err := models.Build(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	det, err := Detect(m)
+	if err != nil || len(det.Blocks) != 1 {
+		t.Fatalf("detect: %v, %+v", err, det)
+	}
+	b := det.Blocks[0]
+	w, err := b.W.Materialize(m, &b.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, b, w
+}
+
+// TestNumericCheckCatchesThroughNewPath: on a static-token batched-experts
+// model (512 tokens, the gathered weights kept lazy, a few distinct tokens
+// repeated over the token dim) and on a symbolic-token one, the check
+// passes the true semantics and refuses each broken one: one weight moved
+// by 1e-2, two experts swapped, renormalisation dropped.
+func TestNumericCheckCatchesThroughNewPath(t *testing.T) {
+	for _, tokens := range []int{512, 0} {
+		for _, tc := range []struct {
+			name   string
+			break_ func(s *moe.Spec, w *moe.Weights)
+			fail   bool
+		}{
+			{"true semantics", func(*moe.Spec, *moe.Weights) {}, false},
+			{"one weight moved by 1e-2", func(s *moe.Spec, w *moe.Weights) {
+				per := len(w.Gate) / s.NumExperts
+				w.Gate[5*per+17] += 1e-2
+			}, true},
+			{"two experts swapped", func(s *moe.Spec, w *moe.Weights) {
+				for _, p := range [][]float32{w.Gate, w.Up, w.Down} {
+					per := len(p) / s.NumExperts
+					for j := 0; j < per; j++ {
+						p[2*per+j], p[6*per+j] = p[6*per+j], p[2*per+j]
+					}
+				}
+			}, true},
+			{"renormalisation dropped", func(s *moe.Spec, _ *moe.Weights) { s.NormalizeTopK = false }, true},
+		} {
+			t.Run(tc.name+map[bool]string{true: "/static 512 tokens", false: "/symbolic tokens"}[tokens > 0], func(t *testing.T) {
+				m, b, w := checkedBlock(t, models.Config{Shape: models.ShapeBatched, Layers: 1, Experts: 8, TopK: 2, Hidden: 32, Inter: 16, Normalize: true, Seed: 3, Tokens: tokens})
+				tc.break_(&b.Spec, w)
+				before := eval.LazyGathers()
+				errs, err := numericCheck(context.Background(), m, []*Block{b}, []*moe.Weights{w}, nil, 64<<20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if eval.LazyGathers() == before {
+					t.Fatal("the gathered expert weights were copied, not kept lazy")
+				}
+				if (errs[0] != nil) != tc.fail {
+					t.Fatalf("check error %v, want failure %v", errs[0], tc.fail)
+				}
+			})
+		}
+	}
+}
+
+// TestNumericCheckOverBudget: a check whose interpreter needs more than the
+// budget fails with an error wrapping eval.ErrMemLimit (not inconclusive,
+// not a crash).
+func TestNumericCheckOverBudget(t *testing.T) {
+	m, b, w := checkedBlock(t, models.Config{Shape: models.ShapeBatched, Layers: 1, Experts: 8, TopK: 2, Hidden: 32, Inter: 16, Normalize: true, Seed: 3, Tokens: 512})
+	_, err := numericCheck(context.Background(), m, []*Block{b}, []*moe.Weights{w}, nil, 20<<10)
+	if err == nil || !strings.Contains(err.Error(), "memory limit exceeded") {
+		t.Fatalf("want a memory-limit error, got %v", err)
+	}
+}
+
+// spreadBinades multiplies every element of the model's float initializers
+// of rank >= 2 (the weights) by 2^e, e uniform in [lo, hi].
+func spreadBinades(t *testing.T, m *graph.Model, lo, hi int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(7, 9))
+	for _, p := range m.Proto.Graph.Initializer {
+		if graph.DataType(p) != pb.TensorProto_FLOAT || len(p.GetDims()) < 2 {
+			continue
+		}
+		x, err := eval.FromProto(p, m.TensorBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range x.F32 {
+			x.F32[i] = float32(math.Ldexp(float64(x.F32[i]), lo+rng.IntN(hi-lo+1)))
+		}
+		q := moe.Float32Tensor(p.GetName(), p.GetDims(), x.F32)
+		p.RawData, p.FloatData, p.DataLocation, p.ExternalData = q.RawData, q.FloatData, q.DataLocation, q.ExternalData
+	}
+}
+
+// toDouble rewrites m to compute in float64: float initializers and graph
+// inputs and outputs become DOUBLE (the generated graphs hold no casts).
+func toDouble(t *testing.T, m *graph.Model) *graph.Model {
+	t.Helper()
+	c := &graph.Model{Proto: proto.Clone(m.Proto).(*pb.ModelProto), Dir: m.Dir}
+	for _, p := range c.Proto.Graph.Initializer {
+		if graph.DataType(p) != pb.TensorProto_FLOAT {
+			continue
+		}
+		x, err := eval.FromProto(p, m.TensorBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := make([]float64, len(x.F32))
+		for i, v := range x.F32 {
+			d[i] = float64(v)
+		}
+		p.RawData, p.FloatData, p.DataLocation, p.ExternalData = nil, nil, nil, nil
+		p.DataType = proto.Int32(int32(pb.TensorProto_DOUBLE))
+		p.DoubleData = d
+	}
+	for _, v := range append(c.Proto.Graph.Input, c.Proto.Graph.Output...) {
+		if tt := v.GetType().GetTensorType(); tt != nil && tt.GetElemType() == int32(pb.TensorProto_FLOAT) {
+			tt.ElemType = proto.Int32(int32(pb.TensorProto_DOUBLE))
+		}
+	}
+	return c
+}
+
+// TestWideBinadeTolerance: a block whose weights span 40 binades (2^-30 to
+// 2^10 times their usual size) computes, in float32, outputs whose
+// elements are sums of terms of very different sizes; the order of those
+// sums differs between the original graph and the fused semantics. A
+// float64 evaluation of the original graph is the truth that decides: both
+// float32 results are within float32 rounding of it, relative to each
+// token's output magnitude, so the check must pass the true semantics, and
+// still refuse a moved weight and swapped experts.
+func TestWideBinadeTolerance(t *testing.T) {
+	cfg := models.Config{Shape: models.ShapeBatched, Layers: 1, Experts: 8, TopK: 2, Hidden: 64, Inter: 64, Normalize: true, Seed: 5}
+	for _, tc := range []struct {
+		name   string
+		break_ func(s *moe.Spec, w *moe.Weights)
+		fail   bool
+	}{
+		{"true semantics", func(*moe.Spec, *moe.Weights) {}, false},
+		{"two experts swapped", func(s *moe.Spec, w *moe.Weights) {
+			per := len(w.Down) / s.NumExperts
+			for j := 0; j < per; j++ {
+				w.Down[2*per+j], w.Down[6*per+j] = w.Down[6*per+j], w.Down[2*per+j]
+			}
+		}, true},
+		{"renormalisation dropped", func(s *moe.Spec, _ *moe.Weights) { s.NormalizeTopK = false }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := models.Build(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spreadBinades(t, m, -30, 10)
+			det, err := Detect(m)
+			if err != nil || len(det.Blocks) != 1 {
+				t.Fatalf("detect: %v", err)
+			}
+			b := det.Blocks[0]
+			w, err := b.W.Materialize(m, &b.Spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.name == "true semantics" {
+				reassociationOnly(t, m, b, w)
+			}
+			tc.break_(&b.Spec, w)
+			errs, err := numericCheck(context.Background(), m, []*Block{b}, []*moe.Weights{w}, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (errs[0] != nil) != tc.fail {
+				t.Fatalf("check error %v, want failure %v", errs[0], tc.fail)
+			}
+		})
+	}
+}
+
+// reassociationOnly shows, with a float64 evaluation of the original graph
+// as the truth, that the float32 original and the float32 fused semantics
+// differ from it by float32 rounding relative to each token's magnitude
+// (and logs how far apart they are element-wise).
+func reassociationOnly(t *testing.T, m *graph.Model, b *Block, w *moe.Weights) {
+	t.Helper()
+	feeds, err := checkFeeds(m, 1, 14, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := feeds[m.Proto.Graph.Input[0].GetName()]
+	out32, err := eval.Run(context.Background(), m, feeds, eval.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := toDouble(t, m)
+	xd := make([]float64, len(x.F32))
+	for i, v := range x.F32 {
+		xd[i] = float64(v)
+	}
+	in := md.Proto.Graph.Input[0].GetName()
+	out64, err := eval.Run(context.Background(), md, map[string]*eval.Tensor{in: eval.NewFloat64(x.Shape, xd)}, eval.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := m.Proto.Graph.Output[0].GetName()
+	y32, y64 := out32[name].F32, out64[name].F64
+	H := b.Spec.Hidden
+	got, err := moe.Forward(&b.Spec, w, x.F32, len(x.F32)/H)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worstElem, worstTok, worstTruth := 0.0, 0.0, 0.0
+	for tok := 0; tok*H < len(y32); tok++ {
+		mag := 0.0
+		for j := tok * H; j < (tok+1)*H; j++ {
+			mag = max(mag, math.Abs(y64[j]))
+		}
+		for j := tok * H; j < (tok+1)*H; j++ {
+			d := math.Abs(float64(got[j]) - float64(y32[j]))
+			worstElem = max(worstElem, d/(1e-30+math.Abs(float64(y32[j]))))
+			worstTok = max(worstTok, d/mag)
+			worstTruth = max(worstTruth, math.Abs(float64(y32[j])-y64[j])/mag, math.Abs(float64(got[j])-y64[j])/mag)
+		}
+	}
+	t.Logf("fused vs original float32: worst element-relative difference %.3g, worst token-relative %.3g; worst token-relative distance of either from the float64 truth %.3g", worstElem, worstTok, worstTruth)
+	if worstTruth > tokenRTol {
+		t.Fatalf("a float32 result is %.3g (relative to its token's magnitude) from the float64 truth: not rounding", worstTruth)
+	}
+}
