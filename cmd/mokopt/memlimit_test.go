@@ -205,3 +205,26 @@ func TestNestedIfLinear(t *testing.T) {
 	}
 	t.Logf("If nested 1000 deep: %v, 3000 deep: %v", took[1000], took[3000])
 }
+
+// TestRewriteOverBudget: a rewrite whose numerical check needs more than
+// --mem-limit ends with exit 1, no output, and a message naming the budget
+// and the flags that help, instead of a crash; a budget that holds fuses.
+func TestRewriteOverBudget(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.onnx")
+	code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", out, "--mem-limit", "64KiB", "-q"})
+	if code != 1 {
+		t.Fatalf("exit %d (%s), want 1", code, msg)
+	}
+	for _, w := range []string{"memory limit exceeded", "--mem-limit", "--no-check", "no output written"} {
+		if !strings.Contains(msg, w) {
+			t.Errorf("message %q lacks %q", msg, w)
+		}
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("an output was written")
+	}
+	if code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", out, "--mem-limit", "1GiB", "-q"}); code != 0 {
+		t.Fatalf("within budget: exit %d %s", code, msg)
+	}
+}
