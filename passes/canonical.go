@@ -97,7 +97,10 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	has := func(v string) bool {
 		return v == "" || mg.Producer(v) != nil || mg.Initializer(v) != nil || mg.IsInput(v)
 	}
-	callsBefore := calledFunctions(mg.P.Node)
+	var callsBefore map[string]bool
+	if len(m.Proto.Functions) > 0 {
+		callsBefore = calledFunctions(mg.P.Node)
+	}
 
 	byName := map[string]*pb.NodeProto{}
 	for _, n := range wg.P.Node {
@@ -244,7 +247,7 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	// As rewriteIn does, dead code that was there before goes too (it is
 	// attributed to the first fused node).
 	liveAfter := liveNodes(mg)
-	dead := map[*pb.NodeProto]bool{}
+	dead := make(map[*pb.NodeProto]bool, len(mg.P.Node)-len(liveAfter))
 	for _, n := range mg.P.Node {
 		if !liveAfter[n] {
 			dead[n] = true
@@ -303,7 +306,10 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	}
 	mg.P.Initializer = keptInits
 	mg.RemoveNodes(dead) // reindexes, initializers included
-	callsAfter := calledFunctions(mg.P.Node)
+	var callsAfter map[string]bool
+	if len(m.Proto.Functions) > 0 {
+		callsAfter = calledFunctions(mg.P.Node)
+	}
 	keptFuncs := m.Proto.Functions[:0]
 	for _, f := range m.Proto.Functions {
 		k := funcKey(f.GetDomain(), f.GetName(), f.GetOverload())
@@ -332,7 +338,7 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 
 // liveNodes returns the nodes of g whose outputs reach a graph output.
 func liveNodes(g *graph.Graph) map[*pb.NodeProto]bool {
-	live := map[*pb.NodeProto]bool{}
+	live := make(map[*pb.NodeProto]bool, len(g.P.Node))
 	var stack []string
 	for _, v := range g.P.Output {
 		stack = append(stack, v.GetName())

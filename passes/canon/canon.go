@@ -173,7 +173,7 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 }
 
 // Apply runs rules over w's graph to a fixed point, counting applications
-// in res.Applied. It offers every node, in topological order, to the rules
+// in res.Applied. It offers every node, in the graph's order, to the rules
 // naming its op (first match wins), then works through a queue of the nodes
 // an application may have enabled: the nodes it added, the consumers of
 // values it produced or rerouted, and the producers of the values its
@@ -194,10 +194,10 @@ func Apply(ctx context.Context, w *Work, rules []Rule, res *Result) error {
 	}
 	merged := map[string][]*Rule{} // byOp[key] then any, by op key
 	w.flush()
-	order, err := w.G.TopoSort()
-	if err != nil {
-		return err
-	}
+	// The node list's order (exporters write it topologically); the queue
+	// brings a node back whenever a neighbour changes, so the fixed point
+	// does not depend on it.
+	order := w.G.P.Node
 	queue := slices.Clone(order)
 	queued := make(map[*pb.NodeProto]bool, len(queue))
 	for _, n := range queue {
