@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
@@ -124,6 +125,10 @@ func DecodeFloat32(dt pb.TensorProto_DataType, raw []byte) ([]float32, error) {
 	switch dt {
 	case pb.TensorProto_FLOAT:
 		out := make([]float32, len(raw)/4)
+		if hostLittleEndian && len(out) > 0 { // the same bytes: one copy
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 4*len(out)), raw)
+			return out, nil
+		}
 		for i := range out {
 			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 		}
@@ -154,3 +159,10 @@ func DecodeFloat32(dt pb.TensorProto_DataType, raw []byte) ([]float32, error) {
 func DataType(t *pb.TensorProto) pb.TensorProto_DataType {
 	return pb.TensorProto_DataType(t.GetDataType())
 }
+
+// hostLittleEndian reports whether this machine stores numbers as ONNX's
+// raw data does (little-endian).
+var hostLittleEndian = func() bool {
+	v := uint16(1)
+	return *(*byte)(unsafe.Pointer(&v)) == 1
+}()
