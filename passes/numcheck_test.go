@@ -246,3 +246,39 @@ func reassociationOnly(t *testing.T, m *graph.Model, b *Block, w *moe.Weights) {
 		t.Fatalf("a float32 result is %.3g (relative to its token's magnitude) from the float64 truth: not rounding", worstTruth)
 	}
 }
+
+// TestSymbolicDimsStaticTrace: an export whose input declares symbolic
+// dims while a Reshape inside pins the traced token count gets a
+// conclusive check (random inputs of the pinned shape, no inconclusive
+// warning) that passes the true semantics and refuses swapped experts.
+func TestSymbolicDimsStaticTrace(t *testing.T) {
+	f := "../testdata/producers/symbolic_static_hf4_mixtral.onnx"
+	for _, swap := range []bool{false, true} {
+		m, err := graph.Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		det, err := Detect(m)
+		if err != nil || len(det.Blocks) != 1 {
+			t.Fatalf("detect: %v", err)
+		}
+		b := det.Blocks[0]
+		w, err := b.W.Materialize(m, &b.Spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if swap {
+			per := len(w.Down) / b.Spec.NumExperts
+			for j := 0; j < per; j++ {
+				w.Down[j], w.Down[per+j] = w.Down[per+j], w.Down[j]
+			}
+		}
+		errs, err := numericCheck(context.Background(), m, []*Block{b}, []*moe.Weights{w}, nil, 0)
+		if err != nil {
+			t.Fatalf("swap %v: %v", swap, err)
+		}
+		if (errs[0] != nil) != swap {
+			t.Fatalf("swap %v: check error %v", swap, errs[0])
+		}
+	}
+}
