@@ -62,7 +62,7 @@ pysave='import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); 
 verdict() { if awk "BEGIN{exit !($1)}"; then echo PASS; else echo FAIL; fi; }
 
 echo "# 1. batched-experts models, static T: default rewrite vs load+save; peak RSS vs 1.5 x weights + 1 GiB (REPS=$REPS, $W)"
-printf "%6s %4s %2s %5s %5s | %9s | %8s %8s %7s %6s | %8s %9s %6s\n" T E k H I weights_MiB ls_s rw_s rw/ls <=10x rss_MiB bound_MiB rss_ok
+printf "%6s %4s %2s %5s %5s | %9s | %8s %8s %7s %6s | %8s %9s %6s\n" T E k H I weights_MiB ls_s rw_s rw/ls "<=10x" rss_MiB bound_MiB rss_ok
 for c in $CASES; do
 	IFS=: read -r T E K H I <<<"$c"
 	in="$W/b_${T}_${E}.onnx"
@@ -83,7 +83,8 @@ done
 echo "# 2. pre-norm residual stack of $STACK_N copies of $(basename "$STACK_BLOCK"): default rewrite vs load+save (mokopt, Python onnx)"
 in="$W/stack_$STACK_N.onnx"
 "$W/stack" -n "$STACK_N" "$STACK_BLOCK" "$in"
-nodes=$("$M" -q inspect "$in" | head -1 | grep -o '[0-9]* nodes' | grep -o '[0-9]*')
+"$M" -q inspect "$in" >"$W/inspect.txt"
+nodes=$(head -1 "$W/inspect.txt" | grep -o '[0-9]* nodes' | grep -o '[0-9]*')
 measure ls "$W/loadsave" "$in" "$W/ls.onnx"
 ls_w=$T_WALL
 measure py "$PY" -c "$pysave" "$in" "$W/py.onnx"

@@ -163,3 +163,60 @@ func TestMatMulDistinctRows(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockBroadcast: the index-free broadcasts give what the general
+// path gives.
+func TestBlockBroadcast(t *testing.T) {
+	for _, c := range []struct{ in, out []int }{
+		{[]int{4, 1}, []int{4, 3}}, {[]int{3}, []int{4, 3}}, {[]int{1, 3}, []int{4, 3}}, {[]int{2, 1, 1}, []int{2, 3, 4}},
+		{[]int{3, 4}, []int{2, 3, 4}}, {[]int{2, 1, 4}, []int{2, 3, 4}}, {[]int{1}, []int{5}},
+	} {
+		a := make([]float32, numel(c.out))
+		for i := range a {
+			a[i] = float32(i)
+		}
+		b := make([]float32, numel(c.in))
+		for i := range b {
+			b[i] = float32(1000 * (i + 1))
+		}
+		got, _, err := broadcast2(a, c.out, b, c.in, func(x, y float32) float32 { return x + y })
+		if err != nil {
+			t.Fatal(err)
+		}
+		bi := bcastIndex(c.in, c.out)
+		for i := range got {
+			y := i
+			if bi != nil {
+				y = bi[i]
+			}
+			if got[i] != a[i]+b[y] {
+				t.Fatalf("%v over %v: element %d is %g, want %g", c.in, c.out, i, got[i], a[i]+b[y])
+			}
+		}
+		got2, _, _ := broadcast2(b, c.in, a, c.out, func(x, y float32) float32 { return x + y })
+		for i := range got2 {
+			if got2[i] != got[i] {
+				t.Fatalf("%v over %v swapped: element %d differs", c.in, c.out, i)
+			}
+		}
+	}
+}
+
+// TestUnaryDistinctRows: a transcendental op on a large tensor of repeated
+// rows equals the op element by element.
+func TestUnaryDistinctRows(t *testing.T) {
+	const rows, H = 1 << 12, 64
+	x := make([]float32, rows*H)
+	for i := range x {
+		x[i] = float32(math.Sin(float64((i/H)%5*H + i%H)))
+	}
+	res, err := runOp(t, 18, "Sigmoid", nil, 1, NewFloat32([]int{rows, H}, x))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range x {
+		if want := float32(1 / (1 + math.Exp(-float64(v)))); math.Abs(float64(res[0].F32[i]-want)) > 1e-7 {
+			t.Fatalf("element %d: %g, want %g", i, res[0].F32[i], want)
+		}
+	}
+}

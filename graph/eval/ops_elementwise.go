@@ -32,6 +32,28 @@ func broadcast2[A, B, R any](a []A, ash []int, b []B, bsh []int, f func(A, B) R)
 		for i := range out {
 			out[i] = f(av, b[i])
 		}
+	case slices.Equal(ash, shape) && blockBroadcast(bsh, shape) != 0:
+		// b repeats along trailing dims (inner > 0: b[i/inner]) or
+		// leading dims (inner < 0: b[i%len(b)]), with no index arrays.
+		if inner := blockBroadcast(bsh, shape); inner > 0 {
+			for i := range out {
+				out[i] = f(a[i], b[i/inner])
+			}
+		} else {
+			for i := range out {
+				out[i] = f(a[i], b[i%len(b)])
+			}
+		}
+	case slices.Equal(bsh, shape) && blockBroadcast(ash, shape) != 0:
+		if inner := blockBroadcast(ash, shape); inner > 0 {
+			for i := range out {
+				out[i] = f(a[i/inner], b[i])
+			}
+		} else {
+			for i := range out {
+				out[i] = f(a[i%len(a)], b[i])
+			}
+		}
 	default:
 		ai := bcastIndex(ash, shape)
 		bi := bcastIndex(bsh, shape)
@@ -47,6 +69,40 @@ func broadcast2[A, B, R any](a []A, ash []int, b []B, bsh []int, f func(A, B) R)
 		}
 	}
 	return out, shape, nil
+}
+
+// blockBroadcast says how an operand of shape in repeats over out when its
+// (right-aligned) dims are out's leading dims followed by ones: the size of
+// the repeated trailing block (> 0); or ones followed by out's trailing
+// dims: -1 (it repeats whole); 0 for any other broadcast or a size-0 out.
+func blockBroadcast(in, out []int) int {
+	if numel(out) == 0 || numel(in) == 0 || len(in) > len(out) {
+		return 0
+	}
+	pad := make([]int, len(out))
+	for i := range pad {
+		pad[i] = 1
+	}
+	copy(pad[len(out)-len(in):], in)
+	k := 0 // leading dims equal to out's
+	for k < len(out) && pad[k] == out[k] {
+		k++
+	}
+	rest := true
+	for _, d := range pad[k:] {
+		rest = rest && d == 1
+	}
+	if rest && k > 0 {
+		return numel(out[k:])
+	}
+	j := 0 // leading ones
+	for j < len(out) && pad[j] == 1 {
+		j++
+	}
+	if slices.Equal(pad[j:], out[j:]) {
+		return -1
+	}
+	return 0
 }
 
 // arith is a binary numeric operation per storage class (nil: unsupported).
@@ -546,6 +602,9 @@ func kUnary(op string) KernelFunc {
 					out.F32[i] = max(v, 0)
 				}
 			default:
+				if unaryDistinctRows(x, out, f) {
+					break
+				}
 				for i, v := range x.F32 {
 					out.F32[i] = float32(f(float64(v)))
 				}
@@ -1082,4 +1141,41 @@ func init() {
 	builtin("", kClip, "Clip")
 	builtin("", kCast, "Cast")
 	builtin("", kCastLike, "CastLike")
+}
+
+// unaryDistinctRows applies f to a large float tensor row by row (a row is
+// its last dim), computing each distinct row (bit for bit) once: equal
+// inputs give equal outputs, and a tensor of a few tokens repeated (the
+// numerical check's inputs over a static token count) then costs its
+// distinct rows. It returns false, having done nothing, when x is small or
+// has few repeated rows.
+func unaryDistinctRows(x, out *Tensor, f func(float64) float64) bool {
+	if len(x.F32) < 1<<16 || len(x.Shape) < 2 {
+		return false
+	}
+	H := x.Shape[len(x.Shape)-1]
+	if H < 8 {
+		return false
+	}
+	rows := len(x.F32) / H
+	cls, d := slabClasses(rows, H, func(i int) []float32 { return x.F32[i*H : (i+1)*H] })
+	if d > rows/2 {
+		return false
+	}
+	done := make([]int, d)
+	for i := range done {
+		done[i] = -1
+	}
+	for r, k := range cls {
+		dst := out.F32[r*H : (r+1)*H]
+		if j := done[k]; j >= 0 {
+			copy(dst, out.F32[j*H:(j+1)*H])
+			continue
+		}
+		for i, v := range x.F32[r*H : (r+1)*H] {
+			dst[i] = float32(f(float64(v)))
+		}
+		done[k] = r
+	}
+	return true
 }
