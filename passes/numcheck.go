@@ -293,7 +293,11 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	// another: a tighter garbage-collection target keeps the process near
 	// its live data (weights and the values alive at once) rather than
 	// twice that.
-	defer debug.SetGCPercent(debug.SetGCPercent(50))
+	old := debug.SetGCPercent(50)
+	defer func() {
+		debug.SetGCPercent(old)
+		debug.FreeOSMemory() // the checked weights are garbage now too
+	}()
 	ran := 0
 	distinct := checkTokens(blocks)
 	var lastErr error
