@@ -3,7 +3,8 @@
 # ratios measured in one run on the same files:
 #
 #   1. Generated batched-experts models (transformers' batched_mm export
-#      shape, static token count T): default rewrite (check on) against
+#      shape, static token count T): default rewrite (check on; nochk_s is
+#      rewrite --no-check, for the check's share) against
 #      mokopt's own load+save (bench/loadsave) of the same file; peak RSS
 #      against 1.5 x the model's weight bytes + 1 GiB. Cases T:E:k:H:I,
 #      default "512:64:8:1024:512 4096:64:8:1024:512 8192:256:8:512:256".
@@ -62,7 +63,7 @@ pysave='import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); 
 verdict() { if awk "BEGIN{exit !($1)}"; then echo PASS; else echo FAIL; fi; }
 
 echo "# 1. batched-experts models, static T: default rewrite vs load+save; peak RSS vs 1.5 x weights + 1 GiB (REPS=$REPS, $W)"
-printf "%6s %4s %2s %5s %5s | %9s | %8s %8s %7s %6s | %8s %9s %6s\n" T E k H I weights_MiB ls_s rw_s rw/ls "<=10x" rss_MiB bound_MiB rss_ok
+printf "%6s %4s %2s %5s %5s | %9s | %8s %8s %8s %7s %6s | %8s %9s %6s\n" T E k H I weights_MiB ls_s nochk_s rw_s rw/ls "<=10x" rss_MiB bound_MiB rss_ok
 for c in $CASES; do
 	IFS=: read -r T E K H I <<<"$c"
 	in="$W/b_${T}_${E}.onnx"
@@ -70,13 +71,15 @@ for c in $CASES; do
 	wb=$(($(stat -c %s "$in.data")))
 	measure ls "$W/loadsave" "$in" "$W/ls.onnx"
 	ls_w=$T_WALL
+	measure nc "$M" -q rewrite --no-check "$in" -o "$W/rw.onnx"
+	nc_w=$T_WALL
 	measure rw "$M" -q rewrite "$in" -o "$W/rw.onnx"
 	rw_w=$T_WALL rw_rss=$T_RSS
 	grep -q "1 MoE block(s) fused" "$W/out.rw" || { echo "T=$T: not fused" >&2; cat "$W/out.rw" >&2; }
 	bound=$(awk "BEGIN{printf \"%.0f\", (1.5 * $wb + 2^30) / 2^20}")
 	r=$(ratio "$rw_w" "$ls_w")
-	printf "%6d %4d %2d %5d %5d | %9.0f | %8s %8s %7s %6s | %8.0f %9s %6s\n" "$T" "$E" "$K" "$H" "$I" "$(awk "BEGIN{print $wb / 2^20}")" \
-		"$ls_w" "$rw_w" "$r" "$(verdict "$r <= 10")" "$(awk "BEGIN{print $rw_rss / 1024}")" "$bound" "$(verdict "$rw_rss / 1024 <= $bound")"
+	printf "%6d %4d %2d %5d %5d | %9.0f | %8s %8s %8s %7s %6s | %8.0f %9s %6s\n" "$T" "$E" "$K" "$H" "$I" "$(awk "BEGIN{print $wb / 2^20}")" \
+		"$ls_w" "$nc_w" "$rw_w" "$r" "$(verdict "$r <= 10")" "$(awk "BEGIN{print $rw_rss / 1024}")" "$bound" "$(verdict "$rw_rss / 1024 <= $bound")"
 	[[ ${KEEP:-0} == 1 ]] || rm -f "$in" "$in.data" "$W"/ls.onnx* "$W"/rw.onnx*
 done
 
@@ -89,11 +92,13 @@ measure ls "$W/loadsave" "$in" "$W/ls.onnx"
 ls_w=$T_WALL
 measure py "$PY" -c "$pysave" "$in" "$W/py.onnx"
 py_w=$T_WALL
+measure nc "$M" -q rewrite --no-check "$in" -o "$W/rw.onnx"
+nc_w=$T_WALL
 measure rw "$M" -q rewrite "$in" -o "$W/rw.onnx"
 rw_w=$T_WALL rw_rss=$T_RSS
 fused=$(grep -o '[0-9]* MoE block(s) fused' "$W/out.rw" | grep -o '^[0-9]*')
 r_ls=$(ratio "$rw_w" "$ls_w") r_py=$(ratio "$rw_w" "$py_w")
-printf "%7s %10s | %8s %8s %8s | %7s %6s | %7s %6s | %8s %6s\n" nodes bytes ls_s py_s rw_s rw/ls "<=1.5" rw/py "<1" rss_MiB fused
-printf "%7d %10d | %8s %8s %8s | %7s %6s | %7s %6s | %8.0f %6s\n" "$nodes" "$(stat -c %s "$in")" "$ls_w" "$py_w" "$rw_w" \
+printf "%7s %10s | %8s %8s %8s %8s | %7s %6s | %7s %6s | %8s %6s\n" nodes bytes ls_s py_s nochk_s rw_s rw/ls "<=1.5" rw/py "<1" rss_MiB fused
+printf "%7d %10d | %8s %8s %8s %8s | %7s %6s | %7s %6s | %8.0f %6s\n" "$nodes" "$(stat -c %s "$in")" "$ls_w" "$py_w" "$nc_w" "$rw_w" \
 	"$r_ls" "$(verdict "$r_ls <= 1.5")" "$r_py" "$(verdict "$r_py < 1")" "$(awk "BEGIN{print $rw_rss / 1024}")" "$fused/$STACK_N"
 [[ ${KEEP:-0} == 1 ]] || rm -f "$in" "$W"/ls.onnx* "$W"/rw.onnx* "$W"/py.onnx*

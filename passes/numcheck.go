@@ -277,13 +277,15 @@ func distinctRows(x []float32, H int) ([]float32, []int) {
 // checkTokens distinct tokens; further seeds only if a run fails),
 // captures each block's input and output, and compares the output with the
 // fused node's reference semantics on the captured input; a nil entry of
-// ws is read from the block's weight plan when the block is checked. It returns one
+// ws is read from the block's weight plan when the block is checked, and
+// stored back into ws where retain says so (weights the caller needs in
+// memory anyway); the others are dropped after their block. It returns one
 // error (or nil) per block. A block whose fused input has the wrong shape
 // but whose router input fits is switched to the router input.
 //
 // With data (CheckData) the model runs on those input sets instead, each of
 // which must run; the case label in messages is then the set's position.
-func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, data []map[string]*eval.Tensor, memLimit int64) ([]error, error) {
+func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, data []map[string]*eval.Tensor, memLimit int64, retain ...bool) ([]error, error) {
 	errs := make([]error, len(blocks))
 	want := map[string]bool{}
 	for _, b := range blocks {
@@ -377,6 +379,9 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 				continue
 			}
 			got := expandRows(gd, of, b.Spec.Hidden)
+			if i < len(retain) && retain[i] {
+				ws[i] = w // the caller writes these weights (already in memory)
+			}
 			peak := 0.0
 			for _, v := range y.F32 {
 				peak = max(peak, math.Abs(float64(v)))

@@ -147,7 +147,17 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		}
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
 		opt.progress("check", 0, len(bs))
-		errs, err := numericCheck(ctx, m, bs, ws, opt.CheckData, opt.MemLimit)
+		// Weights stored inside the model are written from memory by
+		// emit: the check hands back the copies it reads. Side-file weights
+		// are streamed at save time, so theirs are dropped after each block.
+		retain := make([]bool, len(todo))
+		for i, r := range todo {
+			retain[i] = true
+			for j := range r.ts {
+				retain[i] = retain[i] && !r.ts[j].external()
+			}
+		}
+		errs, err := numericCheck(ctx, m, bs, ws, opt.CheckData, opt.MemLimit, retain...)
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
 			errs, err = make([]error, len(bs)), nil
@@ -158,6 +168,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		opt.progress("check", len(bs), len(bs))
 		kept := todo[:0]
 		for i, r := range todo {
+			r.w = ws[i]
 			if errs[i] != nil {
 				rep.Refused = append(rep.Refused, NearMiss{Node: r.b.Name, Reason: errs[i].Error()})
 				continue
