@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
 )
@@ -172,6 +173,12 @@ func floats(m *graph.Model, t *pb.TensorProto, cache map[*pb.TensorProto][]float
 	b, err := m.TensorBytes(t)
 	if err != nil {
 		return nil, err
+	}
+	if graph.IsExternal(t) && graph.DataType(t) == pb.TensorProto_FLOAT {
+		if f, ok := eval.Float32View(b); ok { // external data is read into a fresh buffer
+			cache[t] = f
+			return f, nil
+		}
 	}
 	f, err := graph.DecodeFloat32(graph.DataType(t), b)
 	if err != nil {

@@ -50,3 +50,14 @@ func initializerTensor(p *pb.TensorProto, bytesFn BytesFunc) (*Tensor, error) {
 	}
 	return &Tensor{DType: pb.TensorProto_FLOAT, Shape: shape, F32: unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), n)}, nil
 }
+
+// Float32View returns raw's bytes as float32 values without a copy when the
+// host stores floats as ONNX raw data does and raw is aligned for them
+// (false otherwise). The caller must own raw: a fresh buffer, such as
+// external data just read, that nothing else writes.
+func Float32View(raw []byte) ([]float32, bool) {
+	if !littleEndian || len(raw) == 0 || len(raw)%4 != 0 || uintptr(unsafe.Pointer(&raw[0]))%4 != 0 {
+		return nil, false
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), len(raw)/4), true
+}
