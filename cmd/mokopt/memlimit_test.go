@@ -160,6 +160,7 @@ func TestResourceBombs(t *testing.T) {
 			[]string{"--mem-limit", "256MiB"}},
 		{"Loop trip count 1e15", bombModel([]*pb.NodeProto{loop}, []*pb.TensorProto{scalarI64("trips", 1e15)}), 1, []string{"work limit exceeded", "Loop"}, nil},
 		{"functions 40 deep, fan-out 2", nestedFunctions(40), 1, []string{"work limit exceeded", "functions"}, nil},
+		{"small model over a huge sparse side file", hugeSideFile(), 1, []string{"memory limit exceeded", `initializer "w"`, "--mem-limit"}, []string{"--mem-limit", "1GiB"}},
 		{"declared dims [2^40, 2^40]", bombModel([]*pb.NodeProto{graph.NewNode("Relu", "", "r", []string{"x"}, []string{"y"})}, nil, huge), 2, []string{"too large", `"x"`}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -167,6 +168,17 @@ func TestResourceBombs(t *testing.T) {
 			f := filepath.Join(dir, "bomb.onnx")
 			if err := os.WriteFile(f, marshal(t, c.mp), 0o644); err != nil {
 				t.Fatal(err)
+			}
+			if c.name == "small model over a huge sparse side file" {
+				// 16 GiB of holes: the initializer's dims say so, no disk is used.
+				sf, err := os.Create(filepath.Join(dir, "w.bin"))
+				if err == nil {
+					err = sf.Truncate(16 << 30)
+					sf.Close()
+				}
+				if err != nil {
+					t.Skipf("sparse side file: %v", err)
+				}
 			}
 			for _, args := range [][]string{append([]string{"verify", f, f}, c.flags...)} {
 				code, msg, err := runCLI(context.Background(), args)
@@ -227,4 +239,13 @@ func TestRewriteOverBudget(t *testing.T) {
 	if code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", out, "--mem-limit", "1GiB", "-q"}); code != 0 {
 		t.Fatalf("within budget: exit %d %s", code, msg)
 	}
+}
+
+// hugeSideFile is Relu(x) + w where w is a [2^16, 2^16] float initializer
+// in the side file w.bin (16 GiB, made sparse by the test).
+func hugeSideFile() *pb.ModelProto {
+	w := &pb.TensorProto{Name: proto.String("w"), Dims: []int64{1 << 16, 1 << 16}, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)),
+		DataLocation: pb.TensorProto_EXTERNAL.Enum(), ExternalData: []*pb.StringStringEntryProto{{Key: proto.String("location"), Value: proto.String("w.bin")}}}
+	return bombModel([]*pb.NodeProto{graph.NewNode("Relu", "", "r", []string{"x"}, []string{"rx"}), graph.NewNode("Add", "", "a", []string{"rx", "w"}, []string{"y"})},
+		[]*pb.TensorProto{w})
 }
