@@ -289,7 +289,10 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 			if mg.Initializer(v) == nil {
 				continue
 			}
-			if j, ok := initOwner[v]; !ok || i < j {
+			// As in block-by-block removal, an initializer several
+			// blocks read goes with the last of them: the one whose
+			// removal leaves it without readers.
+			if j, ok := initOwner[v]; !ok || i > j {
 				initOwner[v] = i
 			}
 		}
