@@ -387,13 +387,22 @@ func TestOverlappingBlocksRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := newCtx(m, m.Graph())
-	if err != nil {
-		t.Fatal(err)
+	// Blocks name the nodes of the graph detection searched: the
+	// canonical working copy when canonicalization changes the model
+	// (its nodes are messages of its own, new on each call), else the
+	// model itself. Detect's steps are run here over one such view, so
+	// that the blocks and the context share it.
+	view, _, _ := canonicalView(context.Background(), m)
+	if view == nil {
+		view = m
 	}
-	det, err := Detect(m)
+	det, err := detectIn(view, view.Graph(), DetectOptions{})
 	if err != nil || len(det.Blocks) != 1 {
 		t.Fatalf("detect: %v", err)
+	}
+	c, err := newCtx(view, view.Graph())
+	if err != nil {
+		t.Fatal(err)
 	}
 	b := det.Blocks[0]
 	half := &Block{TopK: b.TopK, Output: "other", Region: b.Region[len(b.Region)/2:]}
