@@ -17,7 +17,7 @@ layers='
 5 passes diff
 6 lowering models
 7 .
-8 cmd/mokopt ortrun bench/loadsave bench/chain tools/scrubpaths
+8 cmd/mokopt ortrun bench/loadsave bench/chain bench/stack tools/scrubpaths
 '
 set -euo pipefail
 cd "$(dirname "$0")/.."
