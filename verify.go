@@ -72,6 +72,7 @@ func (o VerifyOptions) lower() (verify.Options, error) {
 	}
 	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine, QuantBound: o.QuantBound}
 	vo.Eval.MemLimit = o.MemLimit
+	vo.Eval.Kernels = Kernels()
 	if o.Progress != nil {
 		vo.Progress = func(done, total int) { o.Progress.report(StageVerify, done, total) }
 	}

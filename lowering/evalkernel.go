@@ -11,7 +11,10 @@ import (
 	"github.com/mokopt/mokopt/kernel/mxfp8"
 )
 
-func init() { eval.Register(Domain, OpType, evalKernel) }
+// AddKernels adds the Go kernel of ai.mok::MoKDispatchFFNCombine (MXFP8
+// as the MoK kernel computes it) to k and returns k. Nothing is registered
+// on import: without it the interpreter runs the node's function body.
+func AddKernels(k *eval.Kernels) *eval.Kernels { return k.Add(Domain, OpType, evalKernel) }
 
 // evalKernel runs ai.mok::MoKDispatchFFNCombine in the reference interpreter
 // as the MoK kernel computes it, up to the order of floating-point sums:

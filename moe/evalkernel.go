@@ -8,7 +8,11 @@ import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
-func init() { eval.Register(Domain, OpType, evalKernel) }
+// AddKernels adds the reference kernel of ai.mok::MoE (also EP shards,
+// run in a simulated group) to k and returns k. Nothing is registered on
+// import: a program evaluating fused nodes through this kernel rather than
+// their function bodies passes the set in eval.Options.Kernels.
+func AddKernels(k *eval.Kernels) *eval.Kernels { return k.Add(Domain, OpType, evalKernel) }
 
 // evalKernel runs ai.mok::MoE in the reference interpreter with the
 // reference semantics of Forward (not the function body), so that the two

@@ -8,14 +8,15 @@ import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
-func init() { Register() }
-
-// Register (re)registers the MoE and QMoE kernels with graph/eval; importing
-// the package already does.
-func Register() {
-	eval.Register(Domain, OpMoE, evalKernel)
-	eval.Register(Domain, OpQMoE, evalKernel)
+// AddKernels adds the kernels of com.microsoft::MoE and QMoE to k and
+// returns k. Nothing is registered on import.
+func AddKernels(k *eval.Kernels) *eval.Kernels {
+	return k.Add(Domain, OpMoE, evalKernel).Add(Domain, OpQMoE, evalKernel)
 }
+
+// Register registers the MoE and QMoE kernels process-wide with graph/eval
+// (eval.Register), for code that runs models without eval.Options.Kernels.
+func Register() { AddKernels(eval.NewKernels()).Register() }
 
 // Source gives a node's inputs by position: dims (nil when absent) and data
 // as float32 (FLOAT/FLOAT16/BFLOAT16) or as integers (UINT8).

@@ -386,7 +386,7 @@ func CheckGroup(ctx context.Context, tbl *ep.Table, ranks []*graph.Model, global
 	if err != nil {
 		return 0, err
 	}
-	want, err := eval.Run(ctx, global, feeds, eval.Options{})
+	want, err := eval.Run(ctx, global, feeds, eval.Options{Kernels: evalKernels()})
 	if err != nil {
 		return 0, fmt.Errorf("global model: %w", err)
 	}
@@ -421,7 +421,7 @@ func CheckGroup(ctx context.Context, tbl *ep.Table, ranks []*graph.Model, global
 			}
 		}
 	}
-	got, err := ep.RunRanks(ctx, tbl, ranks, rf, eval.Options{})
+	got, err := ep.RunRanks(ctx, tbl, ranks, rf, eval.Options{Kernels: evalKernels()})
 	if err != nil {
 		return 0, err
 	}

@@ -315,7 +315,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		} else if feeds, err = checkFeeds(m, seed, distinct, memLimit); err != nil {
 			return nil, err
 		}
-		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, MemLimit: memLimit})
+		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, MemLimit: memLimit, Kernels: evalKernels()})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()

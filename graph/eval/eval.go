@@ -36,6 +36,10 @@ type Options struct {
 	// custom kernel is registered for the same (domain, op_type), so the two
 	// can be checked against each other.
 	PreferFunctions bool
+	// Kernels are the custom kernels of this run (NewKernels); they take
+	// precedence over kernels registered process-wide, which no package of
+	// this module registers on import.
+	Kernels *Kernels
 	// Threads bounds the goroutines a kernel may use (MatMul); 0 means
 	// GOMAXPROCS.
 	Threads int
@@ -557,7 +561,7 @@ func nodeObj(n *pb.NodeProto) string {
 // runNode dispatches one node: custom kernel, model-local function, built-in.
 func (r *runner) runNode(sc *scope, n *pb.NodeProto, opsets map[string]int64, inputs []*Tensor) ([]*Tensor, error) {
 	dom := normDomain(n.GetDomain())
-	fn, ok, isCustom := lookupKernel(dom, n.GetOpType())
+	fn, ok, isCustom := r.lookup(dom, n.GetOpType())
 	f := r.funcs[funcKey{dom, n.GetOpType(), n.GetOverload()}]
 	if f != nil && (!isCustom || r.opt.PreferFunctions) {
 		return r.callFunction(f, n, opsets, inputs)
