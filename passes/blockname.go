@@ -10,7 +10,7 @@ import (
 // nameScopesKey is the node metadata key under which the PyTorch dynamo
 // exporter records a node's module scopes, outermost first, as a Python
 // list of strings ending with the node's own name:
-// ['', 'm', 'm.model', 'm.model.layers.0', 'm.model.layers.0.mlp', 'topk'].
+// [”, 'm', 'm.model', 'm.model.layers.0', 'm.model.layers.0.mlp', 'topk'].
 const nameScopesKey = "pkg.torch.onnx.name_scopes"
 
 // nodeScope returns the module path a node belongs to, as its components
@@ -52,7 +52,7 @@ func nodeScope(n *pb.NodeProto) []string {
 }
 
 // pyStrings parses a Python list of single- or double-quoted strings
-// without escapes inside ("['', 'm', 'm.model']"); anything else gives nil.
+// without escapes inside ("[”, 'm', 'm.model']"); anything else gives nil.
 func pyStrings(s string) []string {
 	s = strings.TrimSpace(s)
 	if !strings.HasPrefix(s, "[") || !strings.HasSuffix(s, "]") {

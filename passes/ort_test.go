@@ -8,6 +8,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/ortmoe"
 )
 
@@ -100,7 +101,7 @@ func TestORTCheckCatchesWrongKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eval.Register(ortmoe.Domain, ortmoe.OpMoE, func(ctx *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.Tensor, error) {
+	wrong := func(ctx *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.Tensor, error) {
 		a, err := ortmoe.ParseAttrs(n)
 		if err != nil {
 			return nil, err
@@ -112,8 +113,14 @@ func TestORTCheckCatchesWrongKernel(t *testing.T) {
 		}
 		y, err := a.Forward(w, in[0].F32, in[1].F32, in[0].Shape[0])
 		return []*eval.Tensor{eval.NewFloat32(in[0].Shape, y)}, err
-	})
-	defer ortmoe.Register()
+	}
+	// The check evaluates with passes' own kernel set: swap in one whose
+	// com.microsoft::MoE is the wrong kernel.
+	saved := evalKernels
+	evalKernels = func() *eval.Kernels {
+		return moe.AddKernels(eval.NewKernels()).Add(ortmoe.Domain, ortmoe.OpMoE, wrong)
+	}
+	defer func() { evalKernels = saved }()
 	_, err = Rewrite(b.Model, Options{Check: true})
 	if err == nil || !strings.Contains(err.Error(), "numerical check failed") {
 		t.Fatalf("want the numerical check to refuse, got %v", err)
