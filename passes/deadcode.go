@@ -581,23 +581,17 @@ func (d *deadCode) apply() {
 	g.P.ValueInfo = vi
 }
 
-// sortStrings sorts a in increasing order, as sort.Strings does, faster for
-// many strings that share long prefixes (the node names of a block): level
-// by level, it sorts integers packing the next few bytes after the group's
-// common prefix with the string's index, and compares whole strings only in
-// small groups.
-func sortStrings(a []string) {
-	var s sortScratch
-	s.sort(a)
-}
-
-// sortScratch holds the scratch of sortStrings, reused from call to call.
+// sortScratch sorts strings in increasing order, as sort.Strings does, faster
+// for many strings that share long prefixes (the node names of a block):
+// level by level, it sorts integers packing the next few bytes after the
+// group's common prefix with the string's index, and compares whole strings
+// only in small groups. It holds its scratch, reused from call to call.
 type sortScratch struct {
 	keys []uint64
 	tmp  []string
 }
 
-// sort is sortStrings.
+// sort sorts a.
 func (s *sortScratch) sort(a []string) {
 	if len(a) < 16 || len(a) > 1<<chunkIndexBits {
 		sort.Strings(a)

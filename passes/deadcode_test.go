@@ -199,3 +199,9 @@ func labelsOf(nodes []*pb.NodeProto) []string {
 	}
 	return out
 }
+
+// sortStrings sorts a with a fresh sortScratch.
+func sortStrings(a []string) {
+	var s sortScratch
+	s.sort(a)
+}

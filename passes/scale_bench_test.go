@@ -1,7 +1,6 @@
 package passes
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -37,7 +36,7 @@ func BenchmarkDetectUnrolled(b *testing.B) {
 			b.Fatal(err)
 		}
 		if len(det.Blocks) != cfg.Layers {
-			b.Fatal(fmt.Sprintf("%d blocks, want %d", len(det.Blocks), cfg.Layers))
+			b.Fatalf("%d blocks, want %d", len(det.Blocks), cfg.Layers)
 		}
 	}
 	b.ReportMetric(float64(nodes), "nodes/op")

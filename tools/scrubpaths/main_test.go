@@ -7,7 +7,7 @@ func TestScrub(t *testing.T) {
 		in, want string
 		changed  bool
 	}{
-		{`File "/work/x/.gen/export_moe.py", line 128, in forward`, `File "export_moe.py", line 128, in forward`, true},
+		{`File "/home/u/x/.gen/export_moe.py", line 128, in forward`, `File "export_moe.py", line 128, in forward`, true},
 		{`  File "/opt/torch/.venv/lib/python3.12/site-packages/transformers/models/olmoe/modeling_olmoe.py", line 357, in forward`,
 			`  File "transformers/models/olmoe/modeling_olmoe.py", line 357, in forward`, true},
 		{`File "exporter/repo/.tools/fixtures/export_moe.py", line 124`, `File "exporter/repo/.tools/fixtures/export_moe.py", line 124`, false},
