@@ -1,6 +1,6 @@
 package mokopt
 
-import "github.com/mokopt/mokopt/diff"
+import "github.com/mokopt/mokopt/internal/diff"
 
 // DiffResult is a structural comparison of two models; render it with the
 // diff package (Text, JSON, Markdown, DOT, HTML).

@@ -3,8 +3,8 @@ package mokopt
 import (
 	"context"
 
-	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/internal/ep"
 	"github.com/mokopt/mokopt/kernel"
 	"github.com/mokopt/mokopt/lowering"
 	"github.com/mokopt/mokopt/passes"

@@ -6,9 +6,9 @@ import (
 	"strings"
 
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/mokopt/mokopt/lowering"
 	"github.com/mokopt/mokopt/passes"
-	"github.com/mokopt/mokopt/verify"
 )
 
 // InputError describes a malformed or unreadable input, naming the file and,

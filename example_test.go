@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/mokopt/mokopt"
-	"github.com/mokopt/mokopt/diff"
+	"github.com/mokopt/mokopt/internal/diff"
 )
 
 // The bundled example: one Mixtral MoE block exported by torch.onnx dynamo

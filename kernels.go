@@ -4,9 +4,9 @@ import (
 	"sync"
 
 	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/lowering"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/ortmoe"
 )
 
 // Kernels returns the Go kernels of every custom op mokopt writes or

@@ -7,8 +7,8 @@ import (
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/mokopt/mokopt/models"
-	"github.com/mokopt/mokopt/verify"
 )
 
 // TestKernelsAreExplicit: this test binary links every package with a Go

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/mokopt/mokopt/graph/eval"
-	"github.com/mokopt/mokopt/verify"
+	"github.com/mokopt/mokopt/internal/verify"
 
 	"github.com/mokopt/mokopt/passes"
 )

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/mokopt/mokopt/verify"
+	"github.com/mokopt/mokopt/internal/verify"
 )
 
 // VerifyReport holds per case and per output the largest absolute and

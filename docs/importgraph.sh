@@ -12,12 +12,12 @@ layers='
 0 graph/onnxpb kernel/mxfp8 internal/fixtures
 1 graph kernel
 2 graph/eval kernel/perf internal/chain
-3 moe ortmoe
-4 ep verify passes/canon
-5 passes diff
+3 moe internal/ortmoe
+4 internal/ep internal/verify passes/internal/canon
+5 passes internal/diff
 6 lowering models
 7 .
-8 cmd/mokopt ortrun bench/loadsave bench/chain bench/stack tools/scrubpaths
+8 cmd/mokopt internal/ortrun bench/loadsave bench/chain bench/stack tools/scrubpaths
 '
 set -euo pipefail
 cd "$(dirname "$0")/.."

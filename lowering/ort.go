@@ -8,8 +8,8 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/ortmoe"
 	"google.golang.org/protobuf/proto"
 )
 

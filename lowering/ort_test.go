@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/ortmoe"
 )
 
 // TestLowerORTNumerics: LowerORT's output, run in the interpreter (package

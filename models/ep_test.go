@@ -8,9 +8,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/ep"
 )
 
 // runEPGroup runs the G rank models of c on x [G·T, H] (rank r gets rows

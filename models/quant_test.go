@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/ortmoe"
 	"github.com/mokopt/mokopt/passes"
 )
 

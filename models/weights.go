@@ -8,8 +8,8 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/ortmoe"
 )
 
 // Roles of a block's logical weight tensors. Each (seed, layer, role) names

@@ -10,7 +10,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/passes/canon"
+	"github.com/mokopt/mokopt/passes/internal/canon"
 	"google.golang.org/protobuf/proto"
 )
 

@@ -13,7 +13,7 @@ import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/models"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/passes/canon"
+	"github.com/mokopt/mokopt/passes/internal/canon"
 	"google.golang.org/protobuf/proto"
 )
 

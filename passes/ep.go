@@ -6,9 +6,9 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/ep"
 	"github.com/mokopt/mokopt/moe"
 	"google.golang.org/protobuf/proto"
 )

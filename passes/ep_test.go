@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/ep"
 	"github.com/mokopt/mokopt/models"
 	"google.golang.org/protobuf/proto"
 )

@@ -9,10 +9,10 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/ep"
 	"github.com/mokopt/mokopt/moe"
 	"google.golang.org/protobuf/proto"
 )

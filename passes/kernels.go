@@ -4,8 +4,8 @@ import (
 	"sync"
 
 	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/ortmoe"
 )
 
 // evalKernels is the kernel set passes evaluates models with (the numerical

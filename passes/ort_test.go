@@ -8,8 +8,8 @@ import (
 
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/ortmoe"
 )
 
 // ortRefusals are the ortmoe.Cases that have no ai.mok::MoE form, with a

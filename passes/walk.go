@@ -11,9 +11,9 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/mokopt/mokopt/ep"
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/ep"
 )
 
 // noiseOps only change shape, dtype or nothing, and are looked through.

@@ -7,8 +7,8 @@ import (
 	"os"
 
 	"github.com/mokopt/mokopt"
-	"github.com/mokopt/mokopt/diff"
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/internal/diff"
 	"github.com/spf13/cobra"
 )
 
@@ -27,7 +27,7 @@ identical graphs compare equal. Each fused ai.mok::MoE node of B is reported
 with the region of A it replaced (checked against B's provenance record when
 present); everything else is listed as removed, added or changed.
 
-Formats: text (default; coloured on a terminal), json (schema in diff/SCHEMA.md),
+Formats: text (default; coloured on a terminal), json (schema in docs/diff-schema.md),
 markdown (for pull-request comments), dot (Graphviz), html (one self-contained
 page; the graph is rendered with Graphviz dot when it is installed).
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
-	"github.com/mokopt/mokopt/verify"
+	"github.com/mokopt/mokopt/internal/verify"
 )
 
 // engines maps the names --engine accepts to their runners; "ref" (mokopt's

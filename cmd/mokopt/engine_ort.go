@@ -2,7 +2,7 @@
 
 package main
 
-import "github.com/mokopt/mokopt/ortrun"
+import "github.com/mokopt/mokopt/internal/ortrun"
 
 func init() {
 	engines["ort"] = ortrun.RunModel

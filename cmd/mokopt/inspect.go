@@ -8,8 +8,8 @@ import (
 	"strings"
 
 	"github.com/mokopt/mokopt"
-	"github.com/mokopt/mokopt/diff"
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/internal/diff"
 	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/passes"
 	"github.com/spf13/cobra"

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/mokopt/mokopt"
-	"github.com/mokopt/mokopt/verify"
+	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/spf13/cobra"
 )
 

@@ -10,7 +10,7 @@
 // Importing the package registers both kernels with the reference
 // interpreter (graph/eval), so a model holding these nodes can be run, and
 // numerically checked, without ONNX Runtime. The ort-tagged tests in
-// ortrun/ compare the kernels with ONNX Runtime itself.
+// internal/ortrun compare the kernels with ONNX Runtime itself.
 package ortmoe
 
 import (

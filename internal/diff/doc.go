@@ -39,7 +39,7 @@
 // # Output
 //
 // Compare returns a Result; Text (optionally coloured), Stat, JSON
-// (schema in SCHEMA.md), JSONStat, Markdown, DOT and HTML render it. HTML
+// (schema in docs/diff-schema.md), JSONStat, Markdown, DOT and HTML render it. HTML
 // embeds an SVG drawn by the Graphviz dot program when installed (see
 // RenderSVG), else the DOT source.
 package diff

@@ -7,7 +7,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 )
 
-// SchemaVersion is the version of the JSON document JSON writes (see SCHEMA.md).
+// SchemaVersion is the version of the JSON document JSON writes (see docs/diff-schema.md).
 const SchemaVersion = 1
 
 // Change kinds used throughout a Result.

@@ -243,11 +243,11 @@ func TestFormats(t *testing.T) {
 	}
 }
 
-// TestJSONSchema checks the JSON document against SCHEMA.md: it decodes
+// TestJSONSchema checks the JSON document against docs/diff-schema.md: it decodes
 // back into a Result, has schema_version 1, and every key it uses (at any
 // depth) is documented.
 func TestJSONSchema(t *testing.T) {
-	doc, err := os.ReadFile("SCHEMA.md")
+	doc, err := os.ReadFile("../../docs/diff-schema.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func TestJSONSchema(t *testing.T) {
 			}
 			sort.Strings(missing)
 			if len(missing) > 0 {
-				t.Errorf("keys not documented in SCHEMA.md: %v", missing)
+				t.Errorf("keys not documented in docs/diff-schema.md: %v", missing)
 			}
 			// A Result decoded from JSON still renders as DOT (without edges).
 			var dot bytes.Buffer

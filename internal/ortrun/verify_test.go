@@ -10,8 +10,8 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/mokopt/mokopt/passes"
-	"github.com/mokopt/mokopt/verify"
 )
 
 // TestVerifyEngineORTFixtures is `verify --engine ort`: every rewritten

@@ -124,7 +124,7 @@ func Stat(w io.Writer, r *Result) error {
 	return err
 }
 
-// JSON writes the whole Result as indented JSON (schema in SCHEMA.md).
+// JSON writes the whole Result as indented JSON (schema in docs/diff-schema.md).
 func JSON(w io.Writer, r *Result) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)

@@ -9,9 +9,9 @@ import (
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/internal/fixtures"
+	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/passes"
-	"github.com/mokopt/mokopt/verify"
 	"google.golang.org/protobuf/proto"
 )
 
