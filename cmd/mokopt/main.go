@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 )
 
@@ -29,7 +30,34 @@ func main() {
 		<-ctx.Done()
 		stop() // a second Ctrl-C kills at once
 	}()
-	os.Exit(executeContext(ctx, os.Args[1:]))
+	stopProfile := startProfile()
+	code := executeContext(ctx, os.Args[1:])
+	stopProfile()
+	os.Exit(code)
+}
+
+// startProfile writes a CPU profile (go tool pprof) to the file that
+// MOKOPT_CPUPROFILE names, for the scale benchmarks in bench/; it returns
+// the function that ends it. Unset, it does nothing.
+func startProfile() func() {
+	path := os.Getenv("MOKOPT_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mokopt: MOKOPT_CPUPROFILE:", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintln(os.Stderr, "mokopt: MOKOPT_CPUPROFILE:", err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 // execute runs the CLI with args and returns the process exit code.
