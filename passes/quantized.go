@@ -24,6 +24,7 @@ var quantizedLinearOps = map[string]bool{"MatMulInteger": true, "QLinearMatMul":
 type quantFinding struct {
 	router  *pb.NodeProto   // the quantized router linear, or nil
 	experts []*pb.NodeProto // quantized linears the selection reaches
+	linears int             // float weight linears the selection reaches
 }
 
 // quantizedLinears returns, by position, whether a node is an integer
@@ -61,7 +62,11 @@ const quantWalkBudget = 4096
 // quantizedAround finds the quantized linears of the block a TopK selects:
 // its router (walking back over the score transforms) and the linears its
 // indices and weights reach before any float weight linear.
-func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool) quantFinding {
+//
+// An ArgMax selection (through is true) is followed past combining ops too:
+// top-1 routers such as the sparsemixer mask their scores with a scatter
+// before any expert reads the choice.
+func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool, through bool) quantFinding {
 	var f quantFinding
 	if r := c.routerLinear(tk.Input[0]); r != nil && quantizedLinearOps[r.GetOpType()] {
 		f.router = r
@@ -83,10 +88,13 @@ func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool) quantFinding {
 				continue // do not walk past an expert linear
 			}
 			op := n.GetOpType()
-			if combineOps[op] {
+			if combineOps[op] && !through {
 				continue // the experts' outputs are combined: the block ends here
 			}
 			if op == "TopK" || op == "MatMul" || op == "Gemm" {
+				if op != "TopK" && len(n.Input) >= 2 && c.storedWeight(n.Input[1]) {
+					f.linears++
+				}
 				if op == "TopK" || len(n.Input) < 2 || c.isConst(n.Input[1]) || c.weightBehind(n.Input[1]) {
 					continue // another block's router, or a float weight linear
 				}
@@ -97,8 +105,34 @@ func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool) quantFinding {
 	return f
 }
 
-// refuseQuantized reports every TopK-routed block with quantized router or
-// expert linears as a near-miss (replacing what detection said of it).
+// storedWeight reports whether v is a linear's weight read from an
+// initializer: through transposes, casts, reshapes, a dequantization, or a
+// Gather of one expert's slice from stacked weights (by a computed index,
+// as traces of loops over the hit experts write it).
+func (c *ctx) storedWeight(v string) bool {
+	for range 6 {
+		if c.isConst(v) {
+			return true
+		}
+		p := c.g.Producer(v)
+		if p == nil || len(p.Input) == 0 {
+			return false
+		}
+		switch p.GetOpType() {
+		case "Transpose", "Cast", "Identity", "DequantizeLinear", "Reshape", "Squeeze", "Unsqueeze", "Gather":
+			v = p.Input[0]
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// refuseQuantized reports every routed block with quantized router or
+// expert linears as a near-miss (replacing what detection said of it). A
+// block's selection is a TopK, or an ArgMax (sparsemixer and other top-1
+// routers) whose choice reaches weight linears: an ArgMax that only yields
+// the model's answer (a classifier head) is no MoE selection.
 func (c *ctx) refuseQuantized(det *Detection) {
 	qat := c.quantizedLinears()
 	if qat == nil {
@@ -111,7 +145,8 @@ func (c *ctx) refuseQuantized(det *Detection) {
 		}
 	}
 	for _, tk := range c.topo {
-		if tk.GetOpType() != "TopK" || tk.GetDomain() != "" || len(tk.Output) < 2 || len(tk.Input) < 1 {
+		argMax := tk.GetOpType() == "ArgMax"
+		if tk.GetDomain() != "" || len(tk.Input) < 1 || !argMax && (tk.GetOpType() != "TopK" || len(tk.Output) < 2) {
 			continue
 		}
 		var f quantFinding
@@ -127,7 +162,10 @@ func (c *ctx) refuseQuantized(det *Detection) {
 				}
 			}
 		} else {
-			f = c.quantizedAround(tk, qat)
+			f = c.quantizedAround(tk, qat, argMax)
+			if argMax && len(f.experts) == 0 && f.linears == 0 {
+				continue // the choice feeds no linear: not an MoE selection
+			}
 		}
 		if f.router == nil && len(f.experts) == 0 {
 			continue
