@@ -51,6 +51,8 @@ func Rules() []Rule {
 		DropIdentityTranspose,
 		DropNoOpCast,
 		DropNoOpReshape,
+		SqueezeOfUnsqueeze,
+		ExpandToOwnShape,
 		QuickGelu,
 		FusedGemm,
 		FusedMatMul,

@@ -2,11 +2,11 @@ package canon
 
 import pb "github.com/mokopt/mokopt/graph/onnxpb"
 
-// SingleInputVariadic turns Max, Min, Sum or Mean of one input into an
-// Identity of it (which DropIdentity then removes where it can).
+// SingleInputVariadic turns Max, Min, Sum, Mean or Concat of one input into
+// an Identity of it (which DropIdentity then removes where it can).
 var SingleInputVariadic = Rule{
 	Name: "single-input-variadic",
-	Ops:  []string{"Max", "Min", "Sum", "Mean"},
+	Ops:  []string{"Max", "Min", "Sum", "Mean", "Concat"},
 	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
 		if len(n.Input) != 1 || len(n.Output) != 1 || n.Input[0] == "" {
 			return false, nil

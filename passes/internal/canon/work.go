@@ -42,10 +42,14 @@ type Work struct {
 	removed map[*pb.NodeProto]bool
 	types   map[string]*pb.TypeProto_Tensor // declared tensor types by value name
 	consts  map[string]*eval.Tensor
+	// ranks caches the ranks inferRank found (a value keeps its rank under
+	// every rule, which preserves meaning), so that inference stays linear
+	// in the graph however often values are shared.
+	ranks map[string]int
 }
 
 func newWork(m *graph.Model, opt Options) *Work {
-	w := &Work{M: m, opt: opt, G: m.Graph(), removed: map[*pb.NodeProto]bool{}, types: map[string]*pb.TypeProto_Tensor{}, consts: map[string]*eval.Tensor{}}
+	w := &Work{M: m, opt: opt, G: m.Graph(), removed: map[*pb.NodeProto]bool{}, types: map[string]*pb.TypeProto_Tensor{}, consts: map[string]*eval.Tensor{}, ranks: map[string]int{}}
 	gp := m.Proto.GetGraph()
 	for _, l := range [][]*pb.ValueInfoProto{gp.GetInput(), gp.GetOutput(), gp.GetValueInfo()} {
 		for _, v := range l {
@@ -442,6 +446,18 @@ func (w *Work) Rank(v string) (int, bool) { return w.inferRank(v, 0) }
 
 // inferRank follows producers back (a few steps) to v's rank.
 func (w *Work) inferRank(v string, depth int) (int, bool) {
+	if r, ok := w.ranks[v]; ok {
+		return r, true
+	}
+	r, ok := w.rankOf(v, depth)
+	if ok && w.ranks != nil {
+		w.ranks[v] = r
+	}
+	return r, ok
+}
+
+// rankOf is inferRank without the cache.
+func (w *Work) rankOf(v string, depth int) (int, bool) {
 	if c, ok := w.Const(v); ok {
 		return len(c.Shape), true
 	}
@@ -468,6 +484,27 @@ func (w *Work) inferRank(v string, depth int) (int, bool) {
 	case "OneHot":
 		r, ok := in(0)
 		return r + 1, ok
+	case "ArgMax", "ArgMin":
+		r, ok := in(0)
+		if graph.AttrInt(p, "keepdims", 1) == 0 {
+			r--
+		}
+		return r, ok
+	case "Expand":
+		// the larger of the input's rank and the target shape's length
+		r, ok := in(0)
+		if !ok {
+			return 0, false
+		}
+		if s, ok := w.ConstInts(inputOr(p, 1)); ok {
+			return max(r, len(s)), true
+		}
+		if sp := w.Producer(inputOr(p, 1)); sp != nil && sp.GetOpType() == "Shape" && sp.GetDomain() == "" &&
+			graph.Attr(sp, "start") == nil && graph.Attr(sp, "end") == nil && len(sp.Input) == 1 {
+			q, ok := w.inferRank(sp.Input[0], depth+1)
+			return max(r, q), ok
+		}
+		return 0, false
 	case "Reshape":
 		if s, ok := w.ConstInts(p.Input[1]); ok {
 			return len(s), true
@@ -500,7 +537,8 @@ func (w *Work) inferRank(v string, depth int) (int, bool) {
 			return 0, false
 		}
 		return max(a, b), true
-	case "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Sum", "Equal", "Less", "Greater":
+	case "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Sum", "Mean", "Equal", "Less", "Greater",
+		"LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor":
 		best := 0
 		for i := range p.Input {
 			r, ok := in(i)
@@ -511,8 +549,9 @@ func (w *Work) inferRank(v string, depth int) (int, bool) {
 		}
 		return best, true
 	case "Softmax", "LogSoftmax", "Sigmoid", "Relu", "Tanh", "Exp", "Neg", "Abs", "Erf", "Sqrt", "Cast", "Identity",
-		"Transpose", "Slice", "Concat", "Split", "Clip", "LeakyRelu", "Dropout", "CastLike", "Expand", "Tile", "TopK",
-		"ReduceSum", "ReduceMean", "ReduceMax":
+		"Transpose", "Slice", "Concat", "Split", "Clip", "LeakyRelu", "Dropout", "CastLike", "Tile", "TopK",
+		"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Not", "IsNaN", "Floor", "Ceil", "Round", "Reciprocal", "Log",
+		"ScatterElements", "ScatterND", "GatherElements", "CumSum", "Softplus", "HardSigmoid", "Elu", "Gelu":
 		if strings.HasPrefix(op, "Reduce") && graph.AttrInt(p, "keepdims", 1) == 0 {
 			return 0, false
 		}
