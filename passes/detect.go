@@ -79,12 +79,23 @@ type Detection struct {
 // runtime error: a bug in the matcher that a malformed model exposed.
 const errMatcherFault = "matcher fault on a malformed model (please report)"
 
-// reject aborts a candidate with a reason.
+// reject is the error that refuses a candidate: its message is the
+// near-miss reason.
 type reject struct{ msg string }
 
 func (r reject) Error() string { return r.msg }
 
+// rejectf returns a refusal of the candidate with a formatted reason.
+func rejectf(format string, args ...any) error { return reject{fmt.Sprintf(format, args...)} }
+
 func fail(format string, args ...any) { panic(reject{fmt.Sprintf(format, args...)}) }
+
+// must panics with a refusal err (bridge while callers are converted).
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
 
 // DetectOptions changes what Detect accepts.
 type DetectOptions struct {
@@ -225,7 +236,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	c.refuseQuantized(det) // quantized.go
 	kept := det.Blocks[:0]
 	for _, b := range det.Blocks {
-		if err := attempt(func() { c.setIOType(b) }); err != nil {
+		if err := attempt(func() error { return c.setIOType(b) }); err != nil {
 			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(b.TopK), Reason: err.Error()})
 			continue
 		}
@@ -542,11 +553,11 @@ func (c *ctx) feedsTopK(outs []int32) bool {
 // routerFed reports whether a TopK is fed by a linear layer with a constant
 // weight, i.e. it looks like a router and a failure is worth reporting.
 func (c *ctx) routerFed(n *pb.NodeProto) bool {
-	return attempt(func() { c.router(n) }) == nil
+	return attempt(func() error { c.router(n); return nil }) == nil
 }
 
 func (c *ctx) detectAt(tk *pb.NodeProto) (b *Block, err error) {
-	if err := attempt(func() { b = c.analyze(tk) }); err != nil {
+	if err := attempt(func() error { b = c.analyze(tk); return nil }); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -558,7 +569,7 @@ func (c *ctx) detectAt(tk *pb.NodeProto) (b *Block, err error) {
 // (errMatcherFault), so a hostile model yields a message instead of a
 // panic trace; the fuzz target treats it as a failure. Any other panic
 // propagates.
-func attempt(f func()) (err error) {
+func attempt(f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			if re, ok := r.(runtime.Error); ok {
@@ -572,8 +583,7 @@ func attempt(f func()) (err error) {
 			err = rj
 		}
 	}()
-	f()
-	return nil
+	return f()
 }
 
 // routerInfo is what the walk back from the selection TopK finds.
@@ -686,10 +696,11 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 		fail("%v", err)
 	}
 	plan := &WeightPlan{}
-	kind := c.experts(b, tk, ri, &s, sharedNodes, plan)
+	kind, err := c.experts(b, tk, ri, &s, sharedNodes, plan)
+	must(err)
 	b.Kind = kind
 	if sharedVal != "" {
-		c.sharedExpert(sharedVal, x0, &s, plan)
+		must(c.sharedExpert(sharedVal, x0, &s, plan))
 	}
 	plan.Router = Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}
 	if ri.bias != nil {

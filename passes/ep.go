@@ -80,7 +80,7 @@ func (c *ctx) reachCollectives(cols map[*pb.NodeProto]ep.Op, vals ...string) []*
 // collective, one combine collective reached from them, the local experts
 // between the two, and the router-weight multiply before or after combine.
 func (c *ctx) detectEPAt(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (b *Block, err error) {
-	if err := attempt(func() { b = c.epBlock(tk, cols) }); err != nil {
+	if err := attempt(func() error { b = c.epBlock(tk, cols); return nil }); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -230,7 +230,8 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 		}
 	}
 	c.setLimit(slices.Collect(maps.Keys(local)))
-	roles := c.roles(l1, l2, &s, true)
+	roles, err := c.roles(l1, l2, &s, true)
+	must(err)
 	c.setLimit(nil)
 	// Block output: after the combine, through noise, the sum over source
 	// ranks and slots, the router-weight multiply, and a shared expert.
@@ -346,7 +347,7 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	}
 	s.ExpertBias = roles.gateB != nil || roles.upB != nil || roles.downB != nil
 	if sharedVal != "" {
-		c.sharedExpert(sharedVal, x0, &s, plan)
+		must(c.sharedExpert(sharedVal, x0, &s, plan))
 	}
 	rank := c.epRank(G)
 	s.EPSize, s.ExpertOffset, s.LocalExperts = G, rank*L, L
@@ -443,7 +444,7 @@ func attrIntOK(n *pb.NodeProto, name string) (int64, bool) {
 
 // applySharding sets a global block's ep_size from its sharding annotations.
 func (c *ctx) applySharding(b *Block) error {
-	return attempt(func() {
+	return attempt(func() error {
 		if g := c.shardingEP(b); g > 1 {
 			b.Spec.EPSize = g
 			b.Placement = "sharding"
@@ -451,6 +452,7 @@ func (c *ctx) applySharding(b *Block) error {
 				fail("%v", err)
 			}
 		}
+		return nil
 	})
 }
 

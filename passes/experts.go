@@ -172,9 +172,9 @@ func (c *ctx) afterBias(v string) (string, *wtrace) {
 	}
 }
 
-func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
+func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) (string, error) {
 	if st := c.sortOf(tk); st != nil {
-		return c.sortedExperts(b, tk, st, ri, s, shared, plan)
+		return c.sortedExperts(b, tk, st, ri, s, shared, plan), nil
 	}
 	var ems []*emm
 	byPos := map[int32]*emm{}
@@ -193,7 +193,7 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 		}
 	}
 	if len(ems) == 0 {
-		fail("no expert matmuls between the router and the combine")
+		return "", rejectf("no expert matmuls between the router and the combine")
 	}
 	// A down projection depends on another expert matmul; its
 	// dependencies pair it with its branch below.
@@ -269,19 +269,19 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 		for _, p := range deps[e] {
 			if br := l1Branch[p]; br != nil {
 				if owner != nil && owner != br {
-					fail("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
+					return "", rejectf("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
 				}
 				owner = br
 			}
 		}
 		if owner == nil || owner.l2 != nil {
-			fail("cannot pair down projection %q with its expert", graph.NodeLabel(e.n))
+			return "", rejectf("cannot pair down projection %q with its expert", graph.NodeLabel(e.n))
 		}
 		owner.l2 = e
 	}
 	for _, br := range branches {
 		if br.l2 == nil || len(br.l1) == 0 || len(br.l1) > 2 {
-			fail("expert branch with %d input projections and no single down projection", len(br.l1))
+			return "", rejectf("expert branch with %d input projections and no single down projection", len(br.l1))
 		}
 	}
 	if !allStacked {
@@ -300,26 +300,30 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 			slots++
 			br.stacked = true
 		default:
-			br.expert = c.branchExpert(br.l1[0].act, b.Input, tk)
+			e, err := c.branchExpert(br.l1[0].act, b.Input, tk)
+			if err != nil {
+				return "", err
+			}
+			br.expert = e
 		}
 	}
 	if slots > 0 {
 		if slots != len(branches) {
-			fail("mixed traced-loop and constant expert branches")
+			return "", rejectf("mixed traced-loop and constant expert branches")
 		}
 		if slots < E && c.restore {
 			b.TracedExperts = slots
 		} else if slots < E {
-			fail("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts; the RestoreTracedExperts option, mokopt rewrite --restore-traced-experts, rebuilds all experts from the stacked weights)", slots, E, E-slots, slots)
+			return "", rejectf("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts; the RestoreTracedExperts option, mokopt rewrite --restore-traced-experts, rebuilds all experts from the stacked weights)", slots, E, E-slots, slots)
 		}
 		if slots > E {
-			fail("%d traced expert branches for %d experts", slots, E)
+			return "", rejectf("%d traced expert branches for %d experts", slots, E)
 		}
 		// Every traced branch reads the same stacked weights: any one of
 		// them stands for all, whichever the node order lists first.
 		for _, br := range branches[1:] {
 			if !sameWeights(br.l1, branches[0].l1) || br.l2.w.t != branches[0].l2.w.t {
-				fail("traced expert branches read different weights")
+				return "", rejectf("traced expert branches read different weights")
 			}
 		}
 		branches = branches[:1]
@@ -331,10 +335,10 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 		seen := map[int]bool{}
 		for _, br := range branches {
 			if br.expert < 0 || br.expert >= E {
-				fail("expert branch with id %d outside 0..%d", br.expert, E-1)
+				return "", rejectf("expert branch with id %d outside 0..%d", br.expert, E-1)
 			}
 			if seen[br.expert] {
-				fail("expert %d computed by two branches", br.expert)
+				return "", rejectf("expert %d computed by two branches", br.expert)
 			}
 			seen[br.expert] = true
 		}
@@ -345,14 +349,17 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 			}
 		}
 		if len(missing) > 0 {
-			fail("expert(s) %s missing from the graph: %d of %d experts have compute (a trace that baked in only the experts hit at trace time, or router outputs without expert weights, such as zero-computation experts, which ai.mok::MoE cannot express)", strings.Join(missing, ", "), len(branches), E)
+			return "", rejectf("expert(s) %s missing from the graph: %d of %d experts have compute (a trace that baked in only the experts hit at trace time, or router outputs without expert weights, such as zero-computation experts, which ai.mok::MoE cannot express)", strings.Join(missing, ", "), len(branches), E)
 		}
 	}
 	// Roles and activation, from the first branch.
 	plan.Experts = make([]ExpertProj, E)
 	rwDeps := c.reachFrom(tk.Output[0])
 	for bi, br := range branches {
-		roles := c.roles(br.l1, br.l2, s, bi == 0)
+		roles, err := c.roles(br.l1, br.l2, s, bi == 0)
+		if err != nil {
+			return "", err
+		}
 		if br.stacked {
 			checkStacked(roles, E)
 		}
@@ -392,7 +399,7 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 	}
 	s.Inter = out
 	s.ExpertBias = plan.Experts[0].GateB != nil || plan.Experts[0].UpB != nil || plan.Experts[0].DownB != nil
-	return kind
+	return kind, nil
 }
 
 // sameWeights reports whether two branches' input projections read the
@@ -411,7 +418,7 @@ func sameWeights(a, b []*emm) bool {
 
 // branchExpert finds the constant expert id that selects a branch's tokens:
 // Gather(mask-from-indices, e) or Equal(indices, e) behind the branch input.
-func (c *ctx) branchExpert(act, x0 string, tk *pb.NodeProto) int {
+func (c *ctx) branchExpert(act, x0 string, tk *pb.NodeProto) (int, error) {
 	if c.idxDeps == nil {
 		c.idxDeps = c.reachFrom(tk.Output[1]) // shared by the block's branches
 	}
@@ -434,16 +441,16 @@ func (c *ctx) branchExpert(act, x0 string, tk *pb.NodeProto) int {
 		for _, v := range cand {
 			if e, ok := c.scalarInt(v); ok {
 				if found >= 0 && found != int(e) {
-					fail("expert branch selected by two constants (%d and %d)", found, e)
+					return 0, rejectf("expert branch selected by two constants (%d and %d)", found, e)
 				}
 				found = int(e)
 			}
 		}
 	}
 	if found < 0 {
-		fail("cannot tell which expert a branch computes")
+		return 0, rejectf("cannot tell which expert a branch computes")
 	}
-	return found
+	return found, nil
 }
 
 type roleRef struct {
@@ -457,7 +464,7 @@ type roleSet struct{ gate, up, down, gateB, upB, downB *roleRef }
 
 // roles assigns gate/up/down to a branch's matmuls and, when analyse is set,
 // reads the activation into the spec.
-func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) roleSet {
+func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) (roleSet, error) {
 	var rs roleSet
 	rs.down = &roleRef{w: l2.w, inOut: l2.inOut}
 	if gb := gemmBias(l2.n); gb != "" {
@@ -474,7 +481,7 @@ func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) roleSet {
 		bv, bBias := c.afterBias(l1[1].out)
 		ga, gb := c.exclusiveSigmoid(a, bv), c.exclusiveSigmoid(bv, a)
 		if ga == gb {
-			fail("cannot tell gate from up projection")
+			return roleSet{}, rejectf("cannot tell gate from up projection")
 		}
 		gi, ui := 0, 1
 		gBias, uBias := aBias, bBias
@@ -502,14 +509,16 @@ func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) roleSet {
 				rs.upB = &roleRef{w: bias, isBias: true}
 			}
 			if analyse {
-				c.geluCheck(v, l2.act)
+				if err := c.geluCheck(v, l2.act); err != nil {
+					return roleSet{}, err
+				}
 				s.Activation = moe.GELU
 			}
-			return rs
+			return rs, nil
 		}
 		ga, gb := c.exclusiveSigmoid(parts[0].v, parts[1].v), c.exclusiveSigmoid(parts[1].v, parts[0].v)
 		if ga == gb {
-			fail("cannot tell gate from up in the fused gate_up projection")
+			return roleSet{}, rejectf("cannot tell gate from up in the fused gate_up projection")
 		}
 		g, u := parts[0], parts[1]
 		if gb {
@@ -525,9 +534,11 @@ func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) roleSet {
 		gv, uv = g.v, u.v
 	}
 	if analyse {
-		c.activation(gv, uv, l2.act, s)
+		if err := c.activation(gv, uv, l2.act, s); err != nil {
+			return roleSet{}, err
+		}
 	}
-	return rs
+	return rs, nil
 }
 
 type part struct {
@@ -605,7 +616,7 @@ func (c *ctx) exclusiveSigmoid(v, other string) bool {
 }
 
 // activation reads clamp limits, the sigmoid's alpha and a +1 on the up path.
-func (c *ctx) activation(g, u, a string, s *moe.Spec) {
+func (c *ctx) activation(g, u, a string, s *moe.Spec) error {
 	s.Activation = moe.SwiGLU
 	nodes := c.backNodes(a, g, u)
 	gF, uF := c.reachFrom(g), c.reachFrom(u)
@@ -638,7 +649,7 @@ func (c *ctx) activation(g, u, a string, s *moe.Spec) {
 				}
 			}
 		case "Erf", "Tanh", "Gelu":
-			fail("unsupported expert activation (%s in a gated MLP)", n.GetOpType())
+			return rejectf("unsupported expert activation (%s in a gated MLP)", n.GetOpType())
 		}
 	}
 	s.SwiGLUAlpha, s.SwiGLULimit = alpha, limit
@@ -648,20 +659,21 @@ func (c *ctx) activation(g, u, a string, s *moe.Spec) {
 	case limit != 0:
 		s.Activation = moe.SwiGLUClamped
 	}
+	return nil
 }
 
 // geluCheck requires a GELU (Erf form or a Gelu op) between up and down.
-func (c *ctx) geluCheck(v, a string) {
+func (c *ctx) geluCheck(v, a string) error {
 	for _, n := range c.backNodes(a, v) {
 		if n.GetOpType() == "Erf" || n.GetOpType() == "Gelu" {
-			return
+			return nil
 		}
 	}
-	fail("two-layer expert MLP without a recognised activation (only exact GELU is supported)")
+	return rejectf("two-layer expert MLP without a recognised activation (only exact GELU is supported)")
 }
 
 // sharedExpert reads an (optionally sigmoid-gated) SwiGLU shared expert.
-func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
+func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) error {
 	nodes := c.backNodes(v, x0)
 	var ems []*emm
 	byNode := map[*pb.NodeProto]*emm{}
@@ -692,7 +704,7 @@ func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
 		}
 		if isL2 {
 			if l2 != nil {
-				fail("shared expert has two down projections")
+				return rejectf("shared expert has two down projections")
 			}
 			l2 = e
 		} else {
@@ -700,12 +712,15 @@ func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
 		}
 	}
 	if l2 == nil || len(l1) != 2 && len(l1) != 1 {
-		fail("shared expert is not a SwiGLU MLP (%d input projections)", len(l1))
+		return rejectf("shared expert is not a SwiGLU MLP (%d input projections)", len(l1))
 	}
 	tmp := moe.Spec{}
-	rs := c.roles(l1, l2, &tmp, true)
+	rs, err := c.roles(l1, l2, &tmp, true)
+	if err != nil {
+		return err
+	}
 	if tmp.Activation != moe.SwiGLU || rs.gateB != nil || rs.upB != nil || rs.downB != nil {
-		fail("shared expert is not a plain SwiGLU MLP")
+		return rejectf("shared expert is not a plain SwiGLU MLP")
 	}
 	plan.SharedGate = &Proj{Init: rs.gate.w.t, Expert: -1, InOut: rs.gate.inOut, Part: rs.gate.part}
 	plan.SharedUp = &Proj{Init: rs.up.w.t, Expert: -1, InOut: rs.up.inOut, Part: rs.up.part}
@@ -719,4 +734,5 @@ func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) {
 		s.SharedGated = true
 		plan.SharedGateW = &Proj{Init: gateW.w.t, Expert: -1, InOut: gateW.inOut}
 	}
+	return nil
 }

@@ -62,11 +62,12 @@ func (c *ctx) upcasts(n *pb.NodeProto) bool {
 // or output, else that of the router weight (a half-precision export
 // stores half-precision weights). Types other than float32, float16 and
 // bfloat16 refuse the block, and so does an input and output of two
-// different types (the fused node's output has its input's type).
-func (c *ctx) setIOType(b *Block) {
+// different types (the fused node's output has its input's type); the
+// error says why.
+func (c *ctx) setIOType(b *Block) error {
 	in, out := c.elemType(b.Input), c.elemType(b.Output)
 	if in != pb.TensorProto_UNDEFINED && out != pb.TensorProto_UNDEFINED && in != out {
-		fail("block input %q is %s but its output %q is %s: the fused node's output has its input's type", b.Input, in, b.Output, out)
+		return rejectf("block input %q is %s but its output %q is %s: the fused node's output has its input's type", b.Input, in, b.Output, out)
 	}
 	dt := in
 	if dt == pb.TensorProto_UNDEFINED {
@@ -80,9 +81,10 @@ func (c *ctx) setIOType(b *Block) {
 	}
 	io, ok := moe.IOTypeOf(dt)
 	if !ok {
-		fail("block input %q has type %s; fused blocks take float32, float16 or bfloat16", b.Input, dt)
+		return rejectf("block input %q has type %s; fused blocks take float32, float16 or bfloat16", b.Input, dt)
 	}
 	b.Spec.IOType = io
+	return nil
 }
 
 // checkTolerance is the numerical check's tolerance for a block whose

@@ -402,7 +402,8 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		if v, ok := splitOf[l2.act]; ok {
 			l2.act = v // the activation of every sorted pair, read once
 		}
-		rs := c.roles(l1, &l2, s, e == 0)
+		rs, err := c.roles(l1, &l2, s, e == 0)
+		must(err)
 		c.firstGemmBiases(l1, &rs)
 		mk := func(r *roleRef) *Proj {
 			if r == nil {

@@ -26,7 +26,7 @@ func isORTMoE(n *pb.NodeProto) bool {
 // [E, in, out] float layout is recognised by ONNX Runtime's own rule);
 // expert biases; QMoE's int8/int4 weights are dequantized to float.
 func (c *ctx) detectORT(n *pb.NodeProto) (b *Block, err error) {
-	if err := attempt(func() { b = c.ort(n) }); err != nil {
+	if err := attempt(func() error { b = c.ort(n); return nil }); err != nil {
 		return nil, err
 	}
 	return b, nil
