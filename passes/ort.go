@@ -26,13 +26,13 @@ func isORTMoE(n *pb.NodeProto) bool {
 // [E, in, out] float layout is recognised by ONNX Runtime's own rule);
 // expert biases; QMoE's int8/int4 weights are dequantized to float.
 func (c *ctx) detectORT(n *pb.NodeProto) (b *Block, err error) {
-	if err := attempt(func() error { b = c.ort(n); return nil }); err != nil {
+	if err := attempt(func() (e error) { b, e = c.ort(n); return e }); err != nil {
 		return nil, err
 	}
 	return b, nil
 }
 
-func (c *ctx) ort(n *pb.NodeProto) *Block {
+func (c *ctx) ort(n *pb.NodeProto) (*Block, error) {
 	label := fmt.Sprintf("com.microsoft::%s node %q", n.GetOpType(), graph.NodeLabel(n))
 	in := func(i int) string {
 		if i < len(n.Input) {
@@ -42,50 +42,50 @@ func (c *ctx) ort(n *pb.NodeProto) *Block {
 	}
 	a, err := ortmoe.ParseAttrs(n)
 	if err != nil {
-		fail("%v", err)
+		return nil, rejectf("%v", err)
 	}
 	if a.SparseMixer && a.Normalize {
-		fail("%s: use_sparse_mixer with normalize_routing_weights is ambiguous (the sparse mixer's weights are not renormalised)", label)
+		return nil, rejectf("%s: use_sparse_mixer with normalize_routing_weights is ambiguous (the sparse mixer's weights are not renormalised)", label)
 	}
 	if a.Quantized && in(ortmoe.QRouterWeights) != "" {
-		fail("%s: a separate router_weights input (selection and mixing weights differ) is not supported", label)
+		return nil, rejectf("%s: a separate router_weights input (selection and mixing weights differ) is not supported", label)
 	}
 	// Router: the logits come from a linear layer on the block input.
 	lin := c.producerOp(in(1))
 	if lin == nil {
-		fail("%s: router_probs is not computed by a linear layer", label)
+		return nil, rejectf("%s: router_probs is not computed by a linear layer", label)
 	}
 	ri := &routerInfo{}
 	switch lin.GetOpType() {
 	case "Gemm":
 		w := c.constTensor(lin.Input[1])
 		if w == nil || graph.AttrInt(lin, "transA", 0) != 0 || graph.AttrFloat(lin, "alpha", 1) != 1 {
-			fail("router Gemm %q has no constant weight", graph.NodeLabel(lin))
+			return nil, rejectf("router Gemm %q has no constant weight", graph.NodeLabel(lin))
 		}
 		ri.linear, ri.x, ri.w, ri.wInOut = lin, lin.Input[0], w, graph.AttrInt(lin, "transB", 0) == 0
 		if len(lin.Input) > 2 && lin.Input[2] != "" {
 			if ri.bias = c.constTensor(lin.Input[2]); ri.bias == nil || len(ri.bias.GetDims()) != 1 {
-				fail("router Gemm %q has a bias that is not a constant vector", graph.NodeLabel(lin))
+				return nil, rejectf("router Gemm %q has a bias that is not a constant vector", graph.NodeLabel(lin))
 			}
 			if graph.AttrFloat(lin, "beta", 1) != 1 {
-				fail("router Gemm %q scales its bias (beta %g)", graph.NodeLabel(lin), graph.AttrFloat(lin, "beta", 1))
+				return nil, rejectf("router Gemm %q scales its bias (beta %g)", graph.NodeLabel(lin), graph.AttrFloat(lin, "beta", 1))
 			}
 		}
 	case "MatMul":
 		w := c.matmulWeight(lin.Input[1])
 		if w == nil {
-			fail("router MatMul %q has no constant weight", graph.NodeLabel(lin))
+			return nil, rejectf("router MatMul %q has no constant weight", graph.NodeLabel(lin))
 		}
 		ri.linear, ri.x, ri.w, ri.wInOut = lin, lin.Input[0], w.t, !w.swapped
 	default:
-		fail("%s: router_probs comes from %s, not a linear layer", label, lin.GetOpType())
+		return nil, rejectf("%s: router_probs comes from %s, not a linear layer", label, lin.GetOpType())
 	}
 	if c.through(ri.x) != c.through(in(0)) {
-		fail("%s: the router reads a different tensor than the experts", label)
+		return nil, rejectf("%s: the router reads a different tensor than the experts", label)
 	}
 	rd := ri.w.GetDims()
 	if len(rd) != 2 {
-		fail("router weight %q has dims %v, want a matrix", ri.w.GetName(), rd)
+		return nil, rejectf("router weight %q has dims %v, want a matrix", ri.w.GetName(), rd)
 	}
 	H := int(rd[1])
 	if ri.wInOut {
@@ -113,22 +113,25 @@ func (c *ctx) ort(n *pb.NodeProto) *Block {
 		case a.Beta == 0 && a.Alpha == 1:
 			s.Activation, s.SwiGLULimit = moe.SwiGLUClamped, limit
 		default:
-			fail("%s: swiglu with activation_alpha %g, activation_beta %g has no ai.mok::MoE form (it has beta 0 with alpha 1, or beta 1)", label, a.Alpha, a.Beta)
+			return nil, rejectf("%s: swiglu with activation_alpha %g, activation_beta %g has no ai.mok::MoE form (it has beta 0 with alpha 1, or beta 1)", label, a.Alpha, a.Beta)
 		}
 		if a.Fusion == ortmoe.FusionNone && !c.present(n, a, 3) {
-			fail("%s: swiglu with swiglu_fusion 0 needs fc3_experts_weights", label)
+			return nil, rejectf("%s: swiglu with swiglu_fusion 0 needs fc3_experts_weights", label)
 		}
 		s.GateUpInterleaved = a.Fusion == ortmoe.FusionInterleaved
 	case a.Activation == ortmoe.Gelu:
-		fail("%s: activation_type gelu is ONNX Runtime's tanh approximation; ai.mok::MoE's gelu is the exact erf GELU", label)
+		return nil, rejectf("%s: activation_type gelu is ONNX Runtime's tanh approximation; ai.mok::MoE's gelu is the exact erf GELU", label)
 	default:
-		fail("%s: activation_type %q (with fc3 %v) has no ai.mok::MoE form (it has silu with fc3, and swiglu)", label, a.Activation, c.present(n, a, 3))
+		return nil, rejectf("%s: activation_type %q (with fc3 %v) has no ai.mok::MoE form (it has silu with fc3, and swiglu)", label, a.Activation, c.present(n, a, 3))
 	}
 	var plan *WeightPlan
 	if a.Quantized {
-		plan = c.ortQuantPlan(n, a, &s, H)
+		plan, err = c.ortQuantPlan(n, a, &s, H)
 	} else {
-		plan = c.ortFloatPlan(n, a, &s, H)
+		plan, err = c.ortFloatPlan(n, a, &s, H)
+	}
+	if err != nil {
+		return nil, err
 	}
 	plan.Router = Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}
 	if ri.bias != nil {
@@ -142,9 +145,9 @@ func (c *ctx) ort(n *pb.NodeProto) *Block {
 	b := &Block{Name: blockName(n.Output[0], ri.w.GetName(), region), Kind: KindORT, Spec: s, Input: in(0), Router: in(0), Output: n.Output[0],
 		Nodes: len(region), Region: region, W: plan}
 	if err := s.Validate(); err != nil {
-		fail("%s: %v", label, err)
+		return nil, rejectf("%s: %v", label, err)
 	}
-	return b
+	return b, nil
 }
 
 // present reports whether the node has fc<i> weights (i = 1, 2, 3).
@@ -171,31 +174,37 @@ func ortParts(a *ortmoe.Attrs) (gate, up int, upInFC1 bool) {
 
 // ortFloatPlan reads the expert weights of a float MoE node lazily from its
 // initializers.
-func (c *ctx) ortFloatPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int) *WeightPlan {
+func (c *ctx) ortFloatPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int) (*WeightPlan, error) {
 	in := func(i int) string {
 		if i < len(n.Input) {
 			return n.Input[i]
 		}
 		return ""
 	}
-	cst := func(pos int, what string) *pb.TensorProto {
-		if in(pos) == "" {
-			return nil
+	// consts reads the constant inputs at pos (an absent one is nil), in order.
+	consts := func(pos [3]int, what [3]string) (ts [3]*pb.TensorProto, err error) {
+		for i, p := range pos {
+			if in(p) == "" {
+				continue
+			}
+			if ts[i] = c.constTensor(in(p)); ts[i] == nil {
+				return ts, rejectf("%s %q of node %q is not a constant", what[i], in(p), graph.NodeLabel(n))
+			}
 		}
-		t := c.constTensor(in(pos))
-		if t == nil {
-			fail("%s %q of node %q is not a constant", what, in(pos), graph.NodeLabel(n))
-		}
-		return t
+		return ts, nil
 	}
-	fc1, fc2, fc3 := cst(ortmoe.MoEFC1, "fc1_experts_weights"), cst(ortmoe.MoEFC2, "fc2_experts_weights"), cst(ortmoe.MoEFC3, "fc3_experts_weights")
+	fc, err := consts([3]int{ortmoe.MoEFC1, ortmoe.MoEFC2, ortmoe.MoEFC3}, [3]string{"fc1_experts_weights", "fc2_experts_weights", "fc3_experts_weights"})
+	if err != nil {
+		return nil, err
+	}
+	fc1, fc2, fc3 := fc[0], fc[1], fc[2]
 	if fc1 == nil || fc2 == nil || len(fc1.GetDims()) != 3 || len(fc2.GetDims()) != 3 {
-		fail("node %q: fc1/fc2 expert weights are not constant [E, N, K] tensors", graph.NodeLabel(n))
+		return nil, rejectf("node %q: fc1/fc2 expert weights are not constant [E, N, K] tensors", graph.NodeLabel(n))
 	}
 	d1, d2 := fc1.GetDims(), fc2.GetDims()
 	E := int(d2[0])
 	if int(d2[1]*d2[2])%H != 0 {
-		fail("node %q: fc2_experts_weights dims %v do not fit hidden size %d", graph.NodeLabel(n), d2, H)
+		return nil, rejectf("node %q: fc2_experts_weights dims %v do not fit hidden size %d", graph.NodeLabel(n), d2, H)
 	}
 	I := int(d2[1]*d2[2]) / H
 	f := int64(1)
@@ -209,10 +218,14 @@ func (c *ctx) ortFloatPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int)
 		want1[1], want1[2] = want1[2], want1[1]
 	}
 	if d1[0] != want1[0] || d1[1] != want1[1] || d1[2] != want1[2] {
-		fail("node %q: fc1_experts_weights dims %v, want %v (H=%d I=%d, legacy layout %v)", graph.NodeLabel(n), d1, want1, H, I, legacy)
+		return nil, rejectf("node %q: fc1_experts_weights dims %v, want %v (H=%d I=%d, legacy layout %v)", graph.NodeLabel(n), d1, want1, H, I, legacy)
 	}
 	s.NumExperts, s.Hidden, s.Inter = E, H, I
-	b1, b2, b3 := cst(ortmoe.MoEFC1Bias, "fc1_experts_bias"), cst(ortmoe.MoEFC2Bias, "fc2_experts_bias"), cst(ortmoe.MoEFC3Bias, "fc3_experts_bias")
+	bs, err := consts([3]int{ortmoe.MoEFC1Bias, ortmoe.MoEFC2Bias, ortmoe.MoEFC3Bias}, [3]string{"fc1_experts_bias", "fc2_experts_bias", "fc3_experts_bias"})
+	if err != nil {
+		return nil, err
+	}
+	b1, b2, b3 := bs[0], bs[1], bs[2]
 	plan := &WeightPlan{Experts: make([]ExpertProj, E)}
 	upInit, upBias := fc3, b3
 	if upInFC1 {
@@ -227,7 +240,7 @@ func (c *ctx) ortFloatPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int)
 		}
 	}
 	addBiases(plan, s, b1, upBias, b2, gatePart, upPart)
-	return plan
+	return plan, nil
 }
 
 // addBiases sets every expert's gate, up and down biases from the fc1
@@ -266,7 +279,7 @@ type initSource struct {
 }
 
 // newInitSource resolves every input of n from position 2 on.
-func (c *ctx) newInitSource(n *pb.NodeProto, H int) initSource {
+func (c *ctx) newInitSource(n *pb.NodeProto, H int) (initSource, error) {
 	s := initSource{m: c.m, t: map[int]*pb.TensorProto{}, H: H}
 	for pos := 2; pos < len(n.Input); pos++ {
 		if n.Input[pos] == "" {
@@ -274,11 +287,11 @@ func (c *ctx) newInitSource(n *pb.NodeProto, H int) initSource {
 		}
 		t := c.constTensor(n.Input[pos])
 		if t == nil {
-			fail("input %d (%q) of node %q is not a constant", pos, n.Input[pos], graph.NodeLabel(n))
+			return initSource{}, rejectf("input %d (%q) of node %q is not a constant", pos, n.Input[pos], graph.NodeLabel(n))
 		}
 		s.t[pos] = t
 	}
-	return s
+	return s, nil
 }
 
 func (s initSource) tensor(pos int) *pb.TensorProto { return s.t[pos] }
@@ -327,11 +340,14 @@ func (s initSource) Ints(pos int) ([]int64, error) {
 // ortQuantPlan plans a QMoE node's weights as float tensors dequantized
 // on demand (when the plan is materialized) from the uint8 weights and
 // their scales.
-func (c *ctx) ortQuantPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int) *WeightPlan {
-	src := c.newInitSource(n, H)
+func (c *ctx) ortQuantPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int) (*WeightPlan, error) {
+	src, err := c.newInitSource(n, H)
+	if err != nil {
+		return nil, err
+	}
 	d2 := src.Dims(ortmoe.QFC2)
 	if len(d2) != 3 || d2[1] != int64(H) {
-		fail("QMoE node %q: fc2_experts_weights dims %v, want [E, %d, I/pack]", graph.NodeLabel(n), d2, H)
+		return nil, rejectf("QMoE node %q: fc2_experts_weights dims %v, want [E, %d, I/pack]", graph.NodeLabel(n), d2, H)
 	}
 	E, I := int(d2[0]), int(d2[2])*8/a.Bits
 	s.NumExperts, s.Hidden, s.Inter = E, H, I
@@ -364,10 +380,10 @@ func (c *ctx) ortQuantPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int)
 	fc2 := deq(ortmoe.QFC2, ortmoe.QFC2Scales, ortmoe.QFC2Zero, H, I, "fc2")
 	fc3 := deq(ortmoe.QFC3, ortmoe.QFC3Scales, ortmoe.QFC3Zero, I, H, "fc3")
 	if fc1 == nil || fc2 == nil {
-		fail("QMoE node %q lacks fc1 or fc2 weights", graph.NodeLabel(n))
+		return nil, rejectf("QMoE node %q lacks fc1 or fc2 weights", graph.NodeLabel(n))
 	}
 	if src.tensor(ortmoe.QFC1Scales) == nil || src.tensor(ortmoe.QFC2Scales) == nil || (fc3 != nil && src.tensor(ortmoe.QFC3Scales) == nil) {
-		fail("QMoE node %q: expert weights without scales", graph.NodeLabel(n))
+		return nil, rejectf("QMoE node %q: expert weights without scales", graph.NodeLabel(n))
 	}
 	upInit, upBias := fc3, src.tensor(ortmoe.QFC3Bias)
 	if upInFC1 {
@@ -382,5 +398,5 @@ func (c *ctx) ortQuantPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int)
 		}
 	}
 	addBiases(plan, s, src.tensor(ortmoe.QFC1Bias), upBias, src.tensor(ortmoe.QFC2Bias), gatePart, upPart)
-	return plan
+	return plan, nil
 }
