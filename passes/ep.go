@@ -80,17 +80,17 @@ func (c *ctx) reachCollectives(cols map[*pb.NodeProto]ep.Op, vals ...string) []*
 // collective, one combine collective reached from them, the local experts
 // between the two, and the router-weight multiply before or after combine.
 func (c *ctx) detectEPAt(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (b *Block, err error) {
-	if err := attempt(func() error { b = c.epBlock(tk, cols); return nil }); err != nil {
+	if err := attempt(func() (e error) { b, e = c.epBlock(tk, cols); return e }); err != nil {
 		return nil, err
 	}
 	return b, nil
 }
 
-func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
+func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (*Block, error) {
 	s := moe.Spec{RoutedScalingFactor: 1, SwiGLUAlpha: 1}
 	k, ok := c.scalarInt(tk.Input[1])
 	if !ok {
-		fail("TopK k is not a constant")
+		return nil, rejectf("TopK k is not a constant")
 	}
 	s.TopK = int(k)
 	ri := c.router(tk)
@@ -103,7 +103,7 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	// former (weights applied after combine flow on to later layers).
 	first := c.reachCollectives(cols, tk.Output[1])
 	if len(first) == 0 {
-		fail("no collective after the router")
+		return nil, rejectf("no collective after the router")
 	}
 	var firstOuts []string
 	for _, n := range first {
@@ -128,16 +128,17 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	var dOuts []string
 	group := -1
 	kindOf := func(n *pb.NodeProto) string { return cols[n].Kind }
-	checkGroup := func(n *pb.NodeProto) {
+	checkGroup := func(n *pb.NodeProto) error {
 		o := cols[n]
 		gs, ok := attrIntOK(n, o.GroupAttr)
 		if !ok || gs < 1 {
-			fail("%s::%s %q has no %s attribute (the EP group size)", o.Domain, o.Name, graph.NodeLabel(n), o.GroupAttr)
+			return rejectf("%s::%s %q has no %s attribute (the EP group size)", o.Domain, o.Name, graph.NodeLabel(n), o.GroupAttr)
 		}
 		if group >= 0 && int(gs) != group {
-			fail("collectives of one block disagree on the group size (%d and %d at %q)", group, gs, graph.NodeLabel(n))
+			return rejectf("collectives of one block disagree on the group size (%d and %d at %q)", group, gs, graph.NodeLabel(n))
 		}
 		group = int(gs)
+		return nil
 	}
 	kind := ""
 	for _, n := range disp {
@@ -148,38 +149,42 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 				k = KindEPAllGather
 			}
 			if kind != "" && kind != k {
-				fail("mixed %s and %s collectives after the router (%q)", kind, k, graph.NodeLabel(n))
+				return nil, rejectf("mixed %s and %s collectives after the router (%q)", kind, k, graph.NodeLabel(n))
 			}
 			kind = k
 		case ep.Dispatch:
 			if kind != "" {
-				fail("more than one dispatch after the router (%q)", graph.NodeLabel(n))
+				return nil, rejectf("more than one dispatch after the router (%q)", graph.NodeLabel(n))
 			}
 			kind = KindEPDispatch
 			if e, ok := attrIntOK(n, cols[n].ExpertsAttr); ok && int(e) != E {
-				fail("dispatch %q routes %d experts but the router has %d", graph.NodeLabel(n), e, E)
+				return nil, rejectf("dispatch %q routes %d experts but the router has %d", graph.NodeLabel(n), e, E)
 			}
 		default:
-			fail("%s collective %q after the router: an EP dispatch is all_to_all, all_gather or dispatch", kindOf(n), graph.NodeLabel(n))
+			return nil, rejectf("%s collective %q after the router: an EP dispatch is all_to_all, all_gather or dispatch", kindOf(n), graph.NodeLabel(n))
 		}
-		checkGroup(n)
+		if err := checkGroup(n); err != nil {
+			return nil, err
+		}
 		dOuts = append(dOuts, n.Output...)
 	}
 	comb := c.reachCollectives(cols, dOuts...)
 	if len(comb) != 1 {
-		fail("%d collectives after the dispatch, want exactly one combine", len(comb))
+		return nil, rejectf("%d collectives after the dispatch, want exactly one combine", len(comb))
 	}
 	cn := comb[0]
 	switch {
 	case kind == KindEPAllToAll && kindOf(cn) == ep.AllToAll, kind == KindEPDispatch && kindOf(cn) == ep.Combine,
 		kind == KindEPAllGather && kindOf(cn) == ep.AllReduce:
 	default:
-		fail("the collective after the dispatch (%q, %s) is not its combine", graph.NodeLabel(cn), kindOf(cn))
+		return nil, rejectf("the collective after the dispatch (%q, %s) is not its combine", graph.NodeLabel(cn), kindOf(cn))
 	}
-	checkGroup(cn)
+	if err := checkGroup(cn); err != nil {
+		return nil, err
+	}
 	G := group
 	if E%G != 0 {
-		fail("the EP group of %d ranks does not divide the router's %d experts", G, E)
+		return nil, rejectf("the EP group of %d ranks does not divide the router's %d experts", G, E)
 	}
 	L := E / G
 	// Local region: after the dispatch, before the combine.
@@ -201,7 +206,7 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 		}
 	}
 	if len(ems) < 2 {
-		fail("%d expert matmuls between dispatch and combine, want 2 or 3 (gate/up or fused gate_up, down)", len(ems))
+		return nil, rejectf("%d expert matmuls between dispatch and combine, want 2 or 3 (gate/up or fused gate_up, down)", len(ems))
 	}
 	var l1 []*emm
 	var l2 *emm
@@ -216,23 +221,25 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 		if !second {
 			l1 = append(l1, e)
 		} else if l2 != nil {
-			fail("two down projections between dispatch and combine (%q, %q)", graph.NodeLabel(l2.n), graph.NodeLabel(e.n))
+			return nil, rejectf("two down projections between dispatch and combine (%q, %q)", graph.NodeLabel(l2.n), graph.NodeLabel(e.n))
 		} else {
 			l2 = e
 		}
 	}
 	if l2 == nil || len(l1) == 0 || len(l1) > 2 {
-		fail("expert compute with %d input projections and no single down projection", len(l1))
+		return nil, rejectf("expert compute with %d input projections and no single down projection", len(l1))
 	}
 	for _, e := range ems {
 		if d := e.w.t.GetDims(); int(d[0]) != L {
-			fail("local expert weight %q has %d experts, the group of %d ranks over %d experts needs %d per rank", e.w.t.GetName(), d[0], G, E, L)
+			return nil, rejectf("local expert weight %q has %d experts, the group of %d ranks over %d experts needs %d per rank", e.w.t.GetName(), d[0], G, E, L)
 		}
 	}
 	c.setLimit(slices.Collect(maps.Keys(local)))
 	roles, err := c.roles(l1, l2, &s, true)
-	must(err)
 	c.setLimit(nil)
+	if err != nil {
+		return nil, err
+	}
 	// Block output: after the combine, through noise, the sum over source
 	// ranks and slots, the router-weight multiply, and a shared expert.
 	xDeps := c.forward(x0)
@@ -299,9 +306,9 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	placement := PlacementAfterCombine
 	switch {
 	case before && after:
-		fail("the routing weights are applied both before and after combine")
+		return nil, rejectf("the routing weights are applied both before and after combine")
 	case !before && !after:
-		fail("the routing weights are applied neither before nor after combine")
+		return nil, rejectf("the routing weights are applied neither before nor after combine")
 	case before:
 		placement = PlacementBeforeCombine
 	}
@@ -310,13 +317,13 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	for _, n := range region {
 		inRegion[n] = true
 		if _, ok := cols[n]; ok && n != cn && !containsNode(disp, n) {
-			fail("another collective %q inside the block", graph.NodeLabel(n))
+			return nil, rejectf("another collective %q inside the block", graph.NodeLabel(n))
 		}
 	}
 	c.setLimit(region)
 	if err := c.routerPost(tk, ri, &s); err != nil {
 		c.setLimit(nil)
-		fail("%v", err)
+		return nil, rejectf("%v", err)
 	}
 	c.setLimit(nil)
 	plan := &WeightPlan{Router: Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}, Experts: make([]ExpertProj, L)}
@@ -347,20 +354,25 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) *Block {
 	}
 	s.ExpertBias = roles.gateB != nil || roles.upB != nil || roles.downB != nil
 	if sharedVal != "" {
-		must(c.sharedExpert(sharedVal, x0, &s, plan))
+		if err := c.sharedExpert(sharedVal, x0, &s, plan); err != nil {
+			return nil, err
+		}
 	}
-	rank := c.epRank(G)
+	rank, err := c.epRank(G)
+	if err != nil {
+		return nil, err
+	}
 	s.EPSize, s.ExpertOffset, s.LocalExperts = G, rank*L, L
 	if G == 1 {
 		s.LocalExperts = 0
 	}
 	if err := s.Validate(); err != nil {
-		fail("%v", err)
+		return nil, rejectf("%v", err)
 	}
 	b := &Block{Kind: kind, Spec: s, Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk,
 		Region: region, Nodes: len(region), W: plan, Placement: placement}
 	b.Name = blockName(y, ri.w.GetName(), region)
-	return b
+	return b, nil
 }
 
 func containsNode(ns []*pb.NodeProto, n *pb.NodeProto) bool {
@@ -374,19 +386,19 @@ func containsNode(ns []*pb.NodeProto, n *pb.NodeProto) bool {
 
 // epRank reads this file's rank in its EP group of size G from
 // metadata_props (MetaEPRank, and MetaEPSize when present).
-func (c *ctx) epRank(G int) int {
+func (c *ctx) epRank(G int) (int, error) {
 	v, ok := c.m.Metadata(MetaEPRank)
 	if !ok {
-		fail("an EP block (group of %d ranks) in %s, but the file does not say its rank: set metadata_props %s (mokopt rewrite --ep-rank R, or --merge-ranks with the files in rank order)", G, c.m.Name(), MetaEPRank)
+		return 0, rejectf("an EP block (group of %d ranks) in %s, but the file does not say its rank: set metadata_props %s (mokopt rewrite --ep-rank R, or --merge-ranks with the files in rank order)", G, c.m.Name(), MetaEPRank)
 	}
 	r, err := strconv.Atoi(v)
 	if err != nil || r < 0 || r >= G {
-		fail("%s: metadata %s=%q is not a rank in 0..%d", c.m.Name(), MetaEPRank, v, G-1)
+		return 0, rejectf("%s: metadata %s=%q is not a rank in 0..%d", c.m.Name(), MetaEPRank, v, G-1)
 	}
 	if sz, ok := c.m.Metadata(MetaEPSize); ok && sz != strconv.Itoa(G) {
-		fail("%s: metadata %s=%s but the collectives' group size is %d", c.m.Name(), MetaEPSize, sz, G)
+		return 0, rejectf("%s: metadata %s=%s but the collectives' group size is %d", c.m.Name(), MetaEPSize, sz, G)
 	}
-	return r
+	return r, nil
 }
 
 // shardingEP reads an EP size from ONNX IR 10+ sharding annotations of a
@@ -394,7 +406,7 @@ func (c *ctx) epRank(G int) int {
 // of a stacked routed-expert weight into num_shards shards. It returns 1
 // when there is none, and fails on annotations that disagree or do not
 // divide the experts.
-func (c *ctx) shardingEP(b *Block) int {
+func (c *ctx) shardingEP(b *Block) (int, error) {
 	experts := map[string]bool{}
 	for _, e := range b.W.Experts {
 		for _, q := range []*Proj{e.Gate, e.Up, e.Down} {
@@ -412,24 +424,24 @@ func (c *ctx) shardingEP(b *Block) int {
 				}
 				for _, sd := range sp.GetShardedDim() {
 					if sd.GetAxis() != 0 {
-						fail("sharding of expert weight %q on node %q splits axis %d, not the expert axis 0 (tensor parallel experts are not EP)", sp.GetTensorName(), graph.NodeLabel(n), sd.GetAxis())
+						return 0, rejectf("sharding of expert weight %q on node %q splits axis %d, not the expert axis 0 (tensor parallel experts are not EP)", sp.GetTensorName(), graph.NodeLabel(n), sd.GetAxis())
 					}
 					shards := int64(1)
 					for _, ss := range sd.GetSimpleSharding() {
 						shards *= ss.GetNumShards()
 					}
 					if shards < 1 || b.Spec.NumExperts%int(shards) != 0 {
-						fail("sharding of expert weight %q on node %q: %d shards do not divide %d experts", sp.GetTensorName(), graph.NodeLabel(n), shards, b.Spec.NumExperts)
+						return 0, rejectf("sharding of expert weight %q on node %q: %d shards do not divide %d experts", sp.GetTensorName(), graph.NodeLabel(n), shards, b.Spec.NumExperts)
 					}
 					if found != 0 && found != int(shards) {
-						fail("expert weights sharded %d and %d ways in one block", found, shards)
+						return 0, rejectf("expert weights sharded %d and %d ways in one block", found, shards)
 					}
 					found = int(shards)
 				}
 			}
 		}
 	}
-	return max(found, 1)
+	return max(found, 1), nil
 }
 
 // attrIntOK returns an integer attribute and whether the node has it.
@@ -445,11 +457,15 @@ func attrIntOK(n *pb.NodeProto, name string) (int64, bool) {
 // applySharding sets a global block's ep_size from its sharding annotations.
 func (c *ctx) applySharding(b *Block) error {
 	return attempt(func() error {
-		if g := c.shardingEP(b); g > 1 {
+		g, err := c.shardingEP(b)
+		if err != nil {
+			return err
+		}
+		if g > 1 {
 			b.Spec.EPSize = g
 			b.Placement = "sharding"
 			if err := b.Spec.Validate(); err != nil {
-				fail("%v", err)
+				return rejectf("%v", err)
 			}
 		}
 		return nil
@@ -475,15 +491,16 @@ func shardCheckNote(blocks []*Block) string {
 // checkStacked refuses stacked expert weights that do not hold one matrix
 // per routed expert (for example one EP rank's E/EP experts behind
 // collectives the op table does not name).
-func checkStacked(rs roleSet, E int) {
+func checkStacked(rs roleSet, E int) error {
 	for _, r := range []*roleRef{rs.gate, rs.up, rs.down} {
 		if r == nil {
 			continue
 		}
 		if d := r.w.t.GetDims(); len(d) == 3 && int(d[0]) != E {
-			fail("stacked expert weight %q holds %d experts but the router scores %d (one rank of an expert-parallel model whose collectives are not in the EP op table? see --ep-ops)", r.w.t.GetName(), d[0], E)
+			return rejectf("stacked expert weight %q holds %d experts but the router scores %d (one rank of an expert-parallel model whose collectives are not in the EP op table? see --ep-ops)", r.w.t.GetName(), d[0], E)
 		}
 	}
+	return nil
 }
 
 // claimEPLocal marks, for a TopK whose EP block could not be read, the
@@ -548,13 +565,13 @@ func (c *ctx) detectShardedMoE(n *pb.NodeProto) (*Block, error) {
 // into a shard spec: E from the router, ep_size E/E_local, expert_offset
 // local_experts_start_index. Tensor-parallel sharding (tensor_shards > 1)
 // is refused. Other nodes are left alone.
-func (c *ctx) shardedSpec(as *pb.NodeProto, s *moe.Spec, plan *WeightPlan) {
+func (c *ctx) shardedSpec(as *pb.NodeProto, s *moe.Spec, plan *WeightPlan) error {
 	n := c.epClone[as]
 	if n == nil {
-		return
+		return nil
 	}
 	if ts := graph.AttrInt(n, "tensor_shards", 1); ts != 1 {
-		fail("ShardedMoE %q with tensor_shards=%d shards each expert (tensor parallel), which ai.mok::MoE does not express", graph.NodeLabel(n), ts)
+		return rejectf("ShardedMoE %q with tensor_shards=%d shards each expert (tensor parallel), which ai.mok::MoE does not express", graph.NodeLabel(n), ts)
 	}
 	d := plan.Router.Init.GetDims()
 	E := int(d[0])
@@ -563,14 +580,15 @@ func (c *ctx) shardedSpec(as *pb.NodeProto, s *moe.Spec, plan *WeightPlan) {
 	}
 	L := len(plan.Experts)
 	if L == 0 || E%L != 0 {
-		fail("ShardedMoE %q holds %d experts, which does not divide the router's %d", graph.NodeLabel(n), L, E)
+		return rejectf("ShardedMoE %q holds %d experts, which does not divide the router's %d", graph.NodeLabel(n), L, E)
 	}
 	start := int(graph.AttrInt(n, "local_experts_start_index", -1))
 	if start < 0 || start%L != 0 || start+L > E {
-		fail("ShardedMoE %q: local_experts_start_index %d is not a multiple of its %d experts within 0..%d", graph.NodeLabel(n), start, L, E-1)
+		return rejectf("ShardedMoE %q: local_experts_start_index %d is not a multiple of its %d experts within 0..%d", graph.NodeLabel(n), start, L, E-1)
 	}
 	s.NumExperts, s.EPSize, s.ExpertOffset, s.LocalExperts = E, E/L, start, L
 	if L == E {
 		s.EPSize, s.LocalExperts = 1, 0
 	}
+	return nil
 }

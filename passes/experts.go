@@ -361,7 +361,9 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 			return "", err
 		}
 		if br.stacked {
-			checkStacked(roles, E)
+			if err := checkStacked(roles, E); err != nil {
+				return "", err
+			}
 		}
 		if p := c.g.Producer(br.l1[0].act); p != nil && rwDeps.has(p) {
 			s.WeightsOnInput = true

@@ -141,7 +141,10 @@ func (c *ctx) ort(n *pb.NodeProto) (*Block, error) {
 	if len(c.g.Consumers(lin.Output[0])) == 1 {
 		region = append([]*pb.NodeProto{lin}, region...)
 	}
-	c.shardedSpec(n, &s, plan) // com.microsoft::ShardedMoE: one EP rank's experts (ep.go)
+	// com.microsoft::ShardedMoE: one EP rank's experts (ep.go)
+	if err := c.shardedSpec(n, &s, plan); err != nil {
+		return nil, err
+	}
 	b := &Block{Name: blockName(n.Output[0], ri.w.GetName(), region), Kind: KindORT, Spec: s, Input: in(0), Router: in(0), Output: n.Output[0],
 		Nodes: len(region), Region: region, W: plan}
 	if err := s.Validate(); err != nil {
