@@ -173,8 +173,12 @@ func (c *ctx) afterBias(v string) (string, *wtrace) {
 }
 
 func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) (string, error) {
-	if st := c.sortOf(tk); st != nil {
-		return c.sortedExperts(b, tk, st, ri, s, shared, plan), nil
+	st, err := c.sortOf(tk)
+	if err != nil {
+		return "", err
+	}
+	if st != nil {
+		return c.sortedExperts(b, tk, st, ri, s, shared, plan)
 	}
 	var ems []*emm
 	byPos := map[int32]*emm{}

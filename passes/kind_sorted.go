@@ -61,21 +61,21 @@ func (c *ctx) consumersThrough(v string) []*pb.NodeProto {
 
 // sortOf returns the TopK that sorts tk's expert ids, or nil when tk's
 // indices are not sorted (not a sort-based block).
-func (c *ctx) sortOf(tk *pb.NodeProto) *pb.NodeProto {
+func (c *ctx) sortOf(tk *pb.NodeProto) (*pb.NodeProto, error) {
 	if len(tk.Output) < 2 {
-		return nil
+		return nil, nil
 	}
 	var found *pb.NodeProto
 	for _, n := range c.consumersThrough(tk.Output[1]) {
 		if c.inLimit(n) && c.isSortTopK(n) {
 			if found != nil && found != n {
 				a, b := graph.NodeLabel(found), graph.NodeLabel(n)
-				fail("the expert ids are sorted twice (%q and %q)", min(a, b), max(a, b))
+				return nil, rejectf("the expert ids are sorted twice (%q and %q)", min(a, b), max(a, b))
 			}
 			found = n
 		}
 	}
-	return found
+	return found, nil
 }
 
 // sortedTag says where a value stands in a sort-based block's expert
@@ -89,21 +89,21 @@ type sortedTag struct{ stage, seg, order int }
 // sortedExperts reads a sort-based block's experts: it checks that the
 // dispatch permutes, groups and scatters back the token/expert pairs
 // consistently, and fills plan with each expert's weights (see KindSorted).
-func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) string {
+func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) (string, error) {
 	E, k := s.NumExperts, s.TopK
 	sd := &sortedDispatch{}
 	if len(sortTK.Output) < 2 || len(sortTK.Input) < 2 {
-		fail("sort %q lacks its permutation output", graph.NodeLabel(sortTK))
+		return "", rejectf("sort %q lacks its permutation output", graph.NodeLabel(sortTK))
 	}
 	ids := expertIDs{c.through(tk.Output[1]), c.through(sortTK.Output[0])}
 	if ax := graph.AttrInt(sortTK, "axis", -1); ax != 0 && ax != -1 {
-		fail("sort %q runs along axis %d, not over the flattened pairs", graph.NodeLabel(sortTK), ax)
+		return "", rejectf("sort %q runs along axis %d, not over the flattened pairs", graph.NodeLabel(sortTK), ax)
 	}
 	if graph.AttrInt(sortTK, "sorted", 1) != 1 {
-		fail("sort %q does not order its output", graph.NodeLabel(sortTK))
+		return "", rejectf("sort %q does not order its output", graph.NodeLabel(sortTK))
 	}
 	if !c.flattens(sortTK.Input[0]) {
-		fail("sort %q does not sort the flattened token/expert pairs", graph.NodeLabel(sortTK))
+		return "", rejectf("sort %q does not sort the flattened token/expert pairs", graph.NodeLabel(sortTK))
 	}
 	sd.perm = sortTK.Output[1]
 
@@ -118,33 +118,45 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		switch op := n.GetOpType(); {
 		case op == "Div":
 			if c.through(n.Input[0]) != c.through(sd.perm) {
-				fail("%q divides by the sort permutation", graph.NodeLabel(n))
+				return "", rejectf("%q divides by the sort permutation", graph.NodeLabel(n))
 			}
-			c.setOnce(&sd.tok, c.quotientOf(n, k), "token index")
+			q, err := c.quotientOf(n, k)
+			if err != nil {
+				return "", err
+			}
+			if err := c.setOnce(&sd.tok, q, "token index"); err != nil {
+				return "", err
+			}
 		case op == "Gather" || op == "GatherND":
 			data, idx, ok := c.gatherRows(n)
 			if !ok || c.through(idx) != c.through(sd.perm) {
-				fail("%q gathers by the sort permutation other than row by row", graph.NodeLabel(n))
+				return "", rejectf("%q gathers by the sort permutation other than row by row", graph.NodeLabel(n))
 			}
 			if k == 1 && c.through(data) == xIn {
-				c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
+				if err := c.setOnce(&sd.xs, n.Output[0], "gathered tokens"); err != nil {
+					return "", err
+				}
 				continue
 			}
 			if c.pairTokens(data, k) {
-				c.setOnce(&sd.tok, n.Output[0], "token index")
+				if err := c.setOnce(&sd.tok, n.Output[0], "token index"); err != nil {
+					return "", err
+				}
 				continue
 			}
 			if !c.flattens(data) || !c.isRoutingWeights(tk, ri, s, data) {
 				other = append(other, n) // the pipeline's, or refused below
 				continue
 			}
-			c.setOnce(&sd.gates, n.Output[0], "sorted routing weights")
+			if err := c.setOnce(&sd.gates, n.Output[0], "sorted routing weights"); err != nil {
+				return "", err
+			}
 		case op == "Shape" || op == "Size":
 		case op == "ScatterND" || op == "TopK" && c.isSortTopK(n):
 			// putting the outputs back in pair order (checked in the pipeline)
 		default:
 			if k != 1 {
-				fail("unexpected %s %q reads the sort permutation", op, graph.NodeLabel(n))
+				return "", rejectf("unexpected %s %q reads the sort permutation", op, graph.NodeLabel(n))
 			}
 		}
 	}
@@ -152,7 +164,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		sd.tok = sd.perm
 	}
 	if sd.tok == "" {
-		fail("the sort permutation does not give the pairs' tokens (a division by top_k)")
+		return "", rejectf("the sort permutation does not give the pairs' tokens (a division by top_k)")
 	}
 	// The tokens gathered in sorted order; the scatter back is checked
 	// from the scatter.
@@ -164,27 +176,29 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		case op == "Gather" || op == "GatherND":
 			data, idx, ok := c.gatherRows(n)
 			if ok && c.through(idx) == c.through(sd.tok) && c.through(data) == xIn {
-				c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
+				if err := c.setOnce(&sd.xs, n.Output[0], "gathered tokens"); err != nil {
+					return "", err
+				}
 				continue
 			}
 			if sd.tok != sd.perm { // with top_k 1 the permutation also gathers the weights
-				fail("%q gathers by the pairs' tokens something other than the router's input", graph.NodeLabel(n))
+				return "", rejectf("%q gathers by the pairs' tokens something other than the router's input", graph.NodeLabel(n))
 			}
 		case op == "ScatterND" || op == "ScatterElements" || op == "Expand" || op == "Shape" || op == "Size":
 		default:
 			if sd.tok != sd.perm {
-				fail("unexpected %s %q reads the pairs' tokens", op, graph.NodeLabel(n))
+				return "", rejectf("unexpected %s %q reads the pairs' tokens", op, graph.NodeLabel(n))
 			}
 		}
 	}
 	if sd.xs == "" {
-		fail("the tokens are not gathered in sorted order")
+		return "", rejectf("the tokens are not gathered in sorted order")
 	}
 	if len(other) > 0 {
 		fromX := c.reachFrom(sd.xs)
 		for _, n := range other {
 			if !fromX.has(n) { // else the expert pipeline checks it
-				fail("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
+				return "", rejectf("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
 			}
 		}
 	}
@@ -199,13 +213,27 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		case sd.gates == "":
 		case !c.inLimit(n):
 		case n.GetOpType() == "Split" && c.splitAxis(n) == 0 && len(n.Input) > 1 && len(n.Output) == E:
-			c.setOnce(&sd.counts, c.countsOf(n.Input[1], ids, E), "per-expert counts")
+			cnt, err := c.countsOf(n.Input[1], ids, E)
+			if err != nil {
+				return "", err
+			}
+			if err := c.setOnce(&sd.counts, cnt, "per-expert counts"); err != nil {
+				return "", err
+			}
 			for e, o := range n.Output {
 				gateSeg[o] = e
 			}
 		case n.GetOpType() == "Slice" && c.rowSlice(n):
-			e, cnt := c.groupSlice(n, E)
-			c.setOnce(&sd.counts, c.countsOf(cnt, ids, E), "per-expert counts")
+			e, cnt, err := c.groupSlice(n, E)
+			if err != nil {
+				return "", err
+			}
+			if cnt, err = c.countsOf(cnt, ids, E); err != nil {
+				return "", err
+			}
+			if err := c.setOnce(&sd.counts, cnt, "per-expert counts"); err != nil {
+				return "", err
+			}
 			gateSeg[n.Output[0]] = e
 		}
 	}
@@ -234,7 +262,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		t0 := in[0]
 		for _, t := range in[1:] {
 			if t.stage != t0.stage || t.order != t0.order || t.seg != t0.seg && n.GetOpType() != "Concat" {
-				fail("%q mixes values of different expert groups or stages", graph.NodeLabel(n))
+				return "", rejectf("%q mixes values of different expert groups or stages", graph.NodeLabel(n))
 			}
 		}
 		set := func(t sortedTag, outs ...string) {
@@ -246,9 +274,13 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		}
 		op := n.GetOpType()
 		if t0.order > 0 || t0.stage < 2 && c.permutes(n, sd.perm) {
-			if c.pairOrder(n, t0, tagged, sd, tk, ri, s, set) {
+			sum, err := c.pairOrder(n, t0, tagged, sd, tk, ri, s, set)
+			if err != nil {
+				return "", err
+			}
+			if sum {
 				if combine != nil {
-					fail("the weighted expert outputs are summed over the pairs twice")
+					return "", rejectf("the weighted expert outputs are summed over the pairs twice")
 				}
 				combine = n
 			}
@@ -262,32 +294,45 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		case t0.stage >= 2 && t0.seg == -1 && c.permutes(n, sd.perm) && !(sd.tok == sd.perm && t0.stage == 3 && op == "ScatterND"):
 			// the outputs put back in pair order by the inverse of the sort
 			if tagged != c.permutedInput(n) {
-				fail("%q uses the expert outputs as indices", graph.NodeLabel(n))
+				return "", rejectf("%q uses the expert outputs as indices", graph.NodeLabel(n))
 			}
 			set(sortedTag{t0.stage, -1, 1}, n.Output...)
 		case op == "Split" && c.splitAxis(n) == 0:
 			if t0.seg != -1 || tagged != 0 || len(n.Input) < 2 || len(n.Output) != E {
-				fail("%q splits the sorted pairs into %d parts, not by the %d experts' counts", graph.NodeLabel(n), len(n.Output), E)
+				return "", rejectf("%q splits the sorted pairs into %d parts, not by the %d experts' counts", graph.NodeLabel(n), len(n.Output), E)
 			}
-			cnt := c.countsOf(n.Input[1], ids, E)
-			c.setOnce(&sd.counts, cnt, "per-expert counts")
+			cnt, err := c.countsOf(n.Input[1], ids, E)
+			if err != nil {
+				return "", err
+			}
+			if err := c.setOnce(&sd.counts, cnt, "per-expert counts"); err != nil {
+				return "", err
+			}
 			for e, o := range n.Output {
 				set(sortedTag{t0.stage, e, 0}, o)
 				splitOf[o] = n.Input[0]
 			}
 		case op == "Slice" && tagged == 0 && t0.seg == -1 && c.rowSlice(n):
 			// one expert's rows, between the counts' running sums
-			e, cnt := c.groupSlice(n, E)
-			c.setOnce(&sd.counts, c.countsOf(cnt, ids, E), "per-expert counts")
+			e, cnt, err := c.groupSlice(n, E)
+			if err != nil {
+				return "", err
+			}
+			if cnt, err = c.countsOf(cnt, ids, E); err != nil {
+				return "", err
+			}
+			if err := c.setOnce(&sd.counts, cnt, "per-expert counts"); err != nil {
+				return "", err
+			}
 			set(sortedTag{t0.stage, e, 0}, n.Output...)
 			splitOf[n.Output[0]] = n.Input[0]
 		case op == "Concat" && c.concatAxis(n) == 0:
 			if len(n.Input) != E || len(in) != E {
-				fail("%q joins %d parts, not the %d expert groups", graph.NodeLabel(n), len(n.Input), E)
+				return "", rejectf("%q joins %d parts, not the %d expert groups", graph.NodeLabel(n), len(n.Input), E)
 			}
 			for e, v := range n.Input {
 				if tags[v].seg != e {
-					fail("%q joins the expert groups out of order", graph.NodeLabel(n))
+					return "", rejectf("%q joins the expert groups out of order", graph.NodeLabel(n))
 				}
 			}
 			for _, v := range n.Input {
@@ -297,13 +342,13 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		case op == "MatMul" || op == "Gemm":
 			e := c.expertMatMul(n)
 			if e == nil || e.act != n.Input[tagged] {
-				fail("%q multiplies expert activations by something other than a constant weight", graph.NodeLabel(n))
+				return "", rejectf("%q multiplies expert activations by something other than a constant weight", graph.NodeLabel(n))
 			}
 			if t0.seg < 0 {
-				fail("%q projects every sorted pair with one weight, not one expert's group", graph.NodeLabel(n))
+				return "", rejectf("%q projects every sorted pair with one weight, not one expert's group", graph.NodeLabel(n))
 			}
 			if b := gemmBias(n); b != "" && (graph.AttrFloat(n, "beta", 1) != 1 || c.matmulWeight(b) == nil) {
-				fail("%q adds a scaled or non-constant bias inside an expert's projection", graph.NodeLabel(n))
+				return "", rejectf("%q adds a scaled or non-constant bias inside an expert's projection", graph.NodeLabel(n))
 			}
 			switch t0.stage {
 			case 0:
@@ -311,23 +356,23 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			case 1:
 				segs[t0.seg].l2 = append(segs[t0.seg].l2, e)
 			default:
-				fail("%q is a third projection after the expert's down projection", graph.NodeLabel(n))
+				return "", rejectf("%q is a third projection after the expert's down projection", graph.NodeLabel(n))
 			}
 			set(sortedTag{t0.stage + 1, t0.seg, 0}, n.Output...)
 		case t0.stage == 1 && (sortedElementwise[op] || op == "Split" || op == "Slice"):
 			if op == "Split" || op == "Slice" {
 				if tagged != 0 || !c.lastAxisOnly(n) {
-					fail("%q cuts expert activations along an axis other than the last", graph.NodeLabel(n))
+					return "", rejectf("%q cuts expert activations along an axis other than the last", graph.NodeLabel(n))
 				}
 				if op == "Split" && len(n.Input) > 1 && n.Input[1] != "" {
 					if sz := c.constInts(n.Input[1]); len(sz) != 2 || sz[0] != sz[1] {
-						fail("%q cuts expert activations into parts other than two equal halves", graph.NodeLabel(n))
+						return "", rejectf("%q cuts expert activations into parts other than two equal halves", graph.NodeLabel(n))
 					}
 				}
 			} else {
 				for i, v := range n.Input {
 					if _, ok := tags[v]; !ok && v != "" && !c.isConst(v) {
-						fail("%q combines expert activations with the non-constant %q", graph.NodeLabel(n), n.Input[i])
+						return "", rejectf("%q combines expert activations with the non-constant %q", graph.NodeLabel(n), n.Input[i])
 					}
 				}
 			}
@@ -336,41 +381,43 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			// a bias shared by every expert (read by roles)
 			other := n.Input[1-tagged]
 			if !c.isConst(other) {
-				fail("%q adds the non-constant %q to the experts' outputs", graph.NodeLabel(n), other)
+				return "", rejectf("%q adds the non-constant %q to the experts' outputs", graph.NodeLabel(n), other)
 			}
 			set(t0, n.Output...)
 		case t0.stage == 2 && op == "Mul" && len(n.Input) == 2:
 			other := c.through(n.Input[1-tagged])
 			if g, ok := gateSeg[other]; !ok || g != t0.seg {
-				fail("%q weights the experts' outputs by something other than the sorted routing weights", graph.NodeLabel(n))
+				return "", rejectf("%q weights the experts' outputs by something other than the sorted routing weights", graph.NodeLabel(n))
 			}
 			set(sortedTag{3, t0.seg, 0}, n.Output...)
 		case t0.stage == 3 && t0.seg == -1 && (op == "ScatterND" || op == "ScatterElements") && tagged == 2:
 			if scatter != nil {
-				fail("the weighted expert outputs are scattered twice")
+				return "", rejectf("the weighted expert outputs are scattered twice")
 			}
 			scatter = n
 		default:
-			fail("unexpected %s %q in the expert pipeline of a sort-based block (stage %d)", op, graph.NodeLabel(n), t0.stage)
+			return "", rejectf("unexpected %s %q in the expert pipeline of a sort-based block (stage %d)", op, graph.NodeLabel(n), t0.stage)
 		}
 	}
 	switch {
 	case scatter != nil && combine != nil:
-		fail("the expert outputs are both scattered back to their tokens and summed in pair order")
+		return "", rejectf("the expert outputs are both scattered back to their tokens and summed in pair order")
 	case scatter != nil:
-		c.checkScatterBack(scatter, sd.tok)
+		if err := c.checkScatterBack(scatter, sd.tok); err != nil {
+			return "", err
+		}
 		if c.combineInput(b.Output, shared) != scatter.Output[0] {
-			fail("the block output is not the scatter back to token order")
+			return "", rejectf("the block output is not the scatter back to token order")
 		}
 	case combine != nil:
 		if c.combineInput(b.Output, shared) != combine.Output[0] {
-			fail("the block output is not the weighted sum over each token's pairs")
+			return "", rejectf("the block output is not the weighted sum over each token's pairs")
 		}
 	default:
-		fail("the weighted expert outputs are not scattered back to token order")
+		return "", rejectf("the weighted expert outputs are not scattered back to token order")
 	}
 	if sd.counts == "" {
-		fail("the sorted pairs are not split by the per-expert counts")
+		return "", rejectf("the sorted pairs are not split by the per-expert counts")
 	}
 	// lift: a group's value, or the Concat output joining all groups.
 	lift := func(v string) string {
@@ -389,7 +436,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	for e := range E {
 		sg := segs[e]
 		if len(sg.l1) == 0 || len(sg.l1) > 2 || len(sg.l2) != 1 {
-			fail("expert %d's group has %d input and %d down projections, want 1 or 2 and 1", e, len(sg.l1), len(sg.l2))
+			return "", rejectf("expert %d's group has %d input and %d down projections, want 1 or 2 and 1", e, len(sg.l1), len(sg.l2))
 		}
 		l1 := make([]*emm, len(sg.l1))
 		for i, m := range sg.l1 {
@@ -403,19 +450,25 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 			l2.act = v // the activation of every sorted pair, read once
 		}
 		rs, err := c.roles(l1, &l2, s, e == 0)
-		must(err)
-		c.firstGemmBiases(l1, &rs)
+		if err != nil {
+			return "", err
+		}
+		if err := c.firstGemmBiases(l1, &rs); err != nil {
+			return "", err
+		}
+		for _, r := range []*roleRef{rs.gate, rs.up, rs.down, rs.gateB, rs.upB, rs.downB} {
+			if r == nil || r.w.sel == selConst || r.w.sel == selNone && (len(r.w.t.GetDims()) == 2 && !r.isBias || len(r.w.t.GetDims()) == 1 && r.isBias) {
+				continue
+			}
+			return "", rejectf("expert %d's weight %q is not one expert's matrix", e, r.w.t.GetName())
+		}
 		mk := func(r *roleRef) *Proj {
 			if r == nil {
 				return nil
 			}
 			idx := -1
-			switch {
-			case r.w.sel == selConst:
+			if r.w.sel == selConst {
 				idx = r.w.expert
-			case r.w.sel == selNone && (len(r.w.t.GetDims()) == 2 && !r.isBias || len(r.w.t.GetDims()) == 1 && r.isBias):
-			default:
-				fail("expert %d's weight %q is not one expert's matrix", e, r.w.t.GetName())
 			}
 			return &Proj{Init: r.w.t, Expert: idx, InOut: r.inOut, Part: r.part}
 		}
@@ -433,7 +486,7 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 	s.Inter = out
 	e0 := plan.Experts[0]
 	s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
-	return KindSorted
+	return KindSorted, nil
 }
 
 // pairTokens reports whether v holds each token/expert pair's token, pair
@@ -519,30 +572,30 @@ func (c *ctx) permutedInput(n *pb.NodeProto) int {
 // the k slots, which combines the experts (it reports true for that sum).
 // A permutation of values before the down projection puts per-pair
 // activations back in pair order: that is no MoE feed-forward block.
-func (c *ctx) pairOrder(n *pb.NodeProto, t sortedTag, tagged int, sd *sortedDispatch, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, set func(sortedTag, ...string)) bool {
+func (c *ctx) pairOrder(n *pb.NodeProto, t sortedTag, tagged int, sd *sortedDispatch, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, set func(sortedTag, ...string)) (bool, error) {
 	op := n.GetOpType()
 	if t.stage < 2 {
-		fail("%s %q puts the sorted pairs back in pair order before the experts' down projections: per-pair outputs (as a mixture of attention heads writes them), not the experts' outputs summed per token", op, graph.NodeLabel(n))
+		return false, rejectf("%s %q puts the sorted pairs back in pair order before the experts' down projections: per-pair outputs (as a mixture of attention heads writes them), not the experts' outputs summed per token", op, graph.NodeLabel(n))
 	}
 	switch {
 	case op == "Shape" || op == "Size":
-		return false
+		return false, nil
 	case op == "Identity" || op == "Cast":
 		set(t, n.Output...)
-		return false
+		return false, nil
 	case op == "Reshape" && tagged == 0 && t.order == 1:
 		if sh := c.constInts(n.Input[1]); len(sh) != 3 || int(sh[1]) != s.TopK || sh[2] != -1 && int(sh[2]) != s.Hidden {
-			fail("%q does not reshape the pairs to [tokens, %d, %d]", graph.NodeLabel(n), s.TopK, s.Hidden)
+			return false, rejectf("%q does not reshape the pairs to [tokens, %d, %d]", graph.NodeLabel(n), s.TopK, s.Hidden)
 		}
 		set(sortedTag{t.stage, -1, 2}, n.Output...)
-		return false
+		return false, nil
 	case op == "Mul" && t.stage == 2 && len(n.Input) == 2:
 		other := n.Input[1-tagged]
 		if sd.gates != "" && c.through(other) == c.through(sd.gates) || !c.isRoutingWeights(tk, ri, s, other) {
-			fail("%q weights the expert outputs in pair order by something other than the routing weights", graph.NodeLabel(n))
+			return false, rejectf("%q weights the expert outputs in pair order by something other than the routing weights", graph.NodeLabel(n))
 		}
 		set(sortedTag{3, -1, t.order}, n.Output...)
-		return false
+		return false, nil
 	case op == "ReduceSum" && t.stage == 3 && t.order == 2 && tagged == 0:
 		var axes []int64
 		if len(n.Input) > 1 && n.Input[1] != "" {
@@ -551,18 +604,17 @@ func (c *ctx) pairOrder(n *pb.NodeProto, t sortedTag, tagged int, sd *sortedDisp
 			axes = graph.AttrInts(n, "axes")
 		}
 		if len(axes) != 1 || axes[0] != 1 && axes[0] != -2 || graph.AttrInt(n, "keepdims", 1) != 0 {
-			fail("%q does not sum the weighted outputs over each token's %d pairs", graph.NodeLabel(n), s.TopK)
+			return false, rejectf("%q does not sum the weighted outputs over each token's %d pairs", graph.NodeLabel(n), s.TopK)
 		}
-		return true
+		return true, nil
 	}
-	fail("unexpected %s %q on the expert outputs in pair order", op, graph.NodeLabel(n))
-	return false
+	return false, rejectf("unexpected %s %q on the expert outputs in pair order", op, graph.NodeLabel(n))
 }
 
 // firstGemmBiases adds to rs the biases that first projections written as
 // Gemm carry in their third input: the gate's and the up projection's
 // (their halves of a fused gate_up bias).
-func (c *ctx) firstGemmBiases(l1 []*emm, rs *roleSet) {
+func (c *ctx) firstGemmBiases(l1 []*emm, rs *roleSet) error {
 	for _, m := range l1 {
 		b := gemmBias(m.n)
 		if b == "" {
@@ -577,11 +629,12 @@ func (c *ctx) firstGemmBiases(l1 []*emm, rs *roleSet) {
 				continue
 			}
 			if *r.bias != nil {
-				fail("%q has a bias in the Gemm and another after it", graph.NodeLabel(m.n))
+				return rejectf("%q has a bias in the Gemm and another after it", graph.NodeLabel(m.n))
 			}
 			*r.bias = &roleRef{w: w, isBias: true, part: r.proj.part}
 		}
 	}
+	return nil
 }
 
 // rowSlice reports whether a Slice cuts only the first axis, with step 1.
@@ -607,7 +660,7 @@ func (c *ctx) rowSlice(n *pb.NodeProto) bool {
 // (CumSum, inclusive or exclusive, an inclusive one behind a leading 0,
 // or one less the counts), the start 0 for the first group and the end
 // past the last row for the last. It returns the group and the counts value.
-func (c *ctx) groupSlice(n *pb.NodeProto, E int) (int, string) {
+func (c *ctx) groupSlice(n *pb.NodeProto, E int) (int, string, error) {
 	bs, cs := c.groupBound(n.Input[1], E)
 	be, ce := c.groupBound(n.Input[2], E)
 	cnt := cs
@@ -615,12 +668,12 @@ func (c *ctx) groupSlice(n *pb.NodeProto, E int) (int, string) {
 		cnt = ce
 	}
 	if bs == -2 || be == -2 {
-		fail("%q slices the sorted rows at constant bounds: a trace baked in the group sizes of its own input, so the graph is right only for inputs routed exactly like it; the bounds must be running sums of the per-expert counts", graph.NodeLabel(n))
+		return 0, "", rejectf("%q slices the sorted rows at constant bounds: a trace baked in the group sizes of its own input, so the graph is right only for inputs routed exactly like it; the bounds must be running sums of the per-expert counts", graph.NodeLabel(n))
 	}
 	if bs < 0 || be != bs+1 || bs >= E || cnt == "" || cs != "" && ce != "" && cs != ce {
-		fail("%q slices the sorted rows other than from one expert group's start to its end", graph.NodeLabel(n))
+		return 0, "", rejectf("%q slices the sorted rows other than from one expert group's start to its end", graph.NodeLabel(n))
 	}
-	return bs, cnt
+	return bs, cnt, nil
 }
 
 // groupBound returns which group boundary v holds (b: the number of rows
@@ -682,16 +735,16 @@ func (c *ctx) groupBound(v string, E int) (int, string) {
 // k, or, for a float division by k, the floor after it (Floor, or
 // Floor(Abs(q)) * Sign(q), the truncation exporters write for
 // rounding_mode="trunc"), before any cast back to integers.
-func (c *ctx) quotientOf(div *pb.NodeProto, k int) string {
+func (c *ctx) quotientOf(div *pb.NodeProto, k int) (string, error) {
 	if d, ok := c.scalarInt(div.Input[1]); ok {
 		if int(d) != k {
-			fail("%q divides the sort permutation by %d, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), d, k)
+			return "", rejectf("%q divides the sort permutation by %d, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), d, k)
 		}
-		return div.Output[0]
+		return div.Output[0], nil
 	}
 	f, ok := c.scalarFloat(div.Input[1])
 	if !ok || f != float32(k) {
-		fail("%q divides the sort permutation by %v, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), div.Input[1], k)
+		return "", rejectf("%q divides the sort permutation by %v, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), div.Input[1], k)
 	}
 	q := div.Output[0]
 	cons := c.g.Consumers(q)
@@ -701,19 +754,18 @@ func (c *ctx) quotientOf(div *pb.NodeProto, k int) string {
 	}
 	switch {
 	case len(cons) == 1 && ops["Floor"] != nil:
-		return ops["Floor"].Output[0]
+		return ops["Floor"].Output[0], nil
 	case len(cons) == 2 && ops["Abs"] != nil && ops["Sign"] != nil:
 		fl := c.g.Consumers(ops["Abs"].Output[0])
 		if len(fl) == 1 && fl[0].GetOpType() == "Floor" {
 			mul := c.g.Consumers(fl[0].Output[0])
 			sg := ops["Sign"].Output[0]
 			if len(mul) == 1 && mul[0].GetOpType() == "Mul" && len(mul[0].Input) == 2 && (mul[0].Input[0] == sg || mul[0].Input[1] == sg) {
-				return mul[0].Output[0]
+				return mul[0].Output[0], nil
 			}
 		}
 	}
-	fail("%q divides the sort permutation by top_k in floating point without rounding the quotient down", graph.NodeLabel(div))
-	return ""
+	return "", rejectf("%q divides the sort permutation by top_k in floating point without rounding the quotient down", graph.NodeLabel(div))
 }
 
 // gatherRows reads a gather of whole rows along the first axis: Gather
@@ -777,12 +829,13 @@ var sortedElementwise = map[string]bool{
 }
 
 // setOnce sets *dst to v, failing when it already holds another value.
-func (c *ctx) setOnce(dst *string, v, what string) {
+func (c *ctx) setOnce(dst *string, v, what string) error {
 	if *dst != "" && *dst != v {
 		a, b := min(*dst, v), max(*dst, v)
-		fail("two candidates for the %s of a sort-based block (%q and %q)", what, a, b)
+		return rejectf("two candidates for the %s of a sort-based block (%q and %q)", what, a, b)
 	}
 	*dst = v
+	return nil
 }
 
 // flattens reports whether v is a flattening of a value to one axis: a
@@ -905,23 +958,23 @@ func (c *ctx) lastAxisOnly(n *pb.NodeProto) bool {
 // top-k slots) of a one-hot of the ids: ScatterElements of ones into zeros
 // along the expert axis, OneHot, or a comparison with every expert id; they
 // may be listed element by element (see countPiece).
-func (c *ctx) countsOf(v string, ids expertIDs, E int) string {
+func (c *ctx) countsOf(v string, ids expertIDs, E int) (string, error) {
 	v = c.through(v)
 	if sz := c.constInts(v); sz != nil {
-		fail("the split sizes are constants %v: a trace baked in the group sizes of its own input, so the graph is right only for inputs routed exactly like it; the per-expert counts must be computed from the top-k indices", sz)
+		return "", rejectf("the split sizes are constants %v: a trace baked in the group sizes of its own input, so the graph is right only for inputs routed exactly like it; the per-expert counts must be computed from the top-k indices", sz)
 	}
 	if p := c.g.Producer(v); p != nil && p.GetOpType() == "Concat" {
 		if len(p.Input) != E {
-			fail("the split sizes list %d counts for %d experts", len(p.Input), E)
+			return "", rejectf("the split sizes list %d counts for %d experts", len(p.Input), E)
 		}
 		src := ""
 		for e, in := range p.Input {
 			from, at := c.countPiece(in)
 			if from == "" || at != e {
-				fail("the split sizes are not the per-expert counts in expert order (%q)", in)
+				return "", rejectf("the split sizes are not the per-expert counts in expert order (%q)", in)
 			}
 			if src != "" && src != from {
-				fail("the split sizes mix two count vectors")
+				return "", rejectf("the split sizes mix two count vectors")
 			}
 			src = from
 		}
@@ -952,23 +1005,21 @@ func (c *ctx) countsOf(v string, ids expertIDs, E int) string {
 			// ones scattered into [tokens, experts] zeros along the expert axis
 			ax := c.normAxis(p.Input[0], int(graph.AttrInt(p, "axis", 0)))
 			if ax != 1 || !ids.is(c, p.Input[1]) || !c.isFilled(p.Input[0], 0) || !c.isFilled(p.Input[2], 1) {
-				fail("%q is not a one-hot of the top-k indices", graph.NodeLabel(p))
+				return "", rejectf("%q is not a one-hot of the top-k indices", graph.NodeLabel(p))
 			}
 			if r := graph.AttrString(p, "reduction", "none"); r != "none" && r != "add" && r != "max" {
-				fail("%q scatters with reduction %s", graph.NodeLabel(p), r)
+				return "", rejectf("%q scatters with reduction %s", graph.NodeLabel(p), r)
 			}
-			c.checkCountAxes(reds, 2)
-			return counts
+			return counts, c.checkCountAxes(reds, 2)
 		case "OneHot":
 			vals := c.constFloatsAny(p.Input[2])
 			if !ids.is(c, p.Input[0]) || graph.AttrInt(p, "axis", -1) != -1 || len(vals) != 2 || vals[0] != 0 || vals[1] != 1 {
-				fail("%q is not a one-hot of the top-k indices", graph.NodeLabel(p))
+				return "", rejectf("%q is not a one-hot of the top-k indices", graph.NodeLabel(p))
 			}
 			if d, ok := c.scalarInt(p.Input[1]); !ok || int(d) != E {
-				fail("%q has depth other than the %d experts", graph.NodeLabel(p), E)
+				return "", rejectf("%q has depth other than the %d experts", graph.NodeLabel(p), E)
 			}
-			c.checkCountAxes(reds, ids.rank(c, p.Input[0])+1)
-			return counts
+			return counts, c.checkCountAxes(reds, ids.rank(c, p.Input[0])+1)
 		case "Equal":
 			// ids[..., None] == arange(E): a one-hot by comparison
 			for i := range 2 {
@@ -978,17 +1029,15 @@ func (c *ctx) countsOf(v string, ids expertIDs, E int) string {
 				}
 				raw := c.unitLast(v)
 				if raw == "" {
-					fail("%q compares the top-k indices with the expert ids along an axis other than a new last one", graph.NodeLabel(p))
+					return "", rejectf("%q compares the top-k indices with the expert ids along an axis other than a new last one", graph.NodeLabel(p))
 				}
-				c.checkCountAxes(reds, ids.rank(c, raw)+1)
-				return counts
+				return counts, c.checkCountAxes(reds, ids.rank(c, raw)+1)
 			}
-			fail("%q is not a comparison of the top-k indices with every expert id", graph.NodeLabel(p))
+			return "", rejectf("%q is not a comparison of the top-k indices with every expert id", graph.NodeLabel(p))
 		}
 		break
 	}
-	fail("the split sizes are not per-expert counts of the top-k indices")
-	return ""
+	return "", rejectf("the split sizes are not per-expert counts of the top-k indices")
 }
 
 // expertIDs are the values holding the routed expert ids: the top-k
@@ -1014,7 +1063,7 @@ func (ids expertIDs) rank(c *ctx, v string) int {
 // checkCountAxes checks that reds (ReduceSums, outermost first) applied to
 // a one-hot of the given rank, the experts on its last axis, sum it over
 // every axis but that last one.
-func (c *ctx) checkCountAxes(reds []*pb.NodeProto, rank int) {
+func (c *ctx) checkCountAxes(reds []*pb.NodeProto, rank int) error {
 	dims := make([]int, rank) // the one-hot's axes still present
 	for i := range dims {
 		dims[i] = i
@@ -1029,7 +1078,7 @@ func (c *ctx) checkCountAxes(reds []*pb.NodeProto, rank int) {
 			axes = graph.AttrInts(p, "axes")
 		}
 		if len(axes) == 0 {
-			fail("the per-expert counts reduce %q over all axes", graph.NodeLabel(p))
+			return rejectf("the per-expert counts reduce %q over all axes", graph.NodeLabel(p))
 		}
 		drop := map[int]bool{}
 		for _, a := range axes {
@@ -1037,7 +1086,7 @@ func (c *ctx) checkCountAxes(reds []*pb.NodeProto, rank int) {
 				a += int64(len(dims))
 			}
 			if a < 0 || int(a) >= len(dims) {
-				fail("%q reduces axis %d of a rank-%d one-hot", graph.NodeLabel(p), a, len(dims))
+				return rejectf("%q reduces axis %d of a rank-%d one-hot", graph.NodeLabel(p), a, len(dims))
 			}
 			summed[dims[a]] = true
 			drop[int(a)] = true
@@ -1053,8 +1102,9 @@ func (c *ctx) checkCountAxes(reds []*pb.NodeProto, rank int) {
 		}
 	}
 	if len(summed) != rank-1 || summed[rank-1] {
-		fail("the per-expert counts do not sum the one-hot of the top-k indices over the tokens and slots, only over the experts")
+		return rejectf("the per-expert counts do not sum the one-hot of the top-k indices over the tokens and slots, only over the experts")
 	}
+	return nil
 }
 
 // isExpertRange reports whether v is the expert ids 0..E-1 in order: a
@@ -1278,28 +1328,29 @@ func (c *ctx) isFilled(v string, f float64) bool {
 // tensor at its token's row: ScatterND(zeros, tok as [pairs, 1], updates,
 // reduction=add), or ScatterElements along axis 0 with tok expanded over
 // the features and reduction=add.
-func (c *ctx) checkScatterBack(n *pb.NodeProto, tok string) {
+func (c *ctx) checkScatterBack(n *pb.NodeProto, tok string) error {
 	if graph.AttrString(n, "reduction", "none") != "add" {
-		fail("%q scatters the expert outputs back without adding them up (reduction %q)", graph.NodeLabel(n), graph.AttrString(n, "reduction", "none"))
+		return rejectf("%q scatters the expert outputs back without adding them up (reduction %q)", graph.NodeLabel(n), graph.AttrString(n, "reduction", "none"))
 	}
 	if !c.isFilled(n.Input[0], 0) {
-		fail("%q scatters the expert outputs into something other than zeros", graph.NodeLabel(n))
+		return rejectf("%q scatters the expert outputs into something other than zeros", graph.NodeLabel(n))
 	}
 	idx := n.Input[1]
 	switch n.GetOpType() {
 	case "ScatterND":
 		if v := c.rowIndex(idx); v == "" || c.through(v) != c.through(tok) {
-			fail("%q scatters back to rows other than the sorted pairs' tokens", graph.NodeLabel(n))
+			return rejectf("%q scatters back to rows other than the sorted pairs' tokens", graph.NodeLabel(n))
 		}
 	case "ScatterElements":
 		if c.normAxis(n.Input[0], int(graph.AttrInt(n, "axis", 0))) != 0 {
-			fail("%q scatters back along an axis other than the tokens'", graph.NodeLabel(n))
+			return rejectf("%q scatters back along an axis other than the tokens'", graph.NodeLabel(n))
 		}
 		p := c.producerOp(idx)
 		if p == nil || p.GetOpType() != "Expand" || c.through(p.Input[0]) != c.through(tok) {
-			fail("%q scatters back to rows other than the sorted pairs' tokens", graph.NodeLabel(n))
+			return rejectf("%q scatters back to rows other than the sorted pairs' tokens", graph.NodeLabel(n))
 		}
 	}
+	return nil
 }
 
 // combineInput walks back from a block output over noise and a
