@@ -88,15 +88,6 @@ func (r reject) Error() string { return r.msg }
 // rejectf returns a refusal of the candidate with a formatted reason.
 func rejectf(format string, args ...any) error { return reject{fmt.Sprintf(format, args...)} }
 
-func fail(format string, args ...any) { panic(reject{fmt.Sprintf(format, args...)}) }
-
-// must panics with a refusal err (bridge while callers are converted).
-func must(err error) {
-	if err != nil {
-		panic(err)
-	}
-}
-
 // DetectOptions changes what Detect accepts.
 type DetectOptions struct {
 	// RestoreTracedExperts accepts a TorchScript trace whose loop over the
@@ -553,34 +544,33 @@ func (c *ctx) feedsTopK(outs []int32) bool {
 // routerFed reports whether a TopK is fed by a linear layer with a constant
 // weight, i.e. it looks like a router and a failure is worth reporting.
 func (c *ctx) routerFed(n *pb.NodeProto) bool {
-	return attempt(func() error { c.router(n); return nil }) == nil
+	return attempt(func() error { _, err := c.router(n); return err }) == nil
 }
 
 func (c *ctx) detectAt(tk *pb.NodeProto) (b *Block, err error) {
-	if err := attempt(func() error { b = c.analyze(tk); return nil }); err != nil {
+	if err := attempt(func() (e error) { b, e = c.analyze(tk); return e }); err != nil {
 		return nil, err
 	}
 	return b, nil
 }
 
-// attempt runs f and turns a fail() inside it into the returned error. A
-// runtime error (an index past a malformed node's inputs, a nil tensor)
-// becomes a refusal of this candidate that says it is a matcher fault
-// (errMatcherFault), so a hostile model yields a message instead of a
-// panic trace; the fuzz target treats it as a failure. Any other panic
-// propagates.
+// attempt runs f, one candidate's analysis, and returns its error: a
+// refusal (reject) says why the candidate is no block. Refusals are
+// ordinary error returns; the recover here is the package's only one and
+// is a safety net, not control flow: a runtime error (an index past a
+// malformed node's inputs, a nil tensor) is a matcher bug that a hostile
+// or malformed model exposed, and it becomes a refusal of this candidate
+// that says so (errMatcherFault), so that one bad candidate yields a
+// near-miss instead of a crash of the whole detection; the fuzz target
+// treats it as a failure. Any other panic propagates.
 func attempt(f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			if re, ok := r.(runtime.Error); ok {
-				err = reject{fmt.Sprintf("%s: %v", errMatcherFault, re)}
-				return
-			}
-			rj, ok := r.(reject)
+			re, ok := r.(runtime.Error)
 			if !ok {
 				panic(r)
 			}
-			err = rj
+			err = reject{fmt.Sprintf("%s: %v", errMatcherFault, re)}
 		}
 	}()
 	return f()
@@ -601,7 +591,9 @@ type routerInfo struct {
 	scores     string // value of activated scores (act_then_topk)
 }
 
-func (c *ctx) analyze(tk *pb.NodeProto) *Block {
+// analyze reads the block the selection tk routes for, or says why it is
+// no block ai.mok::MoE expresses.
+func (c *ctx) analyze(tk *pb.NodeProto) (*Block, error) {
 	s := moe.Spec{RoutedScalingFactor: 1, EPSize: 1, SwiGLUAlpha: 1}
 	sm := c.sparse[tk]
 	if sm != nil {
@@ -609,33 +601,38 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	} else {
 		k, ok := c.scalarInt(tk.Input[1])
 		if !ok {
-			fail("TopK k is not a constant")
+			return nil, rejectf("TopK k is not a constant")
 		}
 		if graph.AttrInt(tk, "largest", 1) != 1 {
-			fail("TopK selects the smallest values, not a router")
+			return nil, rejectf("TopK selects the smallest values, not a router")
 		}
 		s.TopK = int(k)
 	}
-	ri := c.router(tk)
+	ri, err := c.router(tk)
+	if err != nil {
+		return nil, err
+	}
 	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
 	if ri.groupMax && ri.nGroup > 1 {
 		s.GroupScore = moe.GroupScoreMax
 	}
 	if sm != nil {
 		if ri.act != "" || ri.corr != nil || ri.nGroup > 1 {
-			fail("sparsemixer router with an activation, correction bias or groups before it")
+			return nil, rejectf("sparsemixer router with an activation, correction bias or groups before it")
 		}
 		s.RouterActivation, s.RouterOrder, s.SparseMixerThreshold = moe.SparseMixer, moe.TopKThenActivation, sm.thr
 	}
-	c.routerShape(ri, &s)
+	if err := c.routerShape(ri, &s); err != nil {
+		return nil, err
+	}
 	E := s.NumExperts
 	if s.TopK > E {
-		fail("TopK k=%d exceeds the router's %d outputs", s.TopK, E)
+		return nil, rejectf("TopK k=%d exceeds the router's %d outputs", s.TopK, E)
 	}
 	x0 := c.inputBoundary(ri.x)
 	y := c.postDominator(tk, ri.linear)
 	if y == "" {
-		fail("no single value combines the experts' outputs after the router")
+		return nil, rejectf("no single value combines the experts' outputs after the router")
 	}
 	// Extend through shape noise, a cast back to a half-precision input's
 	// type (exports of float16/bfloat16 models combine in float32) and a
@@ -693,14 +690,18 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	c.idxDeps = nil
 	defer func() { c.setLimit(nil); c.idxDeps = nil }()
 	if err := c.routerPost(tk, ri, &s); err != nil {
-		fail("%v", err)
+		return nil, rejectf("%v", err)
 	}
 	plan := &WeightPlan{}
 	kind, err := c.experts(b, tk, ri, &s, sharedNodes, plan)
-	must(err)
+	if err != nil {
+		return nil, err
+	}
 	b.Kind = kind
 	if sharedVal != "" {
-		must(c.sharedExpert(sharedVal, x0, &s, plan))
+		if err := c.sharedExpert(sharedVal, x0, &s, plan); err != nil {
+			return nil, err
+		}
 	}
 	plan.Router = Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}
 	if ri.bias != nil {
@@ -712,21 +713,22 @@ func (c *ctx) analyze(tk *pb.NodeProto) *Block {
 	b.W = plan
 	b.Spec = s
 	if err := s.Validate(); err != nil {
-		fail("%v", err)
+		return nil, rejectf("%v", err)
 	}
 	b.Name = blockName(y, ri.w.GetName(), region)
-	return b
+	return b, nil
 }
 
-// router walks back from the selection TopK to the router linear.
-func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
+// router walks back from the selection TopK to the router linear, or says
+// why the TopK is not fed by one.
+func (c *ctx) router(tk *pb.NodeProto) (*routerInfo, error) {
 	ri := &routerInfo{order: moe.TopKThenActivation, nGroup: 1, topkGroup: 1}
 	v := tk.Input[0]
 	for steps := 0; steps < 32; steps++ {
 		v = c.through(v)
 		p := c.g.Producer(v)
 		if p == nil {
-			fail("the TopK input does not come from a router linear layer")
+			return nil, rejectf("the TopK input does not come from a router linear layer")
 		}
 		switch p.GetOpType() {
 		case "Where":
@@ -738,7 +740,7 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 				v = a
 			}
 			if err := c.groupInfo(p, ri); err != nil {
-				fail("%v", err)
+				return nil, rejectf("%v", err)
 			}
 			continue
 		case "Add":
@@ -761,10 +763,10 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 				v = bb
 				continue
 			}
-			fail("unexpected Add %q between router and TopK", graph.NodeLabel(p))
+			return nil, rejectf("unexpected Add %q between router and TopK", graph.NodeLabel(p))
 		case "Softmax", "Sigmoid":
 			if ri.act != "" {
-				fail("two router activations")
+				return nil, rejectf("two router activations")
 			}
 			ri.act = strings.ToLower(p.GetOpType())
 			ri.order = moe.ActivationThenTopK
@@ -774,7 +776,7 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 		case "Gemm":
 			w := c.constTensor(p.Input[1])
 			if w == nil || graph.AttrInt(p, "transA", 0) != 0 {
-				fail("router Gemm %q has no constant weight", graph.NodeLabel(p))
+				return nil, rejectf("router Gemm %q has no constant weight", graph.NodeLabel(p))
 			}
 			ri.linear, ri.x, ri.w = p, p.Input[0], w
 			ri.wInOut = graph.AttrInt(p, "transB", 0) == 0
@@ -784,36 +786,37 @@ func (c *ctx) router(tk *pb.NodeProto) *routerInfo {
 				}
 			}
 			if graph.AttrFloat(p, "alpha", 1) != 1 {
-				fail("router Gemm with alpha != 1")
+				return nil, rejectf("router Gemm with alpha != 1")
 			}
-			return ri
+			return ri, nil
 		case "MatMul":
 			if w := c.matmulWeight(p.Input[1]); w != nil {
 				ri.linear, ri.x, ri.w, ri.wInOut = p, p.Input[0], w.t, !w.swapped
-				return ri
+				return ri, nil
 			}
-			fail("router MatMul %q has no constant weight", graph.NodeLabel(p))
+			return nil, rejectf("router MatMul %q has no constant weight", graph.NodeLabel(p))
 		default:
-			fail("unexpected %s %q between router and TopK", p.GetOpType(), graph.NodeLabel(p))
+			return nil, rejectf("unexpected %s %q between router and TopK", p.GetOpType(), graph.NodeLabel(p))
 		}
 	}
-	fail("router chain too long")
-	return nil
+	return nil, rejectf("router chain too long")
 }
 
 // routerShape sets the spec's router biases, expert count and hidden size
-// from the router linear's weight ([E, H], or [H, E] when stored in-out).
-func (c *ctx) routerShape(ri *routerInfo, s *moe.Spec) {
+// from the router linear's weight ([E, H], or [H, E] when stored in-out),
+// or says why it cannot.
+func (c *ctx) routerShape(ri *routerInfo, s *moe.Spec) error {
 	s.RouterBias, s.CorrectionBias = ri.bias != nil, ri.corr != nil
 	dims := ri.w.GetDims()
 	if len(dims) != 2 {
-		fail("router weight %q is not a matrix", ri.w.GetName())
+		return rejectf("router weight %q is not a matrix", ri.w.GetName())
 	}
 	E, H := int(dims[0]), int(dims[1])
 	if ri.wInOut {
 		E, H = H, E
 	}
 	s.NumExperts, s.Hidden = E, H
+	return nil
 }
 
 // vectorLike reports whether t is a vector, possibly with leading unit

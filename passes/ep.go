@@ -93,9 +93,14 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (*Block, e
 		return nil, rejectf("TopK k is not a constant")
 	}
 	s.TopK = int(k)
-	ri := c.router(tk)
+	ri, err := c.router(tk)
+	if err != nil {
+		return nil, err
+	}
 	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
-	c.routerShape(ri, &s)
+	if err := c.routerShape(ri, &s); err != nil {
+		return nil, err
+	}
 	E := s.NumExperts
 	// Dispatch and combine.
 	// The dispatch: the collectives reached from the top-k indices, plus
