@@ -3,6 +3,7 @@ package moe
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -63,18 +64,51 @@ func Int64Tensor(name string, dims []int64, v []int64) *pb.TensorProto {
 	return t
 }
 
-// Float32Tensor builds a FLOAT tensor with raw data.
+// Float32Tensor builds a FLOAT tensor with raw data (a copy of v).
 func Float32Tensor(name string, dims []int64, v []float32) *pb.TensorProto {
 	raw := make([]byte, 4*len(v))
-	for i, x := range v {
-		u := math.Float32bits(x)
-		raw[4*i], raw[4*i+1], raw[4*i+2], raw[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+	if littleEndian {
+		copy(raw, f32Bytes(v))
+	} else {
+		for i, x := range v {
+			u := math.Float32bits(x)
+			raw[4*i], raw[4*i+1], raw[4*i+2], raw[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+		}
 	}
+	return float32Proto(name, dims, raw)
+}
+
+// Float32TensorOwned is Float32Tensor taking ownership of v: where the host
+// stores float32 as ONNX raw data does (little-endian), v's memory becomes
+// the raw data without a copy, so v must not be written afterwards.
+func Float32TensorOwned(name string, dims []int64, v []float32) *pb.TensorProto {
+	if !littleEndian || len(v) == 0 {
+		return Float32Tensor(name, dims, v)
+	}
+	return float32Proto(name, dims, f32Bytes(v))
+}
+
+func float32Proto(name string, dims []int64, raw []byte) *pb.TensorProto {
 	t := &pb.TensorProto{Dims: dims, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), RawData: raw}
 	if name != "" {
 		t.Name = proto.String(name)
 	}
 	return t
+}
+
+// littleEndian reports whether the host stores float32 values in ONNX raw
+// data's byte order.
+var littleEndian = func() bool {
+	v := uint16(1)
+	return *(*byte)(unsafe.Pointer(&v)) == 1
+}()
+
+// f32Bytes views a float32 slice's memory as bytes.
+func f32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }
 
 // Function returns the model-local function implementing spec's variant

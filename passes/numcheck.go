@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"unsafe"
 
 	"github.com/mokopt/mokopt/graph"
@@ -336,83 +338,151 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		// the blocks' weights are read, so that peak memory is the larger
 		// of the two, not their sum.
 		debug.FreeOSMemory()
-		for i, b := range blocks {
-			if errs[i] != nil {
-				continue
-			}
-			x, y := vals[b.Input], vals[b.Output]
-			if x == nil || y == nil || x.F32 == nil || y.F32 == nil {
-				errs[i] = fmt.Errorf("numerical check: block input or output not computed as float")
-				continue
-			}
-			// Shapes that differ but hold the same tokens of H values (a
-			// trace's static Reshape of [16, 1, H] to [2, 8, H]) are the same
-			// rows in row-major order: compared as they are.
-			sameRows := len(x.F32) == len(y.F32) && len(x.Shape) > 0 && len(y.Shape) > 0 && x.Shape[len(x.Shape)-1] == y.Shape[len(y.Shape)-1]
-			if !slices.Equal(x.Shape, y.Shape) && !sameRows {
-				if r := vals[b.Router]; r != nil && slices.Equal(r.Shape, y.Shape) {
-					b.Input, x = b.Router, r
-				} else {
-					errs[i] = fmt.Errorf("numerical check: block input shape %v differs from output shape %v: the graph's shapes do not follow its declared input dims (a trace with static shapes inside?); pass inputs like the export's with --check-data (an ONNX test data folder)", x.Shape, y.Shape)
-					continue
-				}
-			}
-			T := len(x.F32) / b.Spec.Hidden
-			w := ws[i]
-			if w == nil { // read now, dropped after this block
-				if w, err = b.W.Materialize(m, &b.Spec); err != nil {
-					errs[i] = err
-					continue
-				}
-			}
-			// The fused semantics are per token: computed once per
-			// distinct token, compared on every token.
-			xd, of := distinctRows(x.F32, b.Spec.Hidden)
-			Td := len(xd) / b.Spec.Hidden
-			var keep func(int) bool
-			if b.TracedExperts > 0 {
-				keep = tracedExperts(&b.Spec, w, xd, Td, b.TracedExperts)
-			}
-			gd, err := moe.ForwardExperts(&b.Spec, w, xd, Td, keep)
-			if err != nil {
-				errs[i] = err
-				continue
-			}
-			got := expandRows(gd, of, b.Spec.Hidden)
-			if i < len(retain) && retain[i] {
-				ws[i] = w // the caller writes these weights (already in memory)
-			}
-			peak := 0.0
-			for _, v := range y.F32 {
-				peak = max(peak, math.Abs(float64(v)))
-			}
-			rtol, atol, half := checkTolerance(y.DType, peak)
-			var skip func(int) bool
-			if half { // tokens whose routing a rounded router may flip
-				gaps := moe.RouteGaps(&b.Spec, w, xd, Td)
-				tie := nearTie(y.DType)
-				skip = func(t int) bool { return gaps[of[t]] < tie }
-			}
-			var off, at int
-			var worst float64
-			if half {
-				off, worst, at = tokensOff(got, y.F32, b.Spec.Hidden, rtol, atol, skip)
-			} else {
-				off, worst, at = tokensOffScaled(got, y.F32, b.Spec.Hidden, rtol, atol, tokenRTol)
-			}
-			if off > 0 {
-				where := fmt.Sprintf("random inputs, seed %d", seed)
-				if len(data) > 0 {
-					where = fmt.Sprintf("check data set %d", seed-1)
-				}
-				errs[i] = fmt.Errorf("numerical check failed: the fused node's semantics differ from the original subgraph by %.3g at element %d, %d of %d tokens off (%s)", worst, at, off, T, where)
-			}
+		where := fmt.Sprintf("random inputs, seed %d", seed)
+		if len(data) > 0 {
+			where = fmt.Sprintf("check data set %d", seed-1)
 		}
+		forBlocks(blocks, ws, retain, memLimit, func(i int) {
+			if errs[i] == nil {
+				errs[i] = checkBlock(m, blocks[i], vals, ws, i, i < len(retain) && retain[i], where)
+			}
+		})
 	}
 	if ran == 0 {
 		return nil, fmt.Errorf("%w: the original model fails on random inputs: %v", ErrCheckInconclusive, lastErr)
 	}
 	return errs, nil
+}
+
+// forBlocks calls check(i) for every block, on up to GOMAXPROCS goroutines.
+// A block whose weights are not retained (ws[i] nil and retain[i] unset)
+// has them read while it is checked and dropped after: such blocks run at
+// once only while their weight bytes together stay within a quarter of
+// memLimit (1 GiB without a limit), so that the check's memory stays that
+// of one block's weights where blocks are large; a block larger than that
+// runs alone, as it would serially. Retained weights are in memory for the
+// rewrite anyway.
+func forBlocks(blocks []*Block, ws []*moe.Weights, retain []bool, memLimit int64, check func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), len(blocks))
+	if workers <= 1 {
+		for i := range blocks {
+			check(i)
+		}
+		return
+	}
+	budget := int64(1 << 30)
+	if memLimit > 0 {
+		budget = memLimit / 4
+	}
+	cost := make([]int64, len(blocks))
+	for i, b := range blocks {
+		if ws[i] == nil && (i >= len(retain) || !retain[i]) {
+			cost[i] = b.W.weightBytes(&b.Spec)
+		}
+	}
+	var (
+		mu       sync.Mutex
+		cond     = sync.NewCond(&mu)
+		next     int
+		inFlight int64
+		running  int
+		wg       sync.WaitGroup
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				// Blocks start in order: wait until the next one fits (or
+				// nothing else runs).
+				for next < len(blocks) && running > 0 && inFlight+cost[next] > budget {
+					cond.Wait()
+				}
+				if next >= len(blocks) {
+					mu.Unlock()
+					return
+				}
+				i := next
+				next++
+				inFlight += cost[i]
+				running++
+				mu.Unlock()
+				check(i)
+				mu.Lock()
+				inFlight -= cost[i]
+				running--
+				cond.Broadcast()
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// checkBlock compares block b's captured output in vals with the fused
+// node's reference semantics on its captured input; where names the inputs
+// for the message. A nil ws[i] is read from the block's weight plan and
+// stored back when keep is set. It may switch b.Input to the router input
+// (see numericCheck).
+func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*moe.Weights, i int, keep bool, where string) error {
+	x, y := vals[b.Input], vals[b.Output]
+	if x == nil || y == nil || x.F32 == nil || y.F32 == nil {
+		return fmt.Errorf("numerical check: block input or output not computed as float")
+	}
+	// Shapes that differ but hold the same tokens of H values (a trace's
+	// static Reshape of [16, 1, H] to [2, 8, H]) are the same rows in
+	// row-major order: compared as they are.
+	sameRows := len(x.F32) == len(y.F32) && len(x.Shape) > 0 && len(y.Shape) > 0 && x.Shape[len(x.Shape)-1] == y.Shape[len(y.Shape)-1]
+	if !slices.Equal(x.Shape, y.Shape) && !sameRows {
+		if r := vals[b.Router]; r != nil && slices.Equal(r.Shape, y.Shape) {
+			b.Input, x = b.Router, r
+		} else {
+			return fmt.Errorf("numerical check: block input shape %v differs from output shape %v: the graph's shapes do not follow its declared input dims (a trace with static shapes inside?); pass inputs like the export's with --check-data (an ONNX test data folder)", x.Shape, y.Shape)
+		}
+	}
+	T := len(x.F32) / b.Spec.Hidden
+	w := ws[i]
+	if w == nil { // read now, dropped after this block unless kept
+		var err error
+		if w, err = b.W.Materialize(m, &b.Spec); err != nil {
+			return err
+		}
+	}
+	// The fused semantics are per token: computed once per distinct
+	// token, compared on every token.
+	xd, of := distinctRows(x.F32, b.Spec.Hidden)
+	Td := len(xd) / b.Spec.Hidden
+	var only func(int) bool
+	if b.TracedExperts > 0 {
+		only = tracedExperts(&b.Spec, w, xd, Td, b.TracedExperts)
+	}
+	gd, err := moe.ForwardExperts(&b.Spec, w, xd, Td, only)
+	if err != nil {
+		return err
+	}
+	if keep {
+		ws[i] = w // the caller writes these weights (already in memory)
+	}
+	peak := 0.0
+	for _, v := range y.F32 {
+		peak = max(peak, math.Abs(float64(v)))
+	}
+	rtol, atol, half := checkTolerance(y.DType, peak)
+	var off, at int
+	var worst float64
+	if half { // skip tokens whose routing a rounded router may flip
+		gaps := moe.RouteGaps(&b.Spec, w, xd, Td)
+		tie := nearTie(y.DType)
+		skip := func(t int) bool { return gaps[of[t]] < tie }
+		off, worst, at = tokensOff(expandRows(gd, of, b.Spec.Hidden), y.F32, b.Spec.Hidden, rtol, atol, skip)
+	} else {
+		off, worst, at = tokensOffRows(gd, of, y.F32, b.Spec.Hidden, rtol, atol, tokenRTol)
+	}
+	if off > 0 {
+		return fmt.Errorf("numerical check failed: the fused node's semantics differ from the original subgraph by %.3g at element %d, %d of %d tokens off (%s)", worst, at, off, T, where)
+	}
+	return nil
 }
 
 // ErrCheckInconclusive is wrapped when the numerical check could not run.
@@ -476,23 +546,25 @@ func unsafeBytes(v []float32) []byte {
 // moves outputs by far more.
 const tokenRTol = 1e-5
 
-// tokensOffScaled is tokensOff with the tolerance of element j of token t
-// atol + rtol*|want[j]| + trtol*max|want[token t]|.
-func tokensOffScaled(got, want []float32, H int, rtol, atol, trtol float64) (off int, worst float64, at int) {
+// tokensOffRows is tokensOff with the tolerance of element j of token t
+// atol + rtol*|want[j]| + trtol*max|want[token t]|, where token t's result
+// is row of[t] of the distinct rows gd (H values each).
+func tokensOffRows(gd []float32, of []int, want []float32, H int, rtol, atol, trtol float64) (off int, worst float64, at int) {
 	at = -1
 	for t := 0; t*H < len(want); t++ {
 		row := want[t*H : min((t+1)*H, len(want))]
+		got := gd[of[t]*H:]
 		mag := 0.0
 		for _, v := range row {
 			mag = max(mag, math.Abs(float64(v)))
 		}
 		bad := false
-		for j := t * H; j < t*H+len(row); j++ {
-			d := math.Abs(float64(got[j]) - float64(want[j]))
-			if d > atol+rtol*math.Abs(float64(want[j]))+trtol*mag {
+		for j, v := range row {
+			d := math.Abs(float64(got[j]) - float64(v))
+			if d > atol+rtol*math.Abs(float64(v))+trtol*mag {
 				bad = true
 				if d > worst {
-					worst, at = d, j
+					worst, at = d, t*H+j
 				}
 			}
 		}

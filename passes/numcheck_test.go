@@ -282,3 +282,48 @@ func TestSymbolicDimsStaticTrace(t *testing.T) {
 		}
 	}
 }
+
+// TestNumericCheckPerCopyWeights: in a model of 12 blocks of one structure,
+// checked together (blocks in parallel where there are cores), the check
+// compares each block against its own weights: a gate weight of each
+// expert moved by 1e-2 in one block's weights fails that block, and only
+// it, whether the blocks' weights are handed back (retained) or dropped.
+func TestNumericCheckPerCopyWeights(t *testing.T) {
+	const n, bad = 12, 7
+	m, err := models.Build(models.Config{Shape: models.ShapeBatched, Layers: n, Experts: 8, TopK: 2, Hidden: 32, Inter: 16, Normalize: true, Seed: 3, Tokens: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	det, err := Detect(m)
+	if err != nil || len(det.Blocks) != n {
+		t.Fatalf("detect: %v, %d blocks, want %d", err, len(det.Blocks), n)
+	}
+	for _, retained := range []bool{false, true} {
+		ws := make([]*moe.Weights, n)
+		w, err := det.Blocks[bad].W.Materialize(m, &det.Blocks[bad].Spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := len(w.Gate) / det.Blocks[bad].Spec.NumExperts
+		for e := range det.Blocks[bad].Spec.NumExperts {
+			w.Gate[e*per+3] += 1e-2
+		}
+		ws[bad] = w
+		retain := make([]bool, n)
+		for i := range retain {
+			retain[i] = retained
+		}
+		errs, err := numericCheck(context.Background(), m, det.Blocks, ws, nil, 0, retain...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range errs {
+			if (e != nil) != (i == bad) {
+				t.Errorf("retained %v: block %d: check error %v, want failure %v", retained, i, e, i == bad)
+			}
+			if retained && ws[i] == nil {
+				t.Errorf("block %d: weights not handed back", i)
+			}
+		}
+	}
+}

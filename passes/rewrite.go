@@ -251,7 +251,9 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights
 			continue
 		}
 		n := g.UniqueName(b.Name + "/" + ft.role)
-		g.AddInitializer(moe.Float32Tensor(n, ft.dims, v))
+		// v is the block's own copy (materialized for the check, or
+		// gathered by values): it becomes the raw data as it is.
+		g.AddInitializer(moe.Float32TensorOwned(n, ft.dims, v))
 		in[slot[ft.role]] = n
 	}
 	for len(in) > 0 && in[len(in)-1] == "" {

@@ -208,9 +208,10 @@ func (q *Proj) writeCanonical(m *graph.Model, w io.Writer, isVec bool) error {
 		if err != nil {
 			return err
 		}
-		var out []float32
-		for _, i := range partRows(q.Part, int(n)) {
-			out = append(out, src[i])
+		start, step, k := partRange(q.Part, int(n))
+		out := make([]float32, k)
+		for i := range out {
+			out[i] = src[start+i*step]
 		}
 		return writeFloats(w, out)
 	}
@@ -222,35 +223,34 @@ func (q *Proj) writeCanonical(m *graph.Model, w io.Writer, isVec bool) error {
 	} else {
 		r, cc = d[0], d[1]
 	}
-	if dt == pb.TensorProto_FLOAT && !q.InOut && q.Part == PartWhole {
-		return m.CopyTensorRange(w, q.Init, 4*off, 4*r*cc)
+	if dt == pb.TensorProto_FLOAT && !q.InOut {
+		// Float32 [out, in] rows: the kept rows are byte ranges of the
+		// source, copied as they are (one range for a whole matrix or a
+		// half of it).
+		start, step, k := partRange(q.Part, int(r))
+		if step == 1 {
+			return m.CopyTensorRange(w, q.Init, 4*(off+int64(start)*cc), 4*int64(k)*cc)
+		}
+		// Interleaved rows: one read of the slab, its kept rows written.
+		var buf bytes.Buffer
+		buf.Grow(int(4 * r * cc))
+		if err := m.CopyTensorRange(&buf, q.Init, 4*off, 4*r*cc); err != nil {
+			return err
+		}
+		src, rowBytes := buf.Bytes(), int(4*cc)
+		out := make([]byte, 0, k*rowBytes)
+		for i := 0; i < k; i++ {
+			row := start + i*step
+			out = append(out, src[row*rowBytes:(row+1)*rowBytes]...)
+		}
+		_, err := w.Write(out)
+		return err
 	}
 	src, err := readFloats(m, q.Init, off*elem, r*cc*elem)
 	if err != nil {
 		return err
 	}
-	out, _, _ := canonical(src, int(r), int(cc), q.InOut, q.Part)
-	return writeFloats(w, out)
-}
-
-// canonical turns a stored [r, cc] matrix into [out, in] rows (transposing
-// an [in, out] one) and keeps the rows of part.
-func canonical(src []float32, r, cc int, inOut bool, part int) (out []float32, rows, cols int) {
-	if inOut { // stored [in, out]: transpose to [out, in]
-		t := make([]float32, r*cc)
-		for i := 0; i < r; i++ {
-			for j := 0; j < cc; j++ {
-				t[j*r+i] = src[i*cc+j]
-			}
-		}
-		src, r, cc = t, cc, r
-	}
-	sel := partRows(part, r)
-	out = make([]float32, 0, len(sel)*cc)
-	for _, i := range sel {
-		out = append(out, src[i*cc:(i+1)*cc]...)
-	}
-	return out, len(sel), cc
+	return writeFloats(w, appendRows(nil, src, int(r), int(cc), q.InOut, q.Part))
 }
 
 func readFloats(m *graph.Model, t *pb.TensorProto, off, n int64) ([]float32, error) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/models"
 )
 
@@ -73,5 +74,78 @@ func TestStreamedStackingMatchesMaterialized(t *testing.T) {
 				t.Error("streamed and materialized rewrites differ (inlined)")
 			}
 		})
+	}
+}
+
+// TestWriteCanonicalMatchesValues: every fused tensor streamed from a side
+// file (writeCanonical: range copies of float32 rows, whole, halves or
+// interleaved, and transposes) holds the bytes of the same tensor gathered
+// in memory (values, the path the numerical check's weights take), over
+// shapes whose weight plans cover every part and both layouts.
+func TestWriteCanonicalMatchesValues(t *testing.T) {
+	seen := map[[2]int]bool{} // {part, inOut}
+	for _, cfg := range []models.Config{
+		{Shape: models.ShapeBatched, Tokens: 16},
+		{Shape: models.ShapeUnrolled},
+		{Shape: models.ShapeDense},
+		{Shape: models.ShapeORT},
+		{Shape: models.ShapeORT, ORTSwiGLU: true},
+	} {
+		cfg.Layers, cfg.Experts, cfg.TopK, cfg.Hidden, cfg.Inter = 1, 4, 2, 16, 24
+		if cfg.Shape != models.ShapeORT {
+			cfg.SharedInter = 8
+		}
+		cfg.Router, cfg.Normalize, cfg.External, cfg.Seed = "softmax", true, true, 5
+		name := cfg.Shape + map[bool]string{true: "_swiglu"}[cfg.ORTSwiGLU]
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "m.onnx")
+			if err := models.Write(cfg, path); err != nil {
+				t.Fatal(err)
+			}
+			m, err := graph.Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			det, err := Detect(m)
+			if err != nil || len(det.Blocks) == 0 {
+				t.Fatalf("detect: %v, %d blocks", err, len(det.Blocks))
+			}
+			for _, b := range det.Blocks {
+				ts, err := b.W.fusedTensors(&b.Spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range ts {
+					ft := &ts[i]
+					if len(ft.projs) == 0 {
+						continue
+					}
+					var streamed bytes.Buffer
+					for _, q := range ft.projs {
+						seen[[2]int{q.Part, map[bool]int{true: 1}[q.InOut]}] = true
+						if err := q.writeCanonical(m, &streamed, ft.isVec); err != nil {
+							t.Fatal(err)
+						}
+					}
+					v, err := ft.values(m, nil, map[*pb.TensorProto][]float32{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					var want bytes.Buffer
+					if err := writeFloats(&want, v); err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(streamed.Bytes(), want.Bytes()) || int64(streamed.Len()) != ft.size() {
+						t.Errorf("%s %s: streamed %d bytes differ from the %d gathered in memory (size %d)", b.Name, ft.role, streamed.Len(), want.Len(), ft.size())
+					}
+				}
+			}
+		})
+	}
+	for _, want := range [][2]int{{PartWhole, 0}, {PartWhole, 1}, {PartFirstHalf, 0}, {PartSecondHalf, 0}, {PartEven, 0}, {PartOdd, 0}} {
+		if !seen[want] {
+			t.Errorf("no projection with {part, inOut} %v: the shapes no longer cover it (covered: %v)", want, seen)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package passes
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -72,100 +73,130 @@ func (p *WeightPlan) Inits() []*pb.TensorProto {
 }
 
 // matrix extracts the [out, in] matrix (rows x cols = out x in) of a
-// projection as float32, with out rows before taking Part.
+// projection as float32 in a fresh slice, with out rows before taking Part.
 func (q *Proj) matrix(m *graph.Model, cache map[*pb.TensorProto][]float32) (data []float32, out, in int, err error) {
-	all, err := floats(m, q.Init, cache)
+	rows, cols, err := q.shape(false)
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	d := q.Init.GetDims()
-	var r, cc int
-	off := 0
-	switch {
-	case q.Expert >= 0 && len(d) == 3:
-		r, cc = int(d[1]), int(d[2])
-		off = q.Expert * r * cc
-	case q.Expert < 0 && len(d) == 2:
-		r, cc = int(d[0]), int(d[1])
-	default:
-		return nil, 0, 0, fmt.Errorf("initializer %q has dims %v, not a matrix per expert", q.Init.GetName(), d)
+	data, err = q.appendCanonical(make([]float32, 0, rows*cols), m, cache, false)
+	if err != nil {
+		return nil, 0, 0, err
 	}
-	if q.Expert >= 0 && int64(q.Expert) >= d[0] || off+r*cc > len(all) {
-		return nil, 0, 0, fmt.Errorf("initializer %q has dims %v: no matrix for expert %d", q.Init.GetName(), d, q.Expert)
-	}
-	outM, rows, cols := canonical(all[off:off+r*cc], r, cc, q.InOut, q.Part)
-	return outM, rows, cols, nil
+	return data, rows, cols, nil
 }
 
-// vector extracts one expert's bias vector (with Part applied).
+// vector extracts one expert's bias vector (with Part applied) in a fresh
+// slice.
 func (q *Proj) vector(m *graph.Model, cache map[*pb.TensorProto][]float32) ([]float32, error) {
+	n, _, err := q.shape(true)
+	if err != nil {
+		return nil, err
+	}
+	return q.appendCanonical(make([]float32, 0, n), m, cache, true)
+}
+
+// appendCanonical appends the projection's canonical rows (its [out, in]
+// matrix with Part's rows, or its bias vector with Part applied) to dst,
+// copying straight from the source's values: one copy, no intermediate.
+func (q *Proj) appendCanonical(dst []float32, m *graph.Model, cache map[*pb.TensorProto][]float32, isVec bool) ([]float32, error) {
+	if _, _, err := q.shape(isVec); err != nil {
+		return nil, err
+	}
 	all, err := floats(m, q.Init, cache)
 	if err != nil {
 		return nil, err
 	}
 	d := q.Init.GetDims()
-	if len(d) == 0 {
-		return nil, fmt.Errorf("bias %q is a scalar, not a vector", q.Init.GetName())
-	}
-	n := int(d[len(d)-1])
-	off := 0
-	if q.Expert >= 0 {
-		if len(d) != 2 {
-			return nil, fmt.Errorf("bias %q has dims %v, want [experts, n]", q.Init.GetName(), d)
+	if isVec {
+		n := int(d[len(d)-1])
+		off := 0
+		if q.Expert >= 0 {
+			off = q.Expert * n
 		}
-		off = q.Expert * n
+		if off+n > len(all) {
+			return nil, fmt.Errorf("bias %q has dims %v: no vector for expert %d", q.Init.GetName(), d, q.Expert)
+		}
+		src := all[off : off+n]
+		start, step, k := partRange(q.Part, n)
+		for i := 0; i < k; i++ {
+			dst = append(dst, src[start+i*step])
+		}
+		return dst, nil
 	}
-	if q.Expert >= 0 && int64(q.Expert) >= d[0] || off+n > len(all) {
-		return nil, fmt.Errorf("bias %q has dims %v: no vector for expert %d", q.Init.GetName(), d, q.Expert)
+	var r, cc int
+	if q.Expert >= 0 {
+		r, cc = int(d[1]), int(d[2])
+	} else {
+		r, cc = int(d[0]), int(d[1])
 	}
-	src := all[off : off+n]
-	var out []float32
-	for _, i := range partRows(q.Part, n) {
-		out = append(out, src[i])
+	off := max(q.Expert, 0) * r * cc
+	if off+r*cc > len(all) {
+		return nil, fmt.Errorf("initializer %q has dims %v: no matrix for expert %d", q.Init.GetName(), d, q.Expert)
 	}
-	return out, nil
+	return appendRows(dst, all[off:off+r*cc], r, cc, q.InOut, q.Part), nil
 }
 
-// partLen is len(partRows(part, r)).
-func partLen(part, r int) int {
-	switch part {
-	case PartFirstHalf, PartOdd:
-		return r / 2
-	case PartSecondHalf:
-		return r - r/2
-	case PartEven:
-		return (r + 1) / 2
+// appendRows appends to dst the canonical [out, in] rows of the stored
+// [r, cc] matrix src (an [in, out] one, inOut, is transposed) that part
+// keeps.
+func appendRows(dst, src []float32, r, cc int, inOut bool, part int) []float32 {
+	if !inOut {
+		start, step, k := partRange(part, r)
+		if step == 1 {
+			return append(dst, src[start*cc:(start+k)*cc]...)
+		}
+		for i := 0; i < k; i++ {
+			row := start + i*step
+			dst = append(dst, src[row*cc:(row+1)*cc]...)
+		}
+		return dst
 	}
-	return r
+	// Stored [in, out] = [r, cc]: canonical row j is column j, r values.
+	start, step, k := partRange(part, cc)
+	n := len(dst)
+	dst = slices.Grow(dst, k*r)[:n+k*r]
+	out := dst[n:]
+	const tile = 32 // transpose in tiles: both sides stay in cache
+	for i0 := 0; i0 < r; i0 += tile {
+		i1 := min(i0+tile, r)
+		for j := 0; j < k; j++ {
+			col := start + j*step
+			o := out[j*r : (j+1)*r]
+			for i := i0; i < i1; i++ {
+				o[i] = src[i*cc+col]
+			}
+		}
+	}
+	return dst
 }
 
-func partRows(part, r int) []int {
-	rows := make([]int, 0, partLen(part, r))
+// partRange says which of r rows part keeps: k rows from start, step
+// apart.
+func partRange(part, r int) (start, step, k int) {
 	switch part {
 	case PartFirstHalf:
-		for i := 0; i < r/2; i++ {
-			rows = append(rows, i)
-		}
+		return 0, 1, r / 2
 	case PartSecondHalf:
-		for i := r / 2; i < r; i++ {
-			rows = append(rows, i)
-		}
+		return r / 2, 1, r - r/2
 	case PartEven:
-		for i := 0; i < r; i += 2 {
-			rows = append(rows, i)
-		}
+		return 0, 2, (r + 1) / 2
 	case PartOdd:
-		for i := 1; i < r; i += 2 {
-			rows = append(rows, i)
-		}
-	default:
-		for i := 0; i < r; i++ {
-			rows = append(rows, i)
-		}
+		return 1, 2, r / 2
 	}
-	return rows
+	return 0, 1, r
 }
 
+// partLen is the number of rows part keeps of r.
+func partLen(part, r int) int {
+	_, _, k := partRange(part, r)
+	return k
+}
+
+// floats returns t's values as float32, read-only: a view of its bytes
+// where they already are float32 in host order and aligned (raw data
+// inside the model, or external data just read into a fresh buffer),
+// else a decoded copy. Callers copy what they keep.
 func floats(m *graph.Model, t *pb.TensorProto, cache map[*pb.TensorProto][]float32) ([]float32, error) {
 	if f, ok := cache[t]; ok {
 		return f, nil
@@ -174,8 +205,8 @@ func floats(m *graph.Model, t *pb.TensorProto, cache map[*pb.TensorProto][]float
 	if err != nil {
 		return nil, err
 	}
-	if graph.IsExternal(t) && graph.DataType(t) == pb.TensorProto_FLOAT {
-		if f, ok := eval.Float32View(b); ok { // external data is read into a fresh buffer
+	if graph.DataType(t) == pb.TensorProto_FLOAT {
+		if f, ok := eval.Float32View(b); ok { // only read, never written
 			cache[t] = f
 			return f, nil
 		}
@@ -221,19 +252,12 @@ func (ft *fusedTensor) values(m *graph.Model, w *moe.Weights, cache map[*pb.Tens
 			return w.SharedGateW, nil
 		}
 	}
-	var out []float32
+	out := make([]float32, 0, ft.size()/4)
 	for _, q := range ft.projs {
-		var v []float32
 		var err error
-		if ft.isVec {
-			v, err = q.vector(m, cache)
-		} else {
-			v, _, _, err = q.matrix(m, cache)
-		}
-		if err != nil {
+		if out, err = q.appendCanonical(out, m, cache, ft.isVec); err != nil {
 			return nil, err
 		}
-		out = append(out, v...)
 	}
 	return out, nil
 }
@@ -273,25 +297,19 @@ func (p *WeightPlan) Materialize(m *graph.Model, s *moe.Spec) (*moe.Weights, err
 			if q == nil {
 				return nil, fmt.Errorf("expert %d lacks a weight the others have", e)
 			}
-			if isVec {
-				v, err := q.vector(m, cache)
-				if err != nil {
-					return nil, err
-				}
-				if len(v) != rows {
-					return nil, fmt.Errorf("expert %d bias %q has %d values, want %d", e, q.Init.GetName(), len(v), rows)
-				}
-				out = append(out, v...)
-				continue
-			}
-			d, r, cc, err := q.matrix(m, cache)
+			r, cc, err := q.shape(isVec)
 			if err != nil {
 				return nil, err
 			}
-			if r != rows || cc != cols {
+			switch {
+			case isVec && r != rows:
+				return nil, fmt.Errorf("expert %d bias %q has %d values, want %d", e, q.Init.GetName(), r, rows)
+			case !isVec && (r != rows || cc != cols):
 				return nil, fmt.Errorf("expert %d weight %q is [%d, %d] (out, in), want [%d, %d]", e, q.Init.GetName(), r, cc, rows, cols)
 			}
-			out = append(out, d...)
+			if out, err = q.appendCanonical(out, m, cache, isVec); err != nil {
+				return nil, err
+			}
 		}
 		return out, nil
 	}
@@ -330,4 +348,18 @@ func (p *WeightPlan) Materialize(m *graph.Model, s *moe.Spec) (*moe.Weights, err
 		}
 	}
 	return w, nil
+}
+
+// weightBytes is how many float32 bytes Materialize returns for the plan
+// (from dims alone; 0 when the plan does not fit the spec).
+func (p *WeightPlan) weightBytes(s *moe.Spec) int64 {
+	ts, err := p.fusedTensors(s)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for i := range ts {
+		n += ts[i].size()
+	}
+	return n
 }

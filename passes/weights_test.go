@@ -1,8 +1,11 @@
 package passes
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
-// TestPartLen checks partLen against the rows partRows lists, and those
+// TestPartLen checks partLen against the rows partRange lists, and those
 // rows against their definition, for every part and small row counts.
 func TestPartLen(t *testing.T) {
 	tests := []struct {
@@ -23,14 +26,13 @@ func TestPartLen(t *testing.T) {
 					want = append(want, i)
 				}
 			}
-			got := partRows(tc.part, r)
-			if len(got) != len(want) || partLen(tc.part, r) != len(want) {
-				t.Fatalf("part %d, %d rows: partRows %v, partLen %d, want %v", tc.part, r, got, partLen(tc.part, r), want)
+			start, step, k := partRange(tc.part, r)
+			var got []int
+			for i := 0; i < k; i++ {
+				got = append(got, start+i*step)
 			}
-			for k := range got {
-				if got[k] != want[k] {
-					t.Fatalf("part %d, %d rows: partRows %v, want %v", tc.part, r, got, want)
-				}
+			if !slices.Equal(got, want) || partLen(tc.part, r) != len(want) {
+				t.Fatalf("part %d, %d rows: partRange %v, partLen %d, want %v", tc.part, r, got, partLen(tc.part, r), want)
 			}
 		}
 	}
@@ -57,6 +59,42 @@ func TestAtMost(t *testing.T) {
 	for _, tc := range tests {
 		if got := atMost(tc.dims, tc.max); got != tc.want {
 			t.Errorf("atMost(%v, %d) = %v, want %v", tc.dims, tc.max, got, tc.want)
+		}
+	}
+}
+
+// TestAppendRows checks appendRows against its definition (transpose an
+// [in, out] matrix, then keep part's rows) for every part, both layouts and
+// shapes on both sides of the transpose tile, appending after existing
+// values.
+func TestAppendRows(t *testing.T) {
+	for _, shape := range [][2]int{{1, 1}, {3, 5}, {8, 2}, {33, 70}, {64, 31}} {
+		r, cc := shape[0], shape[1]
+		src := make([]float32, r*cc)
+		for i := range src {
+			src[i] = float32(i)
+		}
+		for _, inOut := range []bool{false, true} {
+			for _, part := range []int{PartWhole, PartFirstHalf, PartSecondHalf, PartEven, PartOdd} {
+				// Definition: element (o, i) of the [out, in] matrix.
+				outs, ins := r, cc
+				at := func(o, i int) float32 { return src[o*cc+i] }
+				if inOut {
+					outs, ins = cc, r
+					at = func(o, i int) float32 { return src[i*cc+o] }
+				}
+				want := []float32{-1, -2}
+				for o := 0; o < outs; o++ {
+					keep := map[int]bool{PartWhole: true, PartFirstHalf: o < outs/2, PartSecondHalf: o >= outs/2, PartEven: o%2 == 0, PartOdd: o%2 == 1}[part]
+					for i := 0; keep && i < ins; i++ {
+						want = append(want, at(o, i))
+					}
+				}
+				got := appendRows([]float32{-1, -2}, src, r, cc, inOut, part)
+				if !slices.Equal(got, want) {
+					t.Fatalf("[%d, %d] inOut=%v part %d: got %v, want %v", r, cc, inOut, part, got, want)
+				}
+			}
 		}
 	}
 }

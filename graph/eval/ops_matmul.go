@@ -183,7 +183,7 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		threads = c.r.threads
 	}
 	work := nb * M * K * N
-	if threads > 1 && work >= 1<<20 && len(jobs) < threads {
+	if threads > 1 && work >= parallelWork && len(jobs) < threads {
 		want := 2 * threads / len(jobs)
 		rp := min(want, M)
 		cp := min(max(want/rp, 1), max(N/64, 1))
@@ -221,7 +221,7 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 	default:
 		return nil, errf("MatMul is not defined for %s", a.DType)
 	}
-	if threads <= 1 || work < 1<<20 || len(jobs) == 1 {
+	if threads <= 1 || work < parallelWork || len(jobs) == 1 {
 		for _, j := range jobs {
 			run(j)
 		}
@@ -308,6 +308,13 @@ func kGemm(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 	}
 	return []*Tensor{y}, nil
 }
+
+// parallelWork is the multiply-adds from which a MatMul's batches (or
+// its rows, when there are fewer batches than threads) are spread over
+// threads: about a tenth of a millisecond of work, far above the cost of
+// handing jobs to goroutines. Every output element is computed the same
+// way whichever thread computes it.
+const parallelWork = 1 << 17
 
 // scale multiplies a numeric tensor by s in place.
 func scale(t *Tensor, s float64) {

@@ -22,12 +22,13 @@ func f32Bytes(v []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }
 
-// initializerTensor is FromProto for an initializer the run reads: a
-// float32 tensor in external data is read into a fresh buffer, which then
-// becomes the tensor's data as it is (no second copy) where the byte order
-// and the buffer's alignment allow.
+// initializerTensor is FromProto for an initializer the run reads: float32
+// data already in host order is kept as it is (no copy) where the byte
+// order and the buffer's alignment allow: external data read into a fresh
+// buffer, or the raw data stored inside the model, which the run shares
+// with the model (kernels never write their inputs).
 func initializerTensor(p *pb.TensorProto, bytesFn BytesFunc) (*Tensor, error) {
-	if !littleEndian || !graph.IsExternal(p) || graph.DataType(p) != pb.TensorProto_FLOAT || p.Segment != nil {
+	if !littleEndian || graph.DataType(p) != pb.TensorProto_FLOAT || p.Segment != nil || (!graph.IsExternal(p) && p.RawData == nil) {
 		return FromProto(p, bytesFn)
 	}
 	shape := make([]int, len(p.GetDims()))
@@ -40,6 +41,9 @@ func initializerTensor(p *pb.TensorProto, bytesFn BytesFunc) (*Tensor, error) {
 	n, err := checkedNumel(shape)
 	if err != nil {
 		return FromProto(p, bytesFn)
+	}
+	if !graph.IsExternal(p) && len(p.RawData) != 4*n {
+		return FromProto(p, bytesFn) // FromProto names the mismatch
 	}
 	raw, err := bytesFn(p)
 	if err != nil {
