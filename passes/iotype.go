@@ -137,3 +137,36 @@ func nearTie(dt pb.TensorProto_DataType) float64 {
 	}
 	return 0
 }
+
+// rankOf returns the rank of v from the graph's declared types, or -1.
+func (c *ctx) rankOf(v string) int {
+	c.declare()
+	if r, ok := c.ranks[v]; ok {
+		return r
+	}
+	return -1
+}
+
+// declare reads, once, the ranks and element types the graph declares for
+// its inputs, outputs and value_info.
+func (c *ctx) declare() {
+	if c.ranks != nil {
+		return
+	}
+	c.ranks, c.types = map[string]int{}, map[string]pb.TensorProto_DataType{}
+	gp := c.g.P
+	for _, list := range [][]*pb.ValueInfoProto{gp.Input, gp.Output, gp.ValueInfo} {
+		for _, vi := range list {
+			tt := vi.GetType().GetTensorType()
+			if tt == nil {
+				continue
+			}
+			if sh := tt.GetShape(); sh != nil {
+				c.ranks[vi.GetName()] = len(sh.Dim)
+			}
+			if et := pb.TensorProto_DataType(tt.GetElemType()); et != pb.TensorProto_UNDEFINED {
+				c.types[vi.GetName()] = et
+			}
+		}
+	}
+}

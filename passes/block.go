@@ -1,0 +1,142 @@
+package passes
+
+import (
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+)
+
+func (c *ctx) detectAt(tk *pb.NodeProto) (b *Block, err error) {
+	if err := attempt(func() (e error) { b, e = c.analyze(tk); return e }); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// analyze reads the block the selection tk routes for, or says why it is
+// no block ai.mok::MoE expresses.
+func (c *ctx) analyze(tk *pb.NodeProto) (*Block, error) {
+	s := moe.Spec{RoutedScalingFactor: 1, EPSize: 1, SwiGLUAlpha: 1}
+	sm := c.sparse[tk]
+	if sm != nil {
+		s.TopK = sm.k
+	} else {
+		k, ok := c.scalarInt(tk.Input[1])
+		if !ok {
+			return nil, rejectf("TopK k is not a constant")
+		}
+		if graph.AttrInt(tk, "largest", 1) != 1 {
+			return nil, rejectf("TopK selects the smallest values, not a router")
+		}
+		s.TopK = int(k)
+	}
+	ri, err := c.router(tk)
+	if err != nil {
+		return nil, err
+	}
+	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
+	if ri.groupMax && ri.nGroup > 1 {
+		s.GroupScore = moe.GroupScoreMax
+	}
+	if sm != nil {
+		if ri.act != "" || ri.corr != nil || ri.nGroup > 1 {
+			return nil, rejectf("sparsemixer router with an activation, correction bias or groups before it")
+		}
+		s.RouterActivation, s.RouterOrder, s.SparseMixerThreshold = moe.SparseMixer, moe.TopKThenActivation, sm.thr
+	}
+	if err := c.routerShape(ri, &s); err != nil {
+		return nil, err
+	}
+	E := s.NumExperts
+	if s.TopK > E {
+		return nil, rejectf("TopK k=%d exceeds the router's %d outputs", s.TopK, E)
+	}
+	x0 := c.inputBoundary(ri.x)
+	y := c.postDominator(tk, ri.linear)
+	if y == "" {
+		return nil, rejectf("no single value combines the experts' outputs after the router")
+	}
+	// Extend through shape noise, a cast back to a half-precision input's
+	// type (exports of float16/bfloat16 models combine in float32) and a
+	// shared-expert Add.
+	xDeps := c.reachFrom(x0)
+	var sharedVal string
+	castBack := false
+	for {
+		cons := c.g.Consumers(y)
+		if len(cons) != 1 || c.g.IsOutput(y) {
+			break
+		}
+		if c.feedsRouter(c.g.ValueID(y)) {
+			// y reaches the next block's router through shape ops only:
+			// the blocks meet at the boundary of that chain (see boundary),
+			// which the next block finds from its side too.
+			y = c.boundary(y)
+			break
+		}
+		n := cons[0]
+		if noiseOps[n.GetOpType()] && n.GetOpType() != "Cast" || n.GetOpType() == "ReduceSum" && sharedVal == "" {
+			y = n.Output[0]
+			continue
+		}
+		if n.GetOpType() == "Cast" && (!castBack && c.castsBackTo(n, x0) || c.upcasts(n)) {
+			castBack = castBack || !c.upcasts(n)
+			y = n.Output[0]
+			continue
+		}
+		if n.GetOpType() == "Add" && sharedVal == "" {
+			other := n.Input[0]
+			if other == y {
+				other = n.Input[1]
+			}
+			if p := c.g.Producer(other); p != nil && xDeps.has(p) && c.hasWeightMatMul(other, x0) {
+				sharedVal = other
+				y = n.Output[0]
+				continue
+			}
+		}
+		break
+	}
+	regionPos := c.regionPos(x0, y, xDeps.hasPos)
+	region := c.nodesAt(regionPos)
+	b := &Block{Kind: "", Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk}
+	b.Region, b.regionPos = region, regionPos
+	b.Nodes = len(region)
+	// Router post-processing: nodes downstream of the top-k values (and of a
+	// gather of the scores by the indices) that do not touch expert compute.
+	var sharedNodes map[*pb.NodeProto]bool
+	if sharedVal != "" {
+		sharedNodes = c.backward(sharedVal, map[string]bool{x0: true})
+	}
+	c.setLimitPos(regionPos)
+	c.idxDeps = nil
+	defer func() { c.setLimit(nil); c.idxDeps = nil }()
+	if err := c.routerPost(tk, ri, &s); err != nil {
+		return nil, rejectf("%v", err)
+	}
+	plan := &WeightPlan{}
+	kind, err := c.experts(b, tk, ri, &s, sharedNodes, plan)
+	if err != nil {
+		return nil, err
+	}
+	b.Kind = kind
+	if sharedVal != "" {
+		if err := c.sharedExpert(sharedVal, x0, &s, plan); err != nil {
+			return nil, err
+		}
+	}
+	plan.Router = Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}
+	if ri.bias != nil {
+		plan.RouterB = &Proj{Init: ri.bias, Expert: -1}
+	}
+	if ri.corr != nil {
+		plan.Corr = &Proj{Init: ri.corr, Expert: -1}
+	}
+	b.W = plan
+	b.Spec = s
+	if err := s.Validate(); err != nil {
+		return nil, rejectf("%v", err)
+	}
+	b.Name = blockName(y, ri.w.GetName(), region)
+	return b, nil
+}
