@@ -6,6 +6,8 @@ import (
 	"github.com/mokopt/mokopt/moe"
 )
 
+// detectAt analyzes the block the selection tk routes for (analyze, under
+// attempt's safety net).
 func (c *ctx) detectAt(tk *pb.NodeProto) (b *Block, err error) {
 	if err := attempt(func() (e error) { b, e = c.analyze(tk); return e }); err != nil {
 		return nil, err
