@@ -151,7 +151,68 @@ func setElem(dst *Tensor, di int, src *Tensor, si int) {
 	}
 }
 
-// expandTo broadcasts t to shape.
+// expandTo broadcasts t to shape (which BroadcastShapes accepts for t)
+// by block copies: dims t holds are walked, a broadcast dim computes its
+// block once and copies it, and trailing dims equal to t's are one copy.
+// No index array is built.
 func expandTo(t *Tensor, shape []int) *Tensor {
-	return take(t, bcastIndex(t.Shape, shape), shape)
+	if len(shape) < len(t.Shape) || numel(shape) == 0 {
+		return take(t, bcastIndex(t.Shape, shape), shape)
+	}
+	in := make([]int, len(shape)) // t's shape aligned to shape's rank
+	for i := range in {
+		in[i] = 1
+	}
+	copy(in[len(shape)-len(t.Shape):], t.Shape)
+	for i, d := range in {
+		if d != shape[i] && d != 1 {
+			return take(t, bcastIndex(t.Shape, shape), shape)
+		}
+	}
+	out := &Tensor{DType: t.DType, Shape: append([]int{}, shape...)}
+	n := numel(shape)
+	switch t.kind() {
+	case kF32:
+		out.F32 = make([]float32, n)
+		expandSlice(out.F32, t.F32, in, shape)
+	case kF64:
+		out.F64 = make([]float64, n)
+		expandSlice(out.F64, t.F64, in, shape)
+	case kI64:
+		out.I64 = make([]int64, n)
+		expandSlice(out.I64, t.I64, in, shape)
+	case kBool:
+		out.Bool = make([]bool, n)
+		expandSlice(out.Bool, t.Bool, in, shape)
+	case kStr:
+		out.Str = make([]string, n)
+		expandSlice(out.Str, t.Str, in, shape)
+	default:
+		return take(t, bcastIndex(t.Shape, shape), shape)
+	}
+	return out
+}
+
+// expandSlice writes src (shape in, same rank as out, each dim equal to
+// out's or 1) broadcast to out into dst.
+func expandSlice[T any](dst, src []T, in, out []int) {
+	if slices.Equal(in, out) {
+		copy(dst, src[:len(dst)])
+		return
+	}
+	if len(out) == 0 {
+		dst[0] = src[0]
+		return
+	}
+	innerOut, innerIn := numel(out[1:]), numel(in[1:])
+	if in[0] == 1 {
+		expandSlice(dst[:innerOut], src[:innerIn], in[1:], out[1:])
+		for i := 1; i < out[0]; i++ {
+			copy(dst[i*innerOut:(i+1)*innerOut], dst[:innerOut])
+		}
+		return
+	}
+	for i := 0; i < out[0]; i++ {
+		expandSlice(dst[i*innerOut:(i+1)*innerOut], src[i*innerIn:(i+1)*innerIn], in[1:], out[1:])
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
@@ -217,6 +218,35 @@ func TestUnaryDistinctRows(t *testing.T) {
 	for i, v := range x {
 		if want := float32(1 / (1 + math.Exp(-float64(v)))); math.Abs(float64(res[0].F32[i]-want)) > 1e-7 {
 			t.Fatalf("element %d: %g, want %g", i, res[0].F32[i], want)
+		}
+	}
+}
+
+// TestMatMulSharedLeftVectors: matrix-vector products whose batches share
+// a left matrix (a broadcast [1, M, K], as gathered expert slabs chosen by
+// several tokens are) are computed in one pass over its rows, bit for bit
+// as each product alone, serially and over threads.
+func TestMatMulSharedLeftVectors(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, tc := range []struct{ B, M, K int }{{5, 3, 7}, {9, 64, 33}, {4, 512, 300}} {
+		a := make([]float32, tc.M*tc.K)
+		for i := range a {
+			a[i] = float32(rng.NormFloat64())
+		}
+		b := make([]float32, tc.B*tc.K)
+		for i := range b {
+			b[i] = float32(rng.NormFloat64())
+		}
+		got, err := matmul(nil, NewFloat32([]int{1, tc.M, tc.K}, a), NewFloat32([]int{tc.B, tc.K, 1}, b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < tc.B; i++ {
+			want := make([]float32, tc.M)
+			gemvF32(a, b[i*tc.K:(i+1)*tc.K], want, tc.K)
+			if !slices.Equal(got.F32[i*tc.M:(i+1)*tc.M], want) {
+				t.Fatalf("%+v: batch %d differs from its own product", tc, i)
+			}
 		}
 	}
 }

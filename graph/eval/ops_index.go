@@ -444,26 +444,26 @@ func kTopK(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 	val := valueAt(x)
 	isI := x.kind() == kI64
 	pos := make([]int, dim)
+	top := make([]int, 0, K+1)
 	for o := 0; o < outer; o++ {
 		for j := 0; j < inner; j++ {
 			base := o*dim*inner + j
-			for i := range pos {
-				pos[i] = i
-			}
+			// before orders positions along the axis: a strict total order
+			// (ties and NaNs by position), so its first K are unique.
 			before := func(a, b int) bool {
-				pa, pb := base+pos[a]*inner, base+pos[b]*inner
+				pa, pb := base+a*inner, base+b*inner
 				if isI {
 					va, vb := x.I64[pa], x.I64[pb]
 					if va != vb {
 						return (va > vb) == largest
 					}
-					return pos[a] < pos[b]
+					return a < b
 				}
 				va, vb := val(pa), val(pb)
 				na, nb := math.IsNaN(va), math.IsNaN(vb)
 				switch {
 				case na && nb:
-					return pos[a] < pos[b]
+					return a < b
 				case na:
 					return largest
 				case nb:
@@ -471,13 +471,39 @@ func kTopK(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 				case va != vb:
 					return (va > vb) == largest
 				}
-				return pos[a] < pos[b]
+				return a < b
 			}
-			sort.SliceStable(pos, before)
+			sel := pos[:K]
+			if K <= 32 {
+				// A few of many: keep the best K so far, in order (one
+				// comparison for most positions, no sort of the row).
+				top = top[:0]
+				for i := 0; i < dim; i++ {
+					if len(top) == K && (K == 0 || !before(i, top[K-1])) {
+						continue
+					}
+					p := len(top)
+					for p > 0 && before(i, top[p-1]) {
+						p--
+					}
+					top = append(top, 0)
+					copy(top[p+1:], top[p:])
+					top[p] = i
+					if len(top) > K {
+						top = top[:K]
+					}
+				}
+				sel = top
+			} else {
+				for i := range pos {
+					pos[i] = i
+				}
+				sort.Slice(pos, func(a, b int) bool { return before(pos[a], pos[b]) })
+			}
 			for t := 0; t < K; t++ {
 				di := (o*K+t)*inner + j
-				setElem(vals, di, x, base+pos[t]*inner)
-				idxs.I64[di] = int64(pos[t])
+				setElem(vals, di, x, base+sel[t]*inner)
+				idxs.I64[di] = int64(sel[t])
 			}
 		}
 	}

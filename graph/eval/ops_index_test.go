@@ -1,6 +1,11 @@
 package eval
 
-import "testing"
+import (
+	"math"
+	"math/rand/v2"
+	"sort"
+	"testing"
+)
 
 func TestGatherScatterOps(t *testing.T) {
 	x := seqF32(3, 2)
@@ -44,4 +49,77 @@ func TestTopKArgCumSum(t *testing.T) {
 		{name: "cumsum exclusive reverse", op: "CumSum", attrs: attrs(ia("exclusive", 1), ia("reverse", 1)), in: ins(i64(sh(4), 1, 2, 3, 4), i64(nil, 0)), want: outs(i64(sh(4), 9, 7, 4, 0))},
 		{name: "cumsum axis1", op: "CumSum", in: ins(f32(sh(2, 2), 1, 2, 3, 4), i64(nil, -1)), want: outs(f32(sh(2, 2), 1, 3, 3, 7))},
 	})
+}
+
+// TestTopKSelection checks TopK (the insertion selection for small k, the
+// sort for large k) against a stable sort of each row by value (NaN
+// largest), lower index first on ties: random rows with many ties and
+// NaNs, both directions, every k, on the last axis and an inner one.
+func TestTopKSelection(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, dim := range []int{1, 5, 40, 70} {
+		rows := 3
+		x := make([]float32, rows*dim)
+		for i := range x {
+			x[i] = float32(rng.IntN(7)) // many ties
+			if rng.IntN(11) == 0 {
+				x[i] = float32(math.NaN())
+			}
+		}
+		for _, largest := range []int64{1, 0} {
+			for _, k := range []int{0, 1, 2, dim / 2, dim} {
+				if k > dim {
+					continue
+				}
+				for _, axis := range []int64{1, 0} {
+					// Along axis 0 the rows are x's columns: shape [dim, rows].
+					shape, at := sh(rows, dim), func(r, i int) float32 { return x[r*dim+i] }
+					in := x
+					if axis == 0 {
+						in = make([]float32, len(x))
+						for r := 0; r < rows; r++ {
+							for i := 0; i < dim; i++ {
+								in[i*rows+r] = x[r*dim+i]
+							}
+						}
+						shape = sh(dim, rows)
+					}
+					got, err := runOp(t, 18, "TopK", attrs(ia("axis", axis), ia("largest", largest)), 2, NewFloat32(shape, in), i64(sh(1), int64(k)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					for r := 0; r < rows; r++ {
+						pos := make([]int, dim)
+						for i := range pos {
+							pos[i] = i
+						}
+						sort.SliceStable(pos, func(a, b int) bool {
+							va, vb := at(r, pos[a]), at(r, pos[b])
+							na, nb := va != va, vb != vb
+							switch {
+							case na && nb:
+								return false
+							case na:
+								return largest == 1
+							case nb:
+								return largest != 1
+							case va != vb:
+								return (va > vb) == (largest == 1)
+							}
+							return false
+						})
+						for j := 0; j < k; j++ {
+							gi := r*k + j
+							if axis == 0 {
+								gi = j*rows + r
+							}
+							if got[1].I64[gi] != int64(pos[j]) {
+								t.Fatalf("dim %d k %d largest %d axis %d row %d: indices %v, want first %d of %v", dim, k, largest, axis, r, got[1].I64, k, pos)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
 }

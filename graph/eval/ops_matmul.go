@@ -66,6 +66,30 @@ func gemvF32(a, b, c []float32, K int) {
 	}
 }
 
+// gemvMultiF32 is gemvF32 for several vectors bs[v] into cs[v] with one
+// pass over a's rows (each row read once while it is in cache); every
+// element is summed exactly as gemvF32 sums it.
+func gemvMultiF32(a []float32, bs, cs [][]float32, K int) {
+	for i := range cs[0] {
+		row := a[i*K : i*K+K]
+		for v, b := range bs {
+			b = b[:K]
+			var s0, s1, s2, s3 float32
+			k := 0
+			for ; k+4 <= K; k += 4 {
+				s0 += row[k] * b[k]
+				s1 += row[k+1] * b[k+1]
+				s2 += row[k+2] * b[k+2]
+				s3 += row[k+3] * b[k+3]
+			}
+			for ; k < K; k++ {
+				s0 += row[k] * b[k]
+			}
+			cs[v][i] += (s0 + s1) + (s2 + s3)
+		}
+	}
+}
+
 // gemmGeneric computes columns [c0, c1) of c += a*b for float64 and int64.
 func gemmGeneric[T float64 | int64](a, b, c []T, M, K, N, c0, c1 int) {
 	for i := 0; i < M; i++ {
@@ -82,7 +106,13 @@ func gemmGeneric[T float64 | int64](a, b, c []T, M, K, N, c0, c1 int) {
 
 // matmulJob is one 2-D product inside a batched MatMul, restricted to the
 // output rows [r0, r1) and columns [c0, c1).
-type matmulJob struct{ ao, bo, co, r0, r1, c0, c1 int }
+// matmulJob is one batch's product (rows [r0, r1), columns [c0, c1)) at
+// offsets ao, bo, co; more lists further (bo, co) vector products with the
+// same left matrix (N = 1), computed in the same pass over its rows.
+type matmulJob struct {
+	ao, bo, co, r0, r1, c0, c1 int
+	more                       [][2]int
+}
 
 // matmul multiplies a[..., M, K] by b[..., K, N] with broadcast batch dims.
 // 1-D operands are promoted as numpy does.
@@ -176,6 +206,21 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		}
 		jobs = append(jobs, matmulJob{ao: aoff(ai), bo: boff(bi), co: i * M * N, r0: 0, r1: M, c0: 0, c1: N})
 	}
+	// Matrix-vector products with the same left matrix (a gathered expert
+	// slab chosen by several tokens) share one pass over its rows.
+	if N == 1 && a.kind() == kF32 && len(jobs) > 1 {
+		first := map[int]int{}
+		grouped := jobs[:0]
+		for _, j := range jobs {
+			if g, ok := first[j.ao]; ok {
+				grouped[g].more = append(grouped[g].more, [2]int{j.bo, j.co})
+				continue
+			}
+			first[j.ao] = len(grouped)
+			grouped = append(grouped, j)
+		}
+		jobs = grouped
+	}
 	// split rows (then columns, in blocks of 64) when there are fewer
 	// batches than threads and the work is worth it.
 	threads := defaultThreads()
@@ -194,7 +239,7 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 				for q := 0; q < cp; q++ {
 					c0, c1 := N*q/cp, N*(q+1)/cp
 					if r0 < r1 && c0 < c1 {
-						split = append(split, matmulJob{ao: j.ao, bo: j.bo, co: j.co, r0: r0, r1: r1, c0: c0, c1: c1})
+						split = append(split, matmulJob{ao: j.ao, bo: j.bo, co: j.co, r0: r0, r1: r1, c0: c0, c1: c1, more: j.more})
 					}
 				}
 			}
@@ -205,6 +250,16 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		rows := j.r1 - j.r0
 		switch a.kind() {
 		case kF32:
+			if N == 1 && len(j.more) > 0 {
+				bs := [][]float32{bbuf[j.bo : j.bo+K]}
+				cs := [][]float32{out.F32[j.co+j.r0 : j.co+j.r1]}
+				for _, m := range j.more {
+					bs = append(bs, bbuf[m[0]:m[0]+K])
+					cs = append(cs, out.F32[m[1]+j.r0:m[1]+j.r1])
+				}
+				gemvMultiF32(abuf[j.ao+j.r0*K:j.ao+j.r1*K], bs, cs, K)
+				break
+			}
 			if N == 1 {
 				gemvF32(abuf[j.ao+j.r0*K:j.ao+j.r1*K], bbuf[j.bo:j.bo+K], out.F32[j.co+j.r0:j.co+j.r1], K)
 				break
