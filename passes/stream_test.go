@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
@@ -131,6 +132,33 @@ func TestWriteCanonicalMatchesValues(t *testing.T) {
 					v, err := ft.values(m, nil, map[*pb.TensorProto][]float32{})
 					if err != nil {
 						t.Fatal(err)
+					}
+					// Independently: each source decoded whole, its rows taken.
+					var ref []float32
+					for _, q := range ft.projs {
+						raw, err := m.TensorBytes(q.Init)
+						if err != nil {
+							t.Fatal(err)
+						}
+						all, err := graph.DecodeFloat32(graph.DataType(q.Init), raw)
+						if err != nil {
+							t.Fatal(err)
+						}
+						d := q.Init.GetDims()
+						if ft.isVec {
+							n := int(d[len(d)-1])
+							src := all[max(q.Expert, 0)*n:][:n]
+							start, step, k := partRange(q.Part, n)
+							for i := 0; i < k; i++ {
+								ref = append(ref, src[start+i*step])
+							}
+							continue
+						}
+						r, cc := int(d[len(d)-2]), int(d[len(d)-1])
+						ref = appendRows(ref, all[max(q.Expert, 0)*r*cc:][:r*cc], r, cc, q.InOut, q.Part)
+					}
+					if !slices.Equal(v, ref) {
+						t.Errorf("%s %s: values read %v, decoded whole %v", b.Name, ft.role, v, ref)
 					}
 					var want bytes.Buffer
 					if err := writeFloats(&want, v); err != nil {

@@ -2,7 +2,9 @@ package passes
 
 import (
 	"fmt"
+	"io"
 	"slices"
+	"unsafe"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -100,8 +102,12 @@ func (q *Proj) vector(m *graph.Model, cache map[*pb.TensorProto][]float32) ([]fl
 // matrix with Part's rows, or its bias vector with Part applied) to dst,
 // copying straight from the source's values: one copy, no intermediate.
 func (q *Proj) appendCanonical(dst []float32, m *graph.Model, cache map[*pb.TensorProto][]float32, isVec bool) ([]float32, error) {
-	if _, _, err := q.shape(isVec); err != nil {
+	rows, cols, err := q.shape(isVec)
+	if err != nil {
 		return nil, err
+	}
+	if out, ok, err := q.appendRanges(dst, m, cache, rows, cols, isVec); ok || err != nil {
+		return out, err
 	}
 	all, err := floats(m, q.Init, cache)
 	if err != nil {
@@ -135,6 +141,68 @@ func (q *Proj) appendCanonical(dst []float32, m *graph.Model, cache map[*pb.Tens
 		return nil, fmt.Errorf("initializer %q has dims %v: no matrix for expert %d", q.Init.GetName(), d, q.Expert)
 	}
 	return appendRows(dst, all[off:off+r*cc], r, cc, q.InOut, q.Part), nil
+}
+
+// appendRanges is appendCanonical for a float32 source in a side file
+// whose canonical rows are one byte range (a whole matrix or vector, or a
+// half of a fused gate_up, stored [out, in]) on a little-endian host: the
+// range is read from the file straight into dst, with no buffer of the
+// whole initializer. ok is false (nothing read) for other sources, and for
+// one whose initializer an earlier projection already read whole (cache).
+func (q *Proj) appendRanges(dst []float32, m *graph.Model, cache map[*pb.TensorProto][]float32, rows, cols int, isVec bool) (out []float32, ok bool, err error) {
+	if _, read := cache[q.Init]; read || !graph.IsExternal(q.Init) || graph.DataType(q.Init) != pb.TensorProto_FLOAT || q.InOut || !eval.LittleEndian() {
+		return nil, false, nil
+	}
+	d := q.Init.GetDims()
+	r, cc := int64(d[len(d)-1]), int64(1) // a vector: r values
+	if !isVec {
+		r, cc = d[len(d)-2], d[len(d)-1]
+	}
+	start, step, k := partRange(q.Part, int(r))
+	if step != 1 || k != rows {
+		return nil, false, nil
+	}
+	off := int64(max(q.Expert, 0)) * r * cc
+	n := len(dst)
+	want := k * max(cols, 1)
+	dst = slices.Grow(dst, want)[:n+want]
+	w := &sliceWriter{b: f32Bytes(dst[n:])}
+	if err := m.CopyTensorRange(w, q.Init, 4*(off+int64(start)*cc), 4*int64(want)); err != nil {
+		return nil, true, err
+	}
+	if len(w.b) != 0 {
+		return nil, true, fmt.Errorf("initializer %q: short read of its external data", q.Init.GetName())
+	}
+	return dst, true, nil
+}
+
+// sliceWriter fills b with what is written to it (an io.Writer, and an
+// io.ReaderFrom so that a copy from a file reads straight into b).
+type sliceWriter struct{ b []byte }
+
+func (w *sliceWriter) Write(p []byte) (int, error) {
+	if len(p) > len(w.b) {
+		return 0, io.ErrShortWrite
+	}
+	w.b = w.b[copy(w.b, p):]
+	return len(p), nil
+}
+
+func (w *sliceWriter) ReadFrom(r io.Reader) (int64, error) {
+	k, err := io.ReadFull(r, w.b)
+	w.b = w.b[k:]
+	if err == io.ErrUnexpectedEOF || err == io.EOF {
+		err = nil // the caller checks the count
+	}
+	return int64(k), err
+}
+
+// f32Bytes views a float32 slice's memory as bytes.
+func f32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }
 
 // appendRows appends to dst the canonical [out, in] rows of the stored

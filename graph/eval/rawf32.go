@@ -14,6 +14,10 @@ var littleEndian = func() bool {
 	return *(*byte)(unsafe.Pointer(&v)) == 1
 }()
 
+// LittleEndian reports whether the host stores float32 values in ONNX raw
+// data's byte order (then raw bytes and []float32 memory are the same).
+func LittleEndian() bool { return littleEndian }
+
 // f32Bytes views a float32 slice's memory as bytes.
 func f32Bytes(v []float32) []byte {
 	if len(v) == 0 {
