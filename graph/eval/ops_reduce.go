@@ -12,9 +12,19 @@ type reducePlan struct {
 	finalDims []int // output shape honouring keepdims
 	outIdx    []int // for each input element, its output position
 	count     int   // elements folded into each output
+	shape     []int // the input's shape
+	red       []bool
+	ps        []int // per input dim, its stride in the output (0 when reduced)
 }
 
 func planReduce(shape []int, axes []int, keep bool) reducePlan {
+	p := planShape(shape, axes, keep)
+	p.outIdx = p.index()
+	return p
+}
+
+// planShape is planReduce without the index array (outIdx nil).
+func planShape(shape []int, axes []int, keep bool) reducePlan {
 	red := make([]bool, len(shape))
 	for _, a := range axes {
 		red[a] = true
@@ -41,7 +51,34 @@ func planReduce(shape []int, axes []int, keep bool) reducePlan {
 			ps[i] = os[i]
 		}
 	}
-	return reducePlan{outShape: out, finalDims: final, outIdx: stridedIndex(shape, 0, ps), count: count}
+	return reducePlan{outShape: out, finalDims: final, count: count, shape: shape, red: red, ps: ps}
+}
+
+// index returns, for each input element, its output position.
+func (p *reducePlan) index() []int { return stridedIndex(p.shape, 0, p.ps) }
+
+// blocks reports whether the reduced dims are consecutive: the input is
+// then [a, r, b] (dims before, reduced, after) and element (i, j, k) folds
+// into output i*b + k.
+func (p *reducePlan) blocks() (a, r, b int, ok bool) {
+	first, last := -1, -1
+	for i, red := range p.red {
+		if red {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	if first < 0 {
+		return 0, 0, 0, false
+	}
+	for i := first; i <= last; i++ {
+		if !p.red[i] {
+			return 0, 0, 0, false
+		}
+	}
+	return numel(p.shape[:first]), numel(p.shape[first : last+1]), numel(p.shape[last+1:]), true
 }
 
 // reduceAxes reads the axes of a Reduce* node: from input 1 when the opset
@@ -85,9 +122,34 @@ func kReduce(op string) KernelFunc {
 		if noop {
 			return []*Tensor{x}, nil
 		}
-		p := planReduce(x.Shape, axes, attrInt(n, "keepdims", 1) == 1)
+		p := planShape(x.Shape, axes, attrInt(n, "keepdims", 1) == 1)
 		m := numel(p.outShape)
 		out := New(x.DType, p.finalDims)
+		if a, r, b, ok := p.blocks(); !ok || x.kind() != kF32 {
+			p.outIdx = p.index()
+		} else {
+			// Consecutive reduced dims of a float32 input: folded block by
+			// block, each output's elements in the same (ascending) order
+			// as the element loop below, without an index array.
+			acc := make([]float64, m)
+			init, fold, fin := floatReducer(op, p.count)
+			for i := range acc {
+				acc[i] = init
+			}
+			for i := 0; i < a; i++ {
+				row := acc[i*b : (i+1)*b]
+				for j := 0; j < r; j++ {
+					src := x.F32[(i*r+j)*b : (i*r+j+1)*b]
+					for k, v := range src {
+						row[k] = fold(row[k], float64(v))
+					}
+				}
+			}
+			for i, v := range acc {
+				out.F32[i] = float32(fin(v))
+			}
+			return []*Tensor{out}, nil
+		}
 		switch x.kind() {
 		case kF32, kF64:
 			acc := make([]float64, m)

@@ -2,6 +2,8 @@ package eval
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -94,6 +96,56 @@ func TestMatMulLarge(t *testing.T) {
 					if g := got.F32[(bi*M+i)*N+j]; g != w {
 						t.Fatalf("%v: [%d,%d,%d] = %v, want %v", s, bi, i, j, g, w)
 					}
+				}
+			}
+		}
+	}
+}
+
+// TestReduceBlocksMatchIndex checks the block-by-block float32 reduction
+// (consecutive reduced dims) bit for bit against the element loop over the
+// index array, for every float reducer, leading, inner, trailing and all
+// dims, with and without keepdims.
+func TestReduceBlocksMatchIndex(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	shape := []int{3, 4, 5, 2}
+	x := make([]float32, numel(shape))
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	for _, op := range []string{"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp", "ReduceLogSum"} {
+		for _, axes := range [][]int64{{0}, {1}, {3}, {1, 2}, {0, 1, 2, 3}, {2, 3}, {0, 1}} {
+			for _, keep := range []int64{1, 0} {
+				xs := x
+				if op == "ReduceLogSum" {
+					xs = make([]float32, len(x))
+					for i, v := range x {
+						xs[i] = v * v // a positive sum
+					}
+				}
+				got, err := runOp(t, 18, op, attrs(ia("keepdims", keep)), 1, NewFloat32(shape, xs), NewInt64([]int{len(axes)}, axes))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ax := make([]int, len(axes))
+				for i, a := range axes {
+					ax[i] = int(a)
+				}
+				p := planReduce(shape, ax, keep == 1)
+				init, fold, fin := floatReducer(op, p.count)
+				acc := make([]float64, numel(p.outShape))
+				for i := range acc {
+					acc[i] = init
+				}
+				for i, v := range xs {
+					acc[p.outIdx[i]] = fold(acc[p.outIdx[i]], float64(v))
+				}
+				want := make([]float32, len(acc))
+				for i, v := range acc {
+					want[i] = float32(fin(v))
+				}
+				if !slices.Equal(got[0].Shape, p.finalDims) || !slices.EqualFunc(got[0].F32, want, func(a, b float32) bool { return a == b || a != a && b != b }) {
+					t.Errorf("%s axes %v keepdims %d: got %v %v, want %v %v", op, axes, keep, got[0].Shape, got[0].F32, p.finalDims, want)
 				}
 			}
 		}
