@@ -36,22 +36,34 @@ func broadcast2[A, B, R any](a []A, ash []int, b []B, bsh []int, f func(A, B) R)
 		// b repeats along trailing dims (inner > 0: b[i/inner]) or
 		// leading dims (inner < 0: b[i%len(b)]), with no index arrays.
 		if inner := blockBroadcast(bsh, shape); inner > 0 {
-			for i := range out {
-				out[i] = f(a[i], b[i/inner])
+			for blk, bv := range b[:n/inner] {
+				o, x := out[blk*inner:(blk+1)*inner], a[blk*inner:(blk+1)*inner]
+				for i := range o {
+					o[i] = f(x[i], bv)
+				}
 			}
 		} else {
-			for i := range out {
-				out[i] = f(a[i], b[i%len(b)])
+			for off := 0; off < n; off += len(b) {
+				o, x := out[off:off+len(b)], a[off:off+len(b)]
+				for i := range o {
+					o[i] = f(x[i], b[i])
+				}
 			}
 		}
 	case slices.Equal(bsh, shape) && blockBroadcast(ash, shape) != 0:
 		if inner := blockBroadcast(ash, shape); inner > 0 {
-			for i := range out {
-				out[i] = f(a[i/inner], b[i])
+			for blk, av := range a[:n/inner] {
+				o, y := out[blk*inner:(blk+1)*inner], b[blk*inner:(blk+1)*inner]
+				for i := range o {
+					o[i] = f(av, y[i])
+				}
 			}
 		} else {
-			for i := range out {
-				out[i] = f(a[i%len(a)], b[i])
+			for off := 0; off < n; off += len(a) {
+				o, y := out[off:off+len(a)], b[off:off+len(a)]
+				for i := range o {
+					o[i] = f(a[i], y[i])
+				}
 			}
 		}
 	default:
@@ -112,6 +124,9 @@ type arith struct {
 	i64 func(a, b int64) int64
 	// intZeroCheck rejects integer division by zero.
 	intZeroCheck bool
+	// sym is '+', '-', '*' or '/' for the four operators whose float32
+	// loop over equal shapes is written out (no call per element); 0 else.
+	sym byte
 }
 
 func applyArith(op arith, a, b *Tensor) (*Tensor, error) {
@@ -124,6 +139,29 @@ func applyArith(op arith, a, b *Tensor) (*Tensor, error) {
 	case kF32:
 		if op.f32 == nil {
 			break
+		}
+		if op.sym != 0 && slices.Equal(a.Shape, b.Shape) && len(a.F32) == len(b.F32) {
+			out.Shape, out.F32 = append([]int{}, a.Shape...), make([]float32, len(a.F32))
+			x, y, o := a.F32, b.F32[:len(a.F32)], out.F32[:len(a.F32)]
+			switch op.sym {
+			case '+':
+				for i, v := range x {
+					o[i] = v + y[i]
+				}
+			case '-':
+				for i, v := range x {
+					o[i] = v - y[i]
+				}
+			case '*':
+				for i, v := range x {
+					o[i] = v * y[i]
+				}
+			case '/':
+				for i, v := range x {
+					o[i] = v / y[i]
+				}
+			}
+			return out, nil
 		}
 		out.F32, out.Shape, err = broadcast2(a.F32, a.Shape, b.F32, b.Shape, op.f32)
 		return out, err
@@ -152,21 +190,25 @@ func applyArith(op arith, a, b *Tensor) (*Tensor, error) {
 
 var arithOps = map[string]arith{
 	"Add": {
+		sym: '+',
 		f32: func(a, b float32) float32 { return a + b },
 		f64: func(a, b float64) float64 { return a + b },
 		i64: func(a, b int64) int64 { return a + b },
 	},
 	"Sub": {
+		sym: '-',
 		f32: func(a, b float32) float32 { return a - b },
 		f64: func(a, b float64) float64 { return a - b },
 		i64: func(a, b int64) int64 { return a - b },
 	},
 	"Mul": {
+		sym: '*',
 		f32: func(a, b float32) float32 { return a * b },
 		f64: func(a, b float64) float64 { return a * b },
 		i64: func(a, b int64) int64 { return a * b },
 	},
 	"Div": {
+		sym:          '/',
 		f32:          func(a, b float32) float32 { return a / b },
 		f64:          func(a, b float64) float64 { return a / b },
 		i64:          func(a, b int64) int64 { return a / b },
