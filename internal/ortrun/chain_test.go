@@ -4,12 +4,12 @@ package ortrun
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/internal/chain"
+	fx "github.com/mokopt/mokopt/internal/fixtures"
 	"github.com/mokopt/mokopt/passes"
 	"google.golang.org/protobuf/proto"
 )
@@ -26,7 +26,7 @@ func TestDirectChainsAgainstORT(t *testing.T) {
 	for _, name := range []string{"phimoe_block_dynamo_batched_mm", "qwen3_next_block_dynamo_batched_mm", "deepseek_v2_block_dynamo_batched_mm"} {
 		t.Run(name, func(t *testing.T) {
 			load := func() *graph.Model {
-				m, err := graph.Load(filepath.Join("..", "testdata", "exported", name+".onnx"))
+				m, err := graph.Load(fx.Path("exported", name+".onnx"))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	fx "github.com/mokopt/mokopt/internal/fixtures"
 	"github.com/mokopt/mokopt/lowering"
 	"github.com/mokopt/mokopt/passes"
 )
@@ -139,9 +140,9 @@ func TestLowerORTQuantized(t *testing.T) {
 // golden outputs, or are refused naming the semantics the op lacks.
 func TestLowerORTGoldenMore(t *testing.T) {
 	needORT(t)
-	files, _ := filepath.Glob("../testdata/exported/*.onnx")
+	files, _ := filepath.Glob(fx.Path("exported", "*.onnx"))
 	if len(files) == 0 {
-		t.Fatal("no exports in ../testdata/exported")
+		t.Fatalf("no exports in %s", fx.Path("exported"))
 	}
 	rewriteRefuses := map[string]bool{"ernie4_5_moe_block_torchscript": true, "longcat_flash_block_torchscript": true}
 	ortRefuses := map[string][]string{
