@@ -1,7 +1,6 @@
 package graph
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -141,15 +140,64 @@ var ErrTooBig = errors.New("larger than the format allows")
 // (and ErrBadInput) as soon as more than limit bytes arrive, so that an
 // endless stream (/dev/zero, a pipe) costs at most limit bytes. name is
 // used in messages; what names the format's limit.
+//
+// When r is a regular file the buffer is allocated once, from the length
+// left to read (plus one byte, which shows that the end is reached),
+// instead of growing, with copies, as the bytes arrive.
 func ReadLimited(r io.Reader, limit int64, name, what string) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, &InputError{File: name, Msg: "cannot read", Err: err}
+	return readLimited(nil, r, limit, name, what)
+}
+
+// readLimited is ReadLimited of prefix followed by r.
+func readLimited(prefix []byte, r io.Reader, limit int64, name, what string) ([]byte, error) {
+	tooBig := func() error {
+		return &InputError{File: name, Msg: fmt.Sprintf("more than %d bytes (%s)", limit, what), Err: ErrTooBig}
+	}
+	if int64(len(prefix)) > limit {
+		return nil, tooBig()
+	}
+	hint := int64(512)
+	if n, ok := leftToRead(r); ok {
+		hint = n
+	}
+	b := make([]byte, len(prefix), min(int64(len(prefix))+hint, limit)+1)
+	copy(b, prefix)
+	lr := &io.LimitedReader{R: r, N: limit + 1 - int64(len(prefix))}
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // grown as io.ReadAll grows
+		}
+		k, err := lr.Read(b[len(b):cap(b)])
+		b = b[:len(b)+k]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, &InputError{File: name, Msg: "cannot read", Err: err}
+		}
 	}
 	if int64(len(b)) > limit {
-		return nil, &InputError{File: name, Msg: fmt.Sprintf("more than %d bytes (%s)", limit, what), Err: ErrTooBig}
+		return nil, tooBig()
 	}
 	return b, nil
+}
+
+// leftToRead returns the bytes between a regular file's offset and its
+// end; ok is false for any other reader.
+func leftToRead(r io.Reader) (n int64, ok bool) {
+	f, isFile := r.(*os.File)
+	if !isFile {
+		return 0, false
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return 0, false
+	}
+	off, err := f.Seek(0, io.SeekCurrent)
+	if err != nil || off > fi.Size() {
+		return 0, false
+	}
+	return fi.Size() - off, true
 }
 
 // ReadFileLimited reads a file of at most limit bytes. A regular file
@@ -204,7 +252,7 @@ func ReadModelBytes(r io.Reader, name string) ([]byte, error) {
 	if n < 16 {
 		return head, nil
 	}
-	return ReadLimited(io.MultiReader(bytes.NewReader(head), r), MaxReadSize, name, "protobuf's 2 GiB limit on one message")
+	return readLimited(head, r, MaxReadSize, name, "protobuf's 2 GiB limit on one message")
 }
 
 // checkHead checks that b starts with a valid protobuf field tag.

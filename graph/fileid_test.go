@@ -3,6 +3,7 @@ package graph
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -317,5 +318,80 @@ func TestReadLimits(t *testing.T) {
 	}
 	if _, err := Load(dir); !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "directory") {
 		t.Fatalf("directory: %v", err)
+	}
+}
+
+// TestReadLimitedSizes reads regular files (whose buffer is sized from
+// their length), from their start and from an offset, streams, and a
+// regular file whose length says 0 (as /proc's do), each at, below and
+// over the limit.
+func TestReadLimitedSizes(t *testing.T) {
+	const limit = 4 << 10
+	dir := t.TempDir()
+	open := func(n int, off int64) func() (io.Reader, []byte) {
+		return func() (io.Reader, []byte) {
+			data := filled(n, 3)
+			p := filepath.Join(dir, "f"+strconv.Itoa(n))
+			if err := os.WriteFile(p, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			if _, err := f.Seek(off, io.SeekStart); err != nil {
+				t.Fatal(err)
+			}
+			return f, data[min(off, int64(n)):]
+		}
+	}
+	stream := func(n int) func() (io.Reader, []byte) {
+		return func() (io.Reader, []byte) {
+			data := filled(n, 5)
+			return io.MultiReader(bytes.NewReader(data)), data
+		}
+	}
+	cases := []struct {
+		name   string
+		open   func() (io.Reader, []byte)
+		tooBig bool
+		sized  bool // the buffer is at most one byte longer than the data
+	}{
+		{"empty file", open(0, 0), false, true},
+		{"one byte", open(1, 0), false, true},
+		{"at the limit", open(limit, 0), false, true},
+		{"over the limit", open(limit+1, 0), true, false},
+		{"far over the limit", open(3*limit, 0), true, false},
+		{"over the limit, read from an offset", open(limit+10, 10), false, true},
+		{"offset past the end", open(10, 20), false, false},
+		{"stream at the limit", stream(limit), false, false},
+		{"stream over the limit", stream(limit + 1), true, false},
+		{"regular file of length 0 with content", func() (io.Reader, []byte) {
+			want, err := os.ReadFile("/proc/self/cmdline")
+			if err != nil {
+				t.Skip(err)
+			}
+			f, err := os.Open("/proc/self/cmdline")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			return f, want
+		}, false, false},
+	}
+	for _, c := range cases {
+		r, want := c.open()
+		got, err := ReadLimited(r, limit, "f", "the test's limit")
+		switch {
+		case c.tooBig && !errors.Is(err, ErrTooBig):
+			t.Errorf("%s: %v, want ErrTooBig", c.name, err)
+		case !c.tooBig && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case !c.tooBig && !bytes.Equal(got, want):
+			t.Errorf("%s: read %d bytes, want %d", c.name, len(got), len(want))
+		case c.sized && cap(got) > len(got)+1:
+			t.Errorf("%s: buffer of %d bytes for %d read: not sized from the file", c.name, cap(got), len(got))
+		}
 	}
 }

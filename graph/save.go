@@ -368,15 +368,11 @@ func (m *Model) writeModelTemp(ctx context.Context, path string) (*atomicFile, e
 	if int64(sz) > MaxProtoSize {
 		return nil, fmt.Errorf("%s: %w (%d bytes)", path, ErrTooLarge, sz)
 	}
-	b, err := marshalSized(m.Proto, sz)
-	if err != nil {
-		return nil, fmt.Errorf("encoding %s: %w", path, err)
-	}
 	mf, err := createAtomic(path)
 	if err != nil {
 		return nil, err
 	}
-	if err := writeChunked(&ctxWriter{ctx: ctx, w: hooked(mf.f)}, b); err != nil {
+	if err := marshalTo(&ctxWriter{ctx: ctx, w: hooked(mf.f)}, m.Proto, sz); err != nil {
 		mf.abort()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -537,18 +533,6 @@ func (m *Model) CheckOutput() error {
 	return fmt.Errorf("%w: %w", ErrInvalidOutput, joinProblems(errs, maxCheckErrors))
 }
 
-// marshalSized encodes mp deterministically into a buffer of the size
-// proto.Size just returned for it, reusing the sizes that call cached
-// instead of walking the model a second time to compute them again.
-func marshalSized(mp *pb.ModelProto, sz int) ([]byte, error) {
-	b, err := proto.MarshalOptions{Deterministic: true, UseCachedSize: true}.MarshalAppend(make([]byte, 0, sz), mp)
-	if err == nil && len(b) != sz {
-		// Not expected (nothing edits the model in between); encode afresh.
-		return proto.MarshalOptions{Deterministic: true}.Marshal(mp)
-	}
-	return b, err
-}
-
 // ErrNeedsSideFile is wrapped by the error Encode returns for a model whose
 // initializers live in an external data file: a stream carries one file only.
 var ErrNeedsSideFile = errors.New("the model keeps initializers in an external data file, which a single stream cannot carry")
@@ -614,12 +598,7 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 	if int64(sz) > MaxProtoSize {
 		return fmt.Errorf("%w (%d bytes)", ErrTooLarge, sz)
 	}
-	b, err := marshalSized(m.Proto, sz)
-	if err != nil {
-		return fmt.Errorf("encoding %s: %w", m.Name(), err)
-	}
-	_, err = w.Write(b)
-	return err
+	return marshalTo(w, m.Proto, sz)
 }
 
 // writeTensor streams t's n bytes to w: a deferred producer writes straight
