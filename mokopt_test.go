@@ -587,3 +587,44 @@ func TestReportsPrintNoPointers(t *testing.T) {
 		}
 	}
 }
+
+// TestRunContribOpsOutsideBlocks: a whole decoder that ONNX Runtime's
+// offline optimizer rewrote keeps contrib ops (FusedMatMul in its
+// attention) outside the MoE blocks; Run and Verify evaluate their
+// standard decomposition, before and after the rewrite, and reproduce ONNX
+// Runtime's golden outputs.
+func TestRunContribOpsOutsideBlocks(t *testing.T) {
+	const name = "testdata/producers/m_full_ortext_qwen3_moe"
+	data := name + "_data"
+	ctx := context.Background()
+	orig := load(t, name+".onnx")
+	if !hasOp(orig, "FusedMatMul") {
+		t.Fatal("the export holds no FusedMatMul: not the case this test is about")
+	}
+	if rep, err := mokopt.Run(ctx, orig, data, mokopt.DefaultVerifyOptions()); err != nil || !rep.Pass {
+		t.Fatalf("run the export: %v", err)
+	}
+	fused := load(t, name+".onnx")
+	if rep, err := mokopt.Rewrite(ctx, fused, mokopt.RewriteOptions{}); err != nil || len(rep.Fused) != 2 {
+		t.Fatalf("rewrite: %v", err)
+	}
+	if !hasOp(fused, "FusedMatMul") {
+		t.Fatal("the rewrite dropped the contrib ops outside the blocks")
+	}
+	if rep, err := mokopt.Run(ctx, fused, data, mokopt.DefaultVerifyOptions()); err != nil || !rep.Pass {
+		t.Fatalf("run the rewrite: %v", err)
+	}
+	if rep, err := mokopt.Verify(ctx, fused, orig, mokopt.DefaultVerifyOptions()); err != nil || !rep.Pass {
+		t.Fatalf("verify the rewrite against the export: %v", err)
+	}
+}
+
+// hasOp reports whether m's main graph has a node of type op.
+func hasOp(m *mokopt.Model, op string) bool {
+	for _, n := range m.Graph().Proto.GetGraph().GetNode() {
+		if n.GetOpType() == op {
+			return true
+		}
+	}
+	return false
+}

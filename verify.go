@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mokopt/mokopt/internal/verify"
+	"github.com/mokopt/mokopt/passes"
 )
 
 // VerifyReport holds per case and per output the largest absolute and
@@ -91,7 +92,11 @@ func Verify(ctx context.Context, a, b *Model, opt VerifyOptions) (*VerifyReport,
 	if err != nil {
 		return nil, err
 	}
-	rep, err := verify.Compare(ctx, a.g, b.g, vo)
+	ga, gb := a.g, b.g
+	if vo.Runner == nil {
+		ga, gb = passes.Evaluable(ctx, ga), passes.Evaluable(ctx, gb)
+	}
+	rep, err := verify.Compare(ctx, ga, gb, vo)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +117,11 @@ func Run(ctx context.Context, m *Model, dataDir string, opt VerifyOptions) (*Ver
 	if err != nil {
 		return nil, err
 	}
-	rep, err := verify.RunAndCheck(ctx, m.g, dataDir, vo)
+	g := m.g
+	if vo.Runner == nil {
+		g = passes.Evaluable(ctx, g)
+	}
+	rep, err := verify.RunAndCheck(ctx, g, dataDir, vo)
 	if err != nil {
 		return nil, err
 	}

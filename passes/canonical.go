@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
 	"github.com/mokopt/mokopt/passes/internal/canon"
@@ -26,6 +27,23 @@ func canonicalView(ctx context.Context, m *graph.Model) (*graph.Model, *canon.Re
 		return nil, res, ""
 	}
 	return wc, res, ""
+}
+
+// Evaluable returns a model that computes what m computes, for the
+// reference interpreter (graph/eval): m itself when the interpreter runs
+// every op m uses, otherwise m's canonical working copy, whose ONNX
+// Runtime contrib ops are decomposed into standard ops and whose sequence
+// ops with static splits are tensor ops (see package canon). The copy may
+// still hold ops the interpreter lacks; running it then names them. m is
+// not edited.
+func Evaluable(ctx context.Context, m *graph.Model) *graph.Model {
+	if len(eval.UnsupportedOps(m)) == 0 {
+		return m
+	}
+	if wc, _, _ := canonicalView(ctx, m); wc != nil {
+		return wc
+	}
+	return m
 }
 
 // detectCanonical is detectIn over the canonical working copy of m when

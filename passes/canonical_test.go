@@ -3,7 +3,6 @@ package passes
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,14 +11,8 @@ import (
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/models"
-	"github.com/mokopt/mokopt/moe"
-	"github.com/mokopt/mokopt/passes/internal/canon"
 	"google.golang.org/protobuf/proto"
 )
-
-// canonProducersDir holds real exports made beyond torch.onnx's defaults
-// (testdata/producers/README.md), with a manifest of what each should give.
-const canonProducersDir = "../testdata/producers"
 
 // canonicalClasses are the manifest classes the canonicalization stage
 // makes fusable: model-local functions, unoptimized dynamo output, ONNX
@@ -27,48 +20,20 @@ const canonProducersDir = "../testdata/producers"
 // dynamo models, and opsets below 13.
 var canonicalClasses = map[string]bool{"functions": true, "dynamo_raw": true, "ort_opt": true, "full_ort": true, "full_raw": true, "low_opset": true}
 
-type canonProducerCase struct {
-	Name     string `json:"name"`
-	Class    string `json:"class"`
-	OK       bool   `json:"ok"`
-	Sets     int    `json:"test_data_sets"`
-	Expected *struct {
-		Verdict string          `json:"verdict"`
-		E       json.RawMessage `json:"E"`
-		K       int             `json:"k"`
-		Blocks  int             `json:"blocks"`
-		Shared  bool            `json:"shared"`
-	} `json:"expected"`
-}
-
 // TestProducersCanonical checks that every export of the canonical classes
 // that the manifest expects to fuse does: each block fuses with the
 // expected experts and top-k, no TopK is left, the output model is valid,
 // and every golden set of ONNX Runtime's is reproduced both through the
 // reference kernel and through the fused node's function body.
 func TestProducersCanonical(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(canonProducersDir, "manifest.json"))
-	if err != nil {
-		t.Skip("no producers manifest")
-	}
-	var man struct {
-		Cases []canonProducerCase `json:"cases"`
-	}
-	if err := json.Unmarshal(b, &man); err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, c := range man.Cases {
-		if !canonicalClasses[c.Class] || !c.OK || c.Expected == nil || c.Expected.Verdict != "fuse" {
+	for _, c := range manifestCases(t) {
+		if !canonicalClasses[c.Class] || c.Expected.Verdict != "fuse" {
 			continue
 		}
 		n++
 		t.Run(c.Name, func(t *testing.T) {
-			f := filepath.Join(canonProducersDir, c.Name+".onnx")
-			if _, err := os.Stat(f); err != nil {
-				t.Skipf("%s not exported yet", c.Name)
-			}
-			m, err := graph.Load(f)
+			m, err := graph.Load(filepath.Join(refusalDir, c.Name+".onnx"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,14 +73,8 @@ func TestProducersCanonical(t *testing.T) {
 			}
 			// Contrib ops outside the blocks stay in the output; the
 			// reference evaluator runs their canonical decomposition.
-			em, _, err := canon.Canonicalize(context.Background(), m, canon.Options{KeepFunctionDomains: []string{moe.Domain}, KeepOpset: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if em == nil {
-				em = m // already canonical
-			}
-			sets, _ := filepath.Glob(filepath.Join(canonProducersDir, c.Name+"_data", "test_data_set_*"))
+			em := Evaluable(context.Background(), m)
+			sets, _ := filepath.Glob(filepath.Join(refusalDir, c.Name+"_data", "test_data_set_*"))
 			if len(sets) == 0 || (c.Sets > 0 && len(sets) != c.Sets) {
 				t.Fatalf("%d golden sets, manifest says %d", len(sets), c.Sets)
 			}
@@ -147,7 +106,7 @@ func TestProducersCanonical(t *testing.T) {
 		})
 	}
 	if n == 0 {
-		t.Skip("no export of the canonical classes in the manifest")
+		t.Fatal("no export of the canonical classes in the manifest")
 	}
 }
 
@@ -269,7 +228,7 @@ func TestSpliceBoundaryInsideFunction(t *testing.T) {
 // TestCanonicalRewriteDeterministic rewrites each export of the canonical
 // classes twice: the two outputs must be byte-identical.
 func TestCanonicalRewriteDeterministic(t *testing.T) {
-	files, _ := filepath.Glob(filepath.Join(canonProducersDir, "*.onnx"))
+	files, _ := filepath.Glob(filepath.Join(refusalDir, "*.onnx"))
 	n := 0
 	for _, f := range files {
 		base := filepath.Base(f)

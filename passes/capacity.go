@@ -440,16 +440,18 @@ func (r *capacityRouter) capacities() []int64 {
 }
 
 // refuseClass records nm for a block selected by sel: a block whose TopK is
-// one of sel or whose region holds one of nodes is dropped, a near-miss
-// at one of sel is replaced, otherwise nm is added.
+// one of sel or whose region holds one of nodes is dropped, the near-misses
+// at one of sel or of nodes are replaced by nm, otherwise nm is added.
 func refuseClass(det *Detection, sel, nodes []*pb.NodeProto, nm NearMiss) {
 	labels := map[string]bool{}
 	for _, s := range sel {
 		labels[graph.NodeLabel(s)] = true
 	}
 	hold := map[*pb.NodeProto]bool{}
+	held := map[string]bool{} // labels of the block's nodes
 	for _, n := range nodes {
 		hold[n] = true
+		held[graph.NodeLabel(n)] = true
 	}
 	kept := det.Blocks[:0]
 	for _, b := range det.Blocks {
@@ -468,7 +470,7 @@ func refuseClass(det *Detection, sel, nodes []*pb.NodeProto, nm NearMiss) {
 	out := det.NearMiss[:0]
 	placed := false
 	for _, m := range det.NearMiss {
-		if labels[m.Node] {
+		if labels[m.Node] || held[m.Node] {
 			if !placed {
 				out = append(out, nm)
 				placed = true

@@ -38,7 +38,14 @@ type manifestCase struct {
 		RunTime bool `json:"capacity_at_run_time"`
 		// Blocks is the number of MoE blocks (0 read as 1).
 		Blocks int `json:"blocks"`
+		// E (a number, or a note where it varies), K and Shared are
+		// what a fused block must read.
+		E      json.RawMessage `json:"E"`
+		K      int             `json:"k"`
+		Shared bool            `json:"shared"`
 	} `json:"expected"`
+	// Sets is the number of golden test data sets.
+	Sets int `json:"test_data_sets"`
 }
 
 // manifestCases returns the committed cases of the manifest of the given

@@ -327,3 +327,32 @@ func TestNumericCheckPerCopyWeights(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckReadsInputOfOutputShape: the fused node's output has its
+// input's shape, so a block whose output is the [T, H] reshape of a
+// [B, S, H] input is fused on the router's [T, H] input: the check moves
+// the block's input there rather than comparing rows across shapes.
+func TestCheckReadsInputOfOutputShape(t *testing.T) {
+	m, err := graph.Load("../testdata/producers/m_ortext_ts_llama4.onnx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	wc, _, _ := canonicalView(context.Background(), m)
+	if wc == nil {
+		t.Fatal("the export needs no canonicalization: not the case of this test")
+	}
+	det, err := Detect(wc)
+	if err != nil || len(det.Blocks) != 1 {
+		t.Fatalf("detect: %v", err)
+	}
+	b := det.Blocks[0]
+	b.Input = "hidden_states" // the [2, 5, 64] model input; the block's output is [10, 64]
+	errs, err := numericCheck(context.Background(), wc, []*Block{b}, []*moe.Weights{nil}, nil, 0)
+	if err != nil || errs[0] != nil {
+		t.Fatalf("check: %v, %v", err, errs[0])
+	}
+	if b.Input != b.Router {
+		t.Fatalf("fused input %q, want the router's [T, H] input %q", b.Input, b.Router)
+	}
+}

@@ -24,7 +24,7 @@ var quantizedLinearOps = map[string]bool{"MatMulInteger": true, "QLinearMatMul":
 type quantFinding struct {
 	router  *pb.NodeProto   // the quantized router linear, or nil
 	experts []*pb.NodeProto // quantized linears the selection reaches
-	linears int             // float weight linears the selection reaches
+	linears []*pb.NodeProto // float weight linears the selection reaches
 }
 
 // quantizedLinears returns, by position, whether a node is an integer
@@ -91,12 +91,19 @@ func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool, through bool) quantF
 			if combineOps[op] && !through {
 				continue // the experts' outputs are combined: the block ends here
 			}
-			if op == "TopK" || op == "MatMul" || op == "Gemm" {
-				if op != "TopK" && len(n.Input) >= 2 && c.storedWeight(n.Input[1]) {
-					f.linears++
+			if op == "TopK" {
+				continue // another block's router
+			}
+			if op == "MatMul" || op == "Gemm" {
+				// a float weight linear: the weight on either side (a
+				// batched form multiplies gathered [.., I, H] slices by
+				// the tokens)
+				if slices.ContainsFunc(n.Input[:min(2, len(n.Input))], c.storedWeight) {
+					f.linears = append(f.linears, n)
+					continue
 				}
-				if op == "TopK" || len(n.Input) < 2 || c.isConst(n.Input[1]) || c.weightBehind(n.Input[1]) {
-					continue // another block's router, or a float weight linear
+				if len(n.Input) < 2 || c.isConst(n.Input[1]) || c.weightBehind(n.Input[1]) {
+					continue
 				}
 			}
 			queue = append(queue, n.Output...)
@@ -108,7 +115,8 @@ func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool, through bool) quantF
 // storedWeight reports whether v is a linear's weight read from an
 // initializer: through transposes, casts, reshapes, a dequantization, or a
 // Gather of one expert's slice from stacked weights (by a computed index,
-// as traces of loops over the hit experts write it).
+// as traces of loops over the hit experts write it), or a GatherND of
+// per-token slices of them (the batched form).
 func (c *ctx) storedWeight(v string) bool {
 	for range 6 {
 		if c.isConst(v) {
@@ -119,7 +127,7 @@ func (c *ctx) storedWeight(v string) bool {
 			return false
 		}
 		switch p.GetOpType() {
-		case "Transpose", "Cast", "Identity", "DequantizeLinear", "Reshape", "Squeeze", "Unsqueeze", "Gather":
+		case "Transpose", "Cast", "Identity", "DequantizeLinear", "Reshape", "Squeeze", "Unsqueeze", "Gather", "GatherND":
 			v = p.Input[0]
 		default:
 			return false
@@ -163,14 +171,16 @@ func (c *ctx) refuseQuantized(det *Detection) {
 			}
 		} else {
 			f = c.quantizedAround(tk, qat, argMax)
-			if argMax && len(f.experts) == 0 && f.linears == 0 {
+			if argMax && len(f.experts) == 0 && len(f.linears) == 0 {
 				continue // the choice feeds no linear: not an MoE selection
 			}
 		}
 		if f.router == nil && len(f.experts) == 0 {
 			continue
 		}
-		nodes := slices.Clone(f.experts)
+		// the float linears are the block's too: what was said of them
+		// (no router found for them, say) gives way to this refusal
+		nodes := append(slices.Clone(f.experts), f.linears...)
 		if f.router != nil {
 			nodes = append(nodes, f.router)
 		}

@@ -85,9 +85,23 @@ func (c *ctx) rankFromProducer(v string, memo map[string]int, depth int) int {
 		"ScatterND", "ScatterElements", "CastLike", "LayerNormalization", "Gelu":
 		return rank(0)
 	case "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2":
-		if graph.AttrInt(p, "keepdims", 1) == 1 {
-			return rank(0)
+		r := rank(0)
+		if r < 0 || graph.AttrInt(p, "keepdims", 1) == 1 {
+			return r
 		}
+		axes := graph.AttrInts(p, "axes")
+		if len(p.Input) > 1 && p.Input[1] != "" {
+			if axes = c.constInts(p.Input[1]); axes == nil {
+				return -1
+			}
+		}
+		if len(axes) == 0 {
+			if graph.AttrInt(p, "noop_with_empty_axes", 0) == 1 {
+				return r
+			}
+			return 0
+		}
+		return r - len(axes)
 	case "Reciprocal", "Softplus", "SimplifiedLayerNormalization", "RMSNormalization", "Sin", "Cos", "HardSigmoid", "LeakyRelu", "Elu":
 		return rank(0)
 	case "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Sum":

@@ -14,6 +14,14 @@ Producers per family:
   int8_ts       onnxruntime.quantization.quantize_dynamic of ts  (expected: refused)
   opset12       TorchScript opset 12
   symbolic      TorchScript with dynamic batch and sequence axes
+  ortext_dyn    ORT_ENABLE_EXTENDED offline optimization of dyn
+  ortall_ts     ORT_ENABLE_ALL offline optimization of ts
+  int8pc_dyn    quantize_dynamic(per_channel=True) of dyn (value_info cleared first)
+  nested        TorchScript functions for the block's class and every submodule class under it
+  full_dyn      a 2-layer decoder (input_ids -> logits) through dynamo
+  full_ortext   full_dyn, then ORT_ENABLE_EXTENDED
+  full_raw      a 2-layer decoder through dynamo, optimize=False
+MATRIX_PRODUCERS picks some (comma-separated; default: the first nine).
 
 usage: python3 export_matrix.py OUTDIR [family ...]
 Sizes from MATRIX_H (96), MATRIX_E (6), MATRIX_K (3), MATRIX_MI (48), MATRIX_I (80), MATRIX_T (12).
@@ -39,6 +47,51 @@ FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_os
             "granitemoe", "llama4", "glm4_moe", "ernie4_5_moe"]
 
 
+def full_case(fam, prod, k, kx):
+    """A 2-layer decoder of fam (input_ids -> logits) through dynamo, plain, ORT-optimized or raw."""
+    name = f"m_{prod}_{fam}"
+    try:
+        em.set_sizes(H=H, E=E, K=k, MI=MI, I=I, L=2, V=128)
+        last = None
+        for impl in ("batched_mm", None):
+            try:
+                _, model = ep.hf_block(fam, H, E, k, mi=MI, i=I, layers=2, impl=impl, seed=5)
+
+                class Full(torch.nn.Module):
+                    def __init__(s, m):
+                        super().__init__()
+                        s.m = m
+
+                    def forward(s, input_ids):
+                        return s.m(input_ids=input_ids, use_cache=False).logits
+                mod = Full(model).eval()
+                ids = [torch.randint(0, 128, (2, T), generator=torch.Generator().manual_seed(s)) for s in (95, 96)]
+                src = os.path.join(ep.OUT, (f"_src_{name}" if prod == "full_ortext" else name) + ".onnx")
+                with torch.no_grad():
+                    torch.onnx.export(mod, (ids[0],), src, input_names=["input_ids"], output_names=["logits"], dynamo=True,
+                                      opset_version=18, external_data=False, optimize=prod != "full_raw")
+                break
+            except Exception as ex:  # noqa: BLE001
+                last = ex
+        else:
+            raise last
+        call = f"torch.onnx.export(Full(model), (input_ids[2,{T}],), dynamo=True, optimize={prod != 'full_raw'})"
+        out = os.path.join(ep.OUT, name + ".onnx")
+        if prod == "full_ortext":
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            so.optimized_model_filepath = out
+            ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+            os.remove(src)
+            call += "; then ORT_ENABLE_EXTENDED"
+        with torch.no_grad():
+            ref = [mod(i).numpy() for i in ids]
+        ep.finish(name, prod, fam, dict(H=H, E=E, k=kx, MI=MI, I=I, T=T, layers=2), call,
+                  {"verdict": "fuse", "E": E, "k": kx, "blocks": 2}, [[i.numpy()] for i in ids], ref=ref)
+    except Exception as ex:  # noqa: BLE001
+        ep.fail(name, prod, fam, prod, ex)
+
+
 def main():
     ep.OUT = sys.argv[1]
     only = set(sys.argv[2:])
@@ -50,12 +103,16 @@ def main():
         kx = 2 if fam == "phimoe" else k  # PhiMoE's sparsemixer routes top-2 whatever the config says
         g = (lambda s: [ep.inputs(H, s, t=T), ep.inputs(H, s + 1, t=T)])
         xs = g(90)
-        for prod in ("ts", "dyn", "functions", "dynraw", "ortext_ts", "ortall_dyn", "int8_ts", "opset12", "symbolic"):
+        prods = os.environ.get("MATRIX_PRODUCERS", "ts,dyn,functions,dynraw,ortext_ts,ortall_dyn,int8_ts,opset12,symbolic").split(",")
+        for prod in prods:
+            if prod.startswith("full"):
+                full_case(fam, prod, k, kx)
+                continue
             name = f"m_{prod}_{fam}"
             t0 = time.time()
             try:
-                exporter = "dynamo" if prod in ("dyn", "dynraw", "ortall_dyn") else "torchscript"
-                impl_first = prod in ("dyn", "dynraw", "ortall_dyn")
+                exporter = "dynamo" if prod in ("dyn", "dynraw", "ortall_dyn", "ortext_dyn", "int8pc_dyn") else "torchscript"
+                impl_first = exporter == "dynamo"
 
                 def build(impl):
                     moe, _ = ep.hf_block(fam, H, E, k, mi=MI, i=I, impl=impl, seed=3)
@@ -68,9 +125,12 @@ def main():
                         src = name
                         if prod == "functions":
                             kw["export_modules_as_functions"] = {type(moe)}
+                        if prod == "nested":
+                            kw["export_modules_as_functions"] = {type(x) for x in moe.modules()
+                                                                 if type(x).__module__.startswith("transformers")}
                         if prod == "dynraw":
                             kw["optimize"] = False
-                        if prod in ("ortext_ts", "ortall_dyn", "int8_ts"):
+                        if prod in ("ortext_ts", "ortall_dyn", "int8_ts", "ortext_dyn", "ortall_ts", "int8pc_dyn"):
                             src = f"_src_{name}"
                         if prod == "symbolic":
                             kw["dynamic_axes"] = {"hidden_states": {0: "batch", 1: "sequence"}, "moe_out": {0: "batch", 1: "sequence"}}
@@ -82,21 +142,24 @@ def main():
                 out = os.path.join(ep.OUT, name + ".onnx")
                 srcp = os.path.join(ep.OUT, f"_src_{name}.onnx")
                 verdict = {"verdict": "fuse", "E": E, "k": kx}
-                if prod in ("ortext_ts", "ortall_dyn"):
+                if prod in ("ortext_ts", "ortall_dyn", "ortext_dyn", "ortall_ts"):
                     so = ort.SessionOptions()
-                    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if prod == "ortext_ts"
+                    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if prod.startswith("ortext")
                                                    else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
                     so.optimized_model_filepath = out
                     ort.InferenceSession(srcp, so, providers=["CPUExecutionProvider"])
                     call += f"; then ORT offline optimization ({prod}) to '{name}.onnx'"
-                elif prod == "int8_ts":
+                elif prod in ("int8_ts", "int8pc_dyn"):
                     from onnxruntime.quantization import quantize_dynamic
-                    quantize_dynamic(srcp, out)
-                    call += f"; then quantize_dynamic(that, '{name}.onnx')"
+                    m0 = onnx.load(srcp)
+                    del m0.graph.value_info[:]  # dynamo's value_info trips the quantizer's shape inference
+                    onnx.save(m0, srcp)
+                    quantize_dynamic(srcp, out, per_channel=prod == "int8pc_dyn")
+                    call += f"; value_info cleared; then quantize_dynamic(that, '{name}.onnx', per_channel={prod == 'int8pc_dyn'})"
                     verdict = {"verdict": "refuse", "reason": "int8-quantized"}
                 if os.path.exists(srcp):
                     os.remove(srcp)
-                ref = ep.run_ref(mod, xs) if prod != "int8_ts" else None
+                ref = ep.run_ref(mod, xs) if not prod.startswith("int8") else None
                 ep.finish(name, prod, fam, dict(H=H, E=E, k=kx, MI=MI, I=I, T=T), call, verdict,
                           [[x.numpy()] for x in xs], ref=ref, extra={"s": round(time.time() - t0, 1)})
             except Exception as ex:  # noqa: BLE001

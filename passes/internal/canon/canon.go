@@ -55,6 +55,7 @@ func Rules() []Rule {
 		ExpandToOwnShape,
 		QuickGelu,
 		FusedGemm,
+		GemmComputedBias,
 		FusedMatMul,
 		BiasGelu,
 		FastGelu,

@@ -33,7 +33,12 @@ func TestRankInference(t *testing.T) {
 		{"where broadcasts", []*pb.NodeProto{
 			node("Greater", []string{"x", "z"}, []string{"c"}), node("Where", []string{"c", "z", "x"}, []string{"v"})},
 			map[string]*eval.Tensor{"z": eval.NewFloat32(nil, []float32{0})}, 2},
-		{"reduce without keepdims unknown", []*pb.NodeProto{node("ReduceMax", []string{"x"}, []string{"v"}, graph.IntAttr("keepdims", 0))}, nil, -1},
+		{"reduce all without keepdims", []*pb.NodeProto{node("ReduceMax", []string{"x"}, []string{"v"}, graph.IntAttr("keepdims", 0))}, nil, 0},
+		{"reduce an axis attribute without keepdims", []*pb.NodeProto{node("ReduceMax", []string{"x"}, []string{"v"}, graph.IntAttr("keepdims", 0), graph.IntsAttr("axes", 1))}, nil, 1},
+		{"reduce constant axes input without keepdims", []*pb.NodeProto{node("ReduceSum", []string{"x", "a"}, []string{"v"}, graph.IntAttr("keepdims", 0))}, map[string]*eval.Tensor{"a": i64(0)}, 1},
+		{"reduce computed axes without keepdims unknown", []*pb.NodeProto{
+			node("ArgMax", []string{"x"}, []string{"a"}, graph.IntAttr("keepdims", 0)), node("ReduceSum", []string{"x", "a"}, []string{"v"}, graph.IntAttr("keepdims", 0))}, nil, -1},
+		{"reduce keepdims", []*pb.NodeProto{node("ReduceSum", []string{"x", "a"}, []string{"v"})}, map[string]*eval.Tensor{"a": i64(0)}, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

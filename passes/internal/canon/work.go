@@ -553,7 +553,20 @@ func (w *Work) rankOf(v string, depth int) (int, bool) {
 		"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Not", "IsNaN", "Floor", "Ceil", "Round", "Reciprocal", "Log",
 		"ScatterElements", "ScatterND", "GatherElements", "CumSum", "Softplus", "HardSigmoid", "Elu", "Gelu":
 		if strings.HasPrefix(op, "Reduce") && graph.AttrInt(p, "keepdims", 1) == 0 {
-			return 0, false
+			r, ok := in(0)
+			axes, known := graph.AttrInts(p, "axes"), true
+			if graph.Attr(p, "axes") == nil && inputOr(p, 1) != "" {
+				axes, known = w.ConstInts(p.Input[1])
+			}
+			switch {
+			case !ok || !known:
+				return 0, false
+			case len(axes) > 0:
+				return r - len(axes), true
+			case graph.AttrInt(p, "noop_with_empty_axes", 0) == 1:
+				return r, true
+			}
+			return 0, true
 		}
 		return in(0)
 	}

@@ -1,0 +1,53 @@
+package canon
+
+import (
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// GemmComputedBias splits a Gemm whose C input is computed (not a
+// constant) into a Gemm without C and an Add of C (times beta when beta is
+// not 1). ONNX Runtime's MatMulAddFusion writes the sum of a linear and
+// another branch this way (a shared expert's down projection plus the
+// routed experts' output); as an Add, the sum is a combine the matcher
+// sees. Gemm broadcasts C to its [M, N] output one way, Add both ways: the
+// same result wherever the Gemm was valid. A constant C (a bias) stays.
+var GemmComputedBias = Rule{
+	Name: "gemm-computed-bias",
+	Ops:  []string{"Gemm"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if len(n.Input) < 3 || n.Input[2] == "" || len(n.Output) != 1 {
+			return false, nil
+		}
+		c := n.Input[2]
+		if _, ok := w.Const(c); ok {
+			return false, nil
+		}
+		var attrs []*pb.AttributeProto
+		for _, a := range n.Attribute {
+			switch a.GetName() {
+			case "alpha", "transA", "transB":
+				attrs = append(attrs, a)
+			}
+		}
+		var nodes []*pb.NodeProto
+		if beta := graph.AttrFloat(n, "beta", 1); beta != 1 {
+			dt := w.ElemType(c)
+			if dt == 0 {
+				return false, nil
+			}
+			b, err := w.Scalar(n.GetName()+"/beta", dt, float64(beta))
+			if err != nil {
+				return false, nil
+			}
+			scaled := w.Temp(n, "scaled_c")
+			nodes = append(nodes, w.Node("Mul", "", n.GetName()+"/Mul_beta", []string{c, b}, []string{scaled}))
+			c = scaled
+		}
+		g := w.Temp(n, "gemm")
+		nodes = append(nodes, w.Node("Gemm", "", n.GetName()+"/Gemm", n.Input[:2], []string{g}, attrs...))
+		nodes = append(nodes, w.Node("Add", "", n.GetName()+"/add_c", []string{g, c}, n.Output))
+		w.Replace(n, nodes...)
+		return true, nil
+	},
+}
