@@ -12,8 +12,8 @@
 # its loop over the experts hit at trace time only runs on inputs like its
 # own, and a chain's later copies do not get those (the check then warns).
 # Without residual connections the activations vanish after a few copies,
-# so the later copies are compared on near-zero inputs (a timing benchmark,
-# not a test of the check: see docs/numerical-check.md).
+# so the check runs each later copy alone on inputs of unit scale (see
+# docs/numerical-check.md); that work is part of the time measured.
 #
 # Environment: PY (default /usr/bin/python3; Debian's python3-onnx is
 # installed with apt-get when its onnx module is missing), REPS (default 3;

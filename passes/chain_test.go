@@ -12,6 +12,8 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/internal/chain"
+	fx "github.com/mokopt/mokopt/internal/fixtures"
+	"github.com/mokopt/mokopt/moe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -260,5 +262,39 @@ func TestFailingChainIsLinear(t *testing.T) {
 	t.Logf("detection of 50 failing copies %v, of 200 %v (ratio %.1f)", small, large, float64(large)/float64(small))
 	if large > 10*small {
 		t.Fatalf("detection of 200 failing copies took %v, of 50 %v: not linear", large, small)
+	}
+}
+
+// TestChainCheckSeesVanishedBlocks: in a direct chain without residual
+// connections the activations vanish after a few copies; the check then
+// runs each such block alone on inputs of unit scale, so one weight of the
+// fifth copy moved by 1e-2 is still caught there, and nowhere else.
+func TestChainCheckSeesVanishedBlocks(t *testing.T) {
+	m := chainOf(t, fx.Path("exported", "qwen3_moe_block_dynamo_batched_mm.onnx"), 6, true)
+	defer m.Close()
+	det, err := Detect(m)
+	if err != nil || len(det.Blocks) != 6 {
+		t.Fatalf("detect: %d blocks, %v", len(det.Blocks), err)
+	}
+	const moved = 4
+	for _, perturb := range []bool{false, true} {
+		ws := make([]*moe.Weights, len(det.Blocks))
+		for i, b := range det.Blocks {
+			if ws[i], err = b.W.Materialize(m, &b.Spec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if perturb {
+			ws[moved].Down[0] += 1e-2
+		}
+		errs, err := numericCheck(context.Background(), m, det.Blocks, ws, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range errs {
+			if want := perturb && i == moved; (e != nil) != want {
+				t.Errorf("perturbed %v: block %d check error %v, want an error %v", perturb, i, e, want)
+			}
+		}
 	}
 }

@@ -290,8 +290,13 @@ func distinctRows(x []float32, H int) ([]float32, []int) {
 func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, data []map[string]*eval.Tensor, memLimit int64, retain ...bool) ([]error, error) {
 	errs := make([]error, len(blocks))
 	want := map[string]bool{}
-	for _, b := range blocks {
+	ext := make([][]string, len(blocks))
+	for i, b := range blocks {
 		want[b.Input], want[b.Router], want[b.Output] = true, true, true
+		ext[i] = regionInputs(m.Graph(), b)
+		for _, v := range ext[i] {
+			want[v] = true
+		}
 	}
 	// The interpreter allocates activation-sized tensors one after
 	// another: a tighter garbage-collection target keeps the process near
@@ -345,9 +350,20 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			where = fmt.Sprintf("check data set %d", seed-1)
 		}
 		forBlocks(blocks, ws, retain, memLimit, func(i int) {
-			if errs[i] == nil {
-				errs[i] = checkBlock(m, blocks[i], vals, ws, i, i < len(retain) && retain[i], where)
+			if errs[i] != nil {
+				return
 			}
+			bv, bwhere := vals, where
+			if vanished(vals[blocks[i].Input]) {
+				// the model's activations vanished before this block
+				// (blocks chained without residuals): check it alone on
+				// inputs of unit scale; if it cannot run alone, compare
+				// what the model gave
+				if iv, err := isolatedVals(ctx, m, blocks[i], ext[i], vals, seed, memLimit); err == nil {
+					bv, bwhere = iv, where+", the block alone on its own random input"
+				}
+			}
+			errs[i] = checkBlock(m, blocks[i], bv, ws, i, i < len(retain) && retain[i], bwhere)
 		})
 	}
 	if ran == 0 {
