@@ -82,3 +82,14 @@ func (m *Model) KeepIndex(g *Graph) {
 		m.spare, m.spareSig = g, sigOf(m.Proto.Graph)
 	}
 }
+
+// WithGraph returns a model whose main graph is gp and whose header (IR
+// version, opset imports, model-local functions) and tensor sources
+// (external data, deferred tensors) are m's, shared: a model of a part of
+// m (one block, say) for the interpreter, built in the size of that part.
+// Like a working copy, it must not be closed and stays valid as long as m
+// is open.
+func (m *Model) WithGraph(gp *pb.GraphProto) *Model {
+	mp := &pb.ModelProto{IrVersion: m.Proto.IrVersion, OpsetImport: m.Proto.OpsetImport, Functions: m.Proto.Functions, Graph: gp}
+	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labels, deferred: m.deferred}
+}

@@ -291,9 +291,10 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	errs := make([]error, len(blocks))
 	want := map[string]bool{}
 	ext := make([][]string, len(blocks))
+	g := m.Graph()
 	for i, b := range blocks {
 		want[b.Input], want[b.Router], want[b.Output] = true, true, true
-		ext[i] = regionInputs(m.Graph(), b)
+		ext[i] = regionInputs(g, b)
 		for _, v := range ext[i] {
 			want[v] = true
 		}
@@ -359,7 +360,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 				// (blocks chained without residuals): check it alone on
 				// inputs of unit scale; if it cannot run alone, compare
 				// what the model gave
-				if iv, err := isolatedVals(ctx, m, blocks[i], ext[i], vals, seed, memLimit); err == nil {
+				if iv, err := isolatedVals(ctx, m, g, blocks[i], ext[i], vals, seed, memLimit); err == nil {
 					bv, bwhere = iv, where+", the block alone on its own random input"
 				}
 			}

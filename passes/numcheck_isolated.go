@@ -62,22 +62,21 @@ func regionInputs(g *graph.Graph, b *Block) []string {
 // unit scale with the shape of its captured input x, and returns the
 // block's input, router input and output from that run. The other values
 // the region reads (ext) are fed as the whole model's run computed them
-// (in vals). A block's fused semantics are per token, so any input tests
+// (in vals); g is m's main graph. A block's fused semantics are per token, so any input tests
 // them; this one tests them where the model's own activations vanished.
-func isolatedVals(ctx context.Context, m *graph.Model, b *Block, ext []string, vals map[string]*eval.Tensor, seed uint64, memLimit int64) (map[string]*eval.Tensor, error) {
+func isolatedVals(ctx context.Context, m *graph.Model, g *graph.Graph, b *Block, ext []string, vals map[string]*eval.Tensor, seed uint64, memLimit int64) (map[string]*eval.Tensor, error) {
 	x := vals[b.Input]
-	sub := m.WorkingCopy()
-	gp := sub.Proto.Graph
-	used := map[string]bool{}
+	gp := &pb.GraphProto{Node: b.Region}
+	seen := map[string]bool{}
 	for _, n := range b.Region {
 		for _, in := range graph.NodeInputs(n) {
-			used[in] = true
+			if t := g.Initializer(in); t != nil && !seen[in] {
+				seen[in] = true
+				gp.Initializer = append(gp.Initializer, t)
+			}
 		}
 	}
-	gp.Initializer = slices.DeleteFunc(gp.Initializer, func(t *pb.TensorProto) bool { return !used[t.GetName()] })
-	gp.SparseInitializer = nil
-	gp.Node = b.Region
-	gp.Input, gp.Output = nil, nil
+	sub := m.WithGraph(gp)
 	feeds := map[string]*eval.Tensor{}
 	rng := rand.New(rand.NewPCG(seed, 0x69736f6c61746564))
 	xs := make([]float32, len(x.F32))
