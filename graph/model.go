@@ -80,7 +80,10 @@ type DeferredData struct {
 // Load reads an ONNX model file. External data is not read; it is opened
 // lazily when a tensor's bytes are asked for. The file may be a pipe or a
 // device (as /dev/stdin); at most protobuf's 2 GiB limit is read from it,
-// and a regular file larger than that is refused from its size.
+// and a regular file larger than that is refused from its size. A regular
+// file is decoded as it is read, its tensors' bytes read straight into the
+// model (no copy of the whole file is held), with the result Parse gives
+// for the file's bytes.
 func Load(path string) (*Model, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -97,16 +100,46 @@ func Load(path string) (*Model, error) {
 	case fi.Mode().IsRegular() && fi.Size() > MaxReadSize:
 		return nil, &InputError{File: path, Msg: fmt.Sprintf("%d bytes, more than protobuf's 2 GiB limit on one model file (%d bytes)", fi.Size(), MaxReadSize), Err: ErrTooBig}
 	}
-	b, err := ReadModelBytes(f, path)
-	if err != nil {
-		return nil, err
+	var m *Model
+	if fi.Mode().IsRegular() {
+		m, err = loadStream(f, fi.Size(), path)
+		if err != nil {
+			return nil, err
+		}
 	}
-	m, err := Parse(b, path)
-	if err != nil {
-		return nil, err
+	if m == nil {
+		// Not a regular file, or one the streaming decoder left to
+		// proto.Unmarshal (which gives the exact error): read it whole.
+		if fi.Mode().IsRegular() {
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				return nil, &InputError{File: path, Msg: "cannot read model", Err: err}
+			}
+		}
+		b, err := ReadModelBytes(f, path)
+		if err != nil {
+			return nil, err
+		}
+		if m, err = Parse(b, path); err != nil {
+			return nil, err
+		}
 	}
 	m.srcID, m.srcOK = fileIDOf(fi)
 	return m, nil
+}
+
+// loadStream decodes the regular file f of size bytes with unmarshalFrom,
+// so that tensor bytes go from the file straight into the model, never
+// into a copy of the whole file. It returns a nil model, and no error,
+// where unmarshalFrom gave up.
+func loadStream(f *os.File, size int64, path string) (*Model, error) {
+	mp := &pb.ModelProto{}
+	if size >= 1<<20 {
+		defer pauseGC()() // as in Parse
+	}
+	if unmarshalFrom(f, size, mp) != nil {
+		return nil, nil
+	}
+	return newModel(mp, path)
 }
 
 // Parse decodes a serialized ModelProto. name is used in error messages and,
@@ -126,6 +159,11 @@ func Parse(b []byte, name string) (*Model, error) {
 	if err := (proto.UnmarshalOptions{}).Unmarshal(b, mp); err != nil {
 		return nil, &InputError{File: name, Msg: "not a valid ONNX protobuf (truncated or corrupt)", Err: err}
 	}
+	return newModel(mp, name)
+}
+
+// newModel vets a decoded ModelProto and makes it a Model.
+func newModel(mp *pb.ModelProto, name string) (*Model, error) {
 	if mp.Graph == nil {
 		return nil, badInput(name, "", "not an ONNX model: the ModelProto has no graph")
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -247,4 +248,162 @@ func TestSaveStreamsCanonicalBytes(t *testing.T) {
 	if got := canonical("stream", buf.Bytes()); len(got.Graph.Initializer[0].RawData) != 400<<10 {
 		t.Fatal("inlined stream lost the tensor's bytes")
 	}
+}
+
+// nonCanonical is an encoding no marshaller writes but a decoder must take
+// as proto.Unmarshal does: fields out of order, a singular message given
+// twice (merged), raw_data given twice (the last wins, large or small),
+// nodes between initializers, overlong varints, unknown fields of every
+// wire type, and a known field of the wrong wire type.
+func nonCanonical() []byte {
+	tensor := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+	field := func(num protowire.Number, b []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), b)
+	}
+	varint := func(num protowire.Number, v uint64) []byte {
+		return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), v)
+	}
+	node := func(op string) []byte { return field(1, field(4, []byte(op))) }
+	t1 := tensor(field(9, filled(100<<10, 1)), field(8, []byte("t1")), varint(2, 2), field(9, []byte{1, 2, 3}))
+	t2 := tensor(field(9, []byte{4}), field(8, []byte("t2")), field(9, filled(90<<10, 2)), varint(1, 5), varint(1, 6))
+	t3 := tensor(field(8, []byte("t3")), field(9, []byte{}), protowire.AppendFixed32(protowire.AppendTag(nil, 77, protowire.Fixed32Type), 9),
+		protowire.AppendFixed64(protowire.AppendTag(nil, 78, protowire.Fixed64Type), 10), varint(8, 3))
+	g1 := tensor(node("A"), field(5, t1), node("B"), field(5, t3), field(2, []byte("g")), field(5, t2), field(1000, filled(70<<10, 3)))
+	g2 := tensor(field(2, []byte("g2")), node("C"), field(5, t1))
+	overlong := []byte{0x08, 0x88, 0x80, 0x80, 0x00} // ir_version 8 in five bytes
+	return tensor(field(7, g1), varint(2, 1), overlong, field(7, g2), varint(7, 4), field(8, tensor(varint(2, 18))))
+}
+
+// TestUnmarshalFromMatchesUnmarshal decodes models with unmarshalFrom at
+// several thresholds and compares the result with proto.Unmarshal's.
+func TestUnmarshalFromMatchesUnmarshal(t *testing.T) {
+	inputs := map[string][]byte{"non-canonical": nonCanonical()}
+	for name, mp := range streamModels() {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(mp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inputs[name] = b
+	}
+	for _, dir := range []string{fixtures.Dir(), fixtures.Path("exported")} {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.onnx"))
+		if len(files) == 0 {
+			t.Fatalf("no models in %s", dir)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inputs[f] = b
+		}
+	}
+	defer func(v int) { streamBig = v }(streamBig)
+	for name, b := range inputs {
+		want := &pb.ModelProto{}
+		if err := proto.Unmarshal(b, want); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, big := range []int{64 << 10, 1000, 1, 0} {
+			streamBig = big
+			got := &pb.ModelProto{}
+			if err := unmarshalFrom(bytes.NewReader(b), int64(len(b)), got); err != nil {
+				t.Fatalf("%s (threshold %d): %v", name, big, err)
+			}
+			if !proto.Equal(got, want) {
+				t.Fatalf("%s (threshold %d): decoded model differs from proto.Unmarshal's", name, big)
+			}
+		}
+		if strings.HasSuffix(name, ".onnx") {
+			m, err := Load(name)
+			if err != nil || !proto.Equal(m.Proto, want) {
+				t.Fatalf("%s: Load gives another model than proto.Unmarshal (%v)", name, err)
+			}
+		}
+	}
+}
+
+// TestUnmarshalFromGivesUp checks that malformed or changing input is left
+// to proto.Unmarshal (errNotStreamed), and that Load then reports what
+// reading the file whole and parsing it reports.
+func TestUnmarshalFromGivesUp(t *testing.T) {
+	good, err := proto.MarshalOptions{Deterministic: true}.Marshal(streamModels()["full"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := protowire.AppendTag(nil, 3, protowire.StartGroupType)
+	group = protowire.AppendTag(group, 3, protowire.EndGroupType)
+	cases := map[string]struct {
+		b    []byte
+		size int64
+	}{
+		"truncated in a large field": {good[:len(good)/2], int64(len(good) / 2)},
+		"truncated in a tag":         {append(good[:len(good):len(good)], 0x80), int64(len(good) + 1)},
+		"shorter than its size":      {good, int64(len(good) + 1)},
+		"longer than its size":       {good, int64(len(good) - 1)},
+		"length past the end":        {protowire.AppendVarint(protowire.AppendTag(nil, 7, protowire.BytesType), 1<<40), 11},
+		"field number 0":             {[]byte{0x02, 0x00}, 2},
+		"group":                      {group, int64(len(group))},
+		"invalid wire type":          {[]byte{0x0f}, 1},
+		"bad small field":            {[]byte{0x3a, 0x02, 0x0a, 0x05}, 4}, // a graph whose node overruns it
+	}
+	dir := t.TempDir()
+	for name, c := range cases {
+		if err := unmarshalFrom(bytes.NewReader(c.b), c.size, &pb.ModelProto{}); !errors.Is(err, errNotStreamed) {
+			t.Errorf("%s: %v, want errNotStreamed", name, err)
+		}
+		if int64(len(c.b)) != c.size {
+			continue
+		}
+		path := filepath.Join(dir, "m.onnx")
+		if err := os.WriteFile(path, c.b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, lerr := Load(path)
+		// What Load said before it streamed: the bytes read, then parsed.
+		b, perr := ReadModelBytes(bytes.NewReader(c.b), path)
+		if perr == nil {
+			_, perr = Parse(b, path)
+		}
+		if lerr == nil || perr == nil || lerr.Error() != perr.Error() {
+			t.Errorf("%s: Load says %v, reading and parsing says %v", name, lerr, perr)
+		}
+	}
+}
+
+// FuzzUnmarshalFrom: whatever the bytes, unmarshalFrom (every message and
+// bytes field streamed) either gives up or decodes what proto.Unmarshal
+// decodes, and marshalTo writes back the deterministic encoding.
+func FuzzUnmarshalFrom(f *testing.F) {
+	f.Add(fuzzSeedModel(false))
+	f.Add(fuzzSeedModel(true))
+	f.Add(nonCanonical()[:4000])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		defer func(v int) { streamBig = v }(streamBig)
+		streamBig = 1
+		want := &pb.ModelProto{}
+		werr := proto.Unmarshal(b, want)
+		got := &pb.ModelProto{}
+		err := unmarshalFrom(bytes.NewReader(b), int64(len(b)), got)
+		if err != nil {
+			if !errors.Is(err, errNotStreamed) {
+				t.Fatalf("error %v, want errNotStreamed", err)
+			}
+			return
+		}
+		if werr != nil {
+			t.Fatalf("streamed decoding took what proto.Unmarshal refuses (%v)", werr)
+		}
+		if !proto.Equal(got, want) {
+			t.Fatal("decoded model differs from proto.Unmarshal's")
+		}
+		enc, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)
+		if err != nil {
+			return
+		}
+		var buf bytes.Buffer
+		if err := marshalTo(&buf, want, proto.Size(want)); err != nil || !bytes.Equal(buf.Bytes(), enc) {
+			t.Fatalf("marshalTo: %v, or bytes differ from the deterministic encoding", err)
+		}
+	})
 }
