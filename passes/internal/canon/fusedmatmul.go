@@ -49,18 +49,12 @@ var FusedMatMul = Rule{
 			w.Replace(n, nodes...)
 			return true, nil
 		}
-		dt := w.ElemType(n.Input[0])
-		if dt == 0 {
-			return false, nil
-		}
-		a, err := w.Scalar(n.GetName()+"/alpha", dt, float64(alpha))
-		if err != nil {
-			return false, nil
-		}
 		t := w.Temp(n, "matmul")
-		nodes = append(nodes,
-			w.Node("MatMul", "", n.GetName()+"/MatMul", ins, []string{t}),
-			w.Node("Mul", "", n.GetName()+"/Mul_alpha", []string{t, a}, n.Output))
+		scale, ok := w.Scale(n, n.Input[0], t, n.Output[0], float64(alpha), "alpha")
+		if !ok {
+			return false, nil
+		}
+		nodes = append(nodes, w.Node("MatMul", "", n.GetName()+"/MatMul", ins, []string{t}), scale)
 		w.Replace(n, nodes...)
 		return true, nil
 	},

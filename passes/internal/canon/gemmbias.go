@@ -32,16 +32,12 @@ var GemmComputedBias = Rule{
 		}
 		var nodes []*pb.NodeProto
 		if beta := graph.AttrFloat(n, "beta", 1); beta != 1 {
-			dt := w.ElemType(c)
-			if dt == 0 {
-				return false, nil
-			}
-			b, err := w.Scalar(n.GetName()+"/beta", dt, float64(beta))
-			if err != nil {
-				return false, nil
-			}
 			scaled := w.Temp(n, "scaled_c")
-			nodes = append(nodes, w.Node("Mul", "", n.GetName()+"/Mul_beta", []string{c, b}, []string{scaled}))
+			scale, ok := w.Scale(n, c, c, scaled, float64(beta), "beta")
+			if !ok {
+				return false, nil
+			}
+			nodes = append(nodes, scale)
 			c = scaled
 		}
 		g := w.Temp(n, "gemm")

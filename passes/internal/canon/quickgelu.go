@@ -23,16 +23,12 @@ var QuickGelu = Rule{
 		in := x
 		var nodes []*pb.NodeProto
 		if alpha != 1 {
-			dt := w.ElemType(x)
-			if dt == 0 {
-				return false, nil
-			}
-			a, err := w.Scalar(n.GetName()+"/alpha", dt, float64(alpha))
-			if err != nil {
-				return false, nil
-			}
 			in = w.Temp(n, "scaled")
-			nodes = append(nodes, w.Node("Mul", "", n.GetName()+"/Mul_alpha", []string{x, a}, []string{in}))
+			scale, ok := w.Scale(n, x, x, in, float64(alpha), "alpha")
+			if !ok {
+				return false, nil
+			}
+			nodes = append(nodes, scale)
 		}
 		sig := w.Temp(n, "sigmoid")
 		nodes = append(nodes,

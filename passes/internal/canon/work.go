@@ -425,6 +425,21 @@ func (w *Work) Scalar(prefix string, dt int32, v float64) (string, error) {
 	return w.AddConst(w.NewName(prefix), t)
 }
 
+// Scale returns a Mul node named from n computing out = x·v, v a new
+// scalar constant of like's element type (what names both), or false when
+// that type is unknown or not a float type; nothing is added then.
+func (w *Work) Scale(n *pb.NodeProto, like, x, out string, v float64, what string) (*pb.NodeProto, bool) {
+	dt := w.ElemType(like)
+	if dt == 0 {
+		return nil, false
+	}
+	s, err := w.Scalar(n.GetName()+"/"+what, dt, v)
+	if err != nil {
+		return nil, false
+	}
+	return w.Node("Mul", "", n.GetName()+"/Mul_"+what, []string{x, s}, []string{out}), true
+}
+
 // Node builds a node named from prefix (made unique).
 func (w *Work) Node(op, domain, prefix string, in, out []string, attrs ...*pb.AttributeProto) *pb.NodeProto {
 	return graph.NewNode(op, domain, w.NewName(prefix), in, out, attrs...)
