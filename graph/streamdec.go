@@ -24,7 +24,8 @@ var errNotStreamed = errors.New("not decoded as a stream")
 // (merged, in file order) together. Anything it does not expect, and any
 // read error, returns errNotStreamed, its only error.
 func unmarshalFrom(r io.Reader, size int64, m proto.Message) error {
-	d := &streamDec{r: bufio.NewReaderSize(r, 1<<20)}
+	// A large payload is read past the buffer, straight into its slice.
+	d := &streamDec{r: bufio.NewReaderSize(r, 64<<10)}
 	if err := d.message(m.ProtoReflect(), size, 0); err != nil {
 		return err
 	}
