@@ -2,7 +2,6 @@ package canon
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -456,137 +455,41 @@ func (w *Work) Temp(n *pb.NodeProto, what string) string {
 
 // Rank returns v's rank when its type declares a shape (symbolic
 // dimensions allowed), when v is a constant, or when it follows from the
-// ranks of its producer's inputs (see inferRank).
-func (w *Work) Rank(v string) (int, bool) { return w.inferRank(v, 0) }
-
-// inferRank follows producers back (a few steps) to v's rank.
-func (w *Work) inferRank(v string, depth int) (int, bool) {
+// ranks of its producer's inputs (graph.InferRank). Ranks found are kept: a
+// value keeps its rank under every rule.
+func (w *Work) Rank(v string) (int, bool) {
 	if r, ok := w.ranks[v]; ok {
 		return r, true
 	}
-	r, ok := w.rankOf(v, depth)
-	if ok && w.ranks != nil {
-		w.ranks[v] = r
+	memo := map[string]int{}
+	r, ok := graph.InferRank(workRanks{w}, v, memo)
+	for k, x := range memo {
+		if x >= 0 {
+			w.ranks[k] = x
+		}
 	}
 	return r, ok
 }
 
-// rankOf is inferRank without the cache.
-func (w *Work) rankOf(v string, depth int) (int, bool) {
-	if c, ok := w.Const(v); ok {
+// workRanks answers graph.InferRank from a Work.
+type workRanks struct{ w *Work }
+
+func (s workRanks) Producer(v string) *pb.NodeProto { return s.w.Producer(v) }
+
+func (s workRanks) KnownRank(v string) (int, bool) {
+	if r, ok := s.w.ranks[v]; ok {
+		return r, true
+	}
+	if c, ok := s.w.Const(v); ok {
 		return len(c.Shape), true
 	}
-	if t := w.Type(v); t != nil && t.GetShape() != nil {
+	if t := s.w.Type(v); t != nil && t.GetShape() != nil {
 		return len(t.GetShape().GetDim()), true
-	}
-	p := w.Producer(v)
-	if p == nil || depth > 32 || p.GetDomain() != "" || len(p.Input) == 0 || (v != p.Output[0] && p.GetOpType() != "Split" && p.GetOpType() != "TopK") {
-		return 0, false
-	}
-	in := func(i int) (int, bool) {
-		if i >= len(p.Input) || p.Input[i] == "" {
-			return 0, false
-		}
-		return w.inferRank(p.Input[i], depth+1)
-	}
-	switch op := p.GetOpType(); op {
-	case "Gemm", "Flatten", "NonZero":
-		return 2, true
-	case "Shape", "Range":
-		return 1, true
-	case "Size":
-		return 0, true
-	case "OneHot":
-		r, ok := in(0)
-		return r + 1, ok
-	case "ArgMax", "ArgMin":
-		r, ok := in(0)
-		if graph.AttrInt(p, "keepdims", 1) == 0 {
-			r--
-		}
-		return r, ok
-	case "Expand":
-		// the larger of the input's rank and the target shape's length
-		r, ok := in(0)
-		if !ok {
-			return 0, false
-		}
-		if s, ok := w.ConstInts(inputOr(p, 1)); ok {
-			return max(r, len(s)), true
-		}
-		if sp := w.Producer(inputOr(p, 1)); sp != nil && sp.GetOpType() == "Shape" && sp.GetDomain() == "" &&
-			graph.Attr(sp, "start") == nil && graph.Attr(sp, "end") == nil && len(sp.Input) == 1 {
-			q, ok := w.inferRank(sp.Input[0], depth+1)
-			return max(r, q), ok
-		}
-		return 0, false
-	case "Reshape":
-		if s, ok := w.ConstInts(p.Input[1]); ok {
-			return len(s), true
-		}
-	case "Unsqueeze", "Squeeze":
-		r, ok := in(0)
-		if !ok {
-			return 0, false
-		}
-		axes := graph.AttrInts(p, "axes")
-		if graph.Attr(p, "axes") == nil {
-			a, ok := w.ConstInts(inputOr(p, 1))
-			if !ok {
-				return 0, false
-			}
-			axes = a
-		}
-		if op == "Unsqueeze" {
-			return r + len(axes), true
-		}
-		return r - len(axes), true
-	case "Gather":
-		r, ok1 := in(0)
-		q, ok2 := in(1)
-		return r - 1 + q, ok1 && ok2
-	case "MatMul":
-		a, ok1 := in(0)
-		b, ok2 := in(1)
-		if !ok1 || !ok2 || a < 2 || b < 2 {
-			return 0, false
-		}
-		return max(a, b), true
-	case "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Sum", "Mean", "Equal", "Less", "Greater",
-		"LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor":
-		best := 0
-		for i := range p.Input {
-			r, ok := in(i)
-			if !ok {
-				return 0, false
-			}
-			best = max(best, r)
-		}
-		return best, true
-	case "Softmax", "LogSoftmax", "Sigmoid", "Relu", "Tanh", "Exp", "Neg", "Abs", "Erf", "Sqrt", "Cast", "Identity",
-		"Transpose", "Slice", "Concat", "Split", "Clip", "LeakyRelu", "Dropout", "CastLike", "Tile", "TopK",
-		"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Not", "IsNaN", "Floor", "Ceil", "Round", "Reciprocal", "Log",
-		"ScatterElements", "ScatterND", "GatherElements", "CumSum", "Softplus", "HardSigmoid", "Elu", "Gelu":
-		if strings.HasPrefix(op, "Reduce") && graph.AttrInt(p, "keepdims", 1) == 0 {
-			r, ok := in(0)
-			axes, known := graph.AttrInts(p, "axes"), true
-			if graph.Attr(p, "axes") == nil && inputOr(p, 1) != "" {
-				axes, known = w.ConstInts(p.Input[1])
-			}
-			switch {
-			case !ok || !known:
-				return 0, false
-			case len(axes) > 0:
-				return r - len(axes), true
-			case graph.AttrInt(p, "noop_with_empty_axes", 0) == 1:
-				return r, true
-			}
-			return 0, true
-		}
-		return in(0)
 	}
 	return 0, false
 }
+
+func (s workRanks) ConstInts(v string) ([]int64, bool) { return s.w.ConstInts(v) }
 
 func inputOr(n *pb.NodeProto, i int) string {
 	if i < len(n.Input) {
