@@ -407,3 +407,41 @@ func FuzzUnmarshalFrom(f *testing.F) {
 		}
 	})
 }
+
+// nested is a model whose graphs nest through If-like attributes until
+// levels messages are nested below the ModelProto.
+func nested(levels int) []byte {
+	field := func(num protowire.Number, b []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), b)
+	}
+	var b []byte // the innermost message, empty
+	// Below the model: graph, node, attribute, graph, node, ... (the
+	// field that holds each level in the one above it).
+	holder := []protowire.Number{1, 5, 6} // node in graph, attribute in node, graph in attribute
+	for level := levels; level > 1; level-- {
+		b = field(holder[(level-2)%3], b)
+	}
+	return field(7, b)
+}
+
+// TestUnmarshalFromNestingLimit: nesting allowed by proto.Unmarshal decodes
+// alike, nesting beyond its limit is left to it, at every threshold.
+func TestUnmarshalFromNestingLimit(t *testing.T) {
+	defer func(v int) { streamBig = v }(streamBig)
+	for _, levels := range []int{protowire.DefaultRecursionLimit - 1, protowire.DefaultRecursionLimit, protowire.DefaultRecursionLimit + 5} {
+		b := nested(levels)
+		want := &pb.ModelProto{}
+		werr := proto.Unmarshal(b, want)
+		for _, big := range []int{64 << 10, 1000, 0} {
+			streamBig = big
+			got := &pb.ModelProto{}
+			err := unmarshalFrom(bytes.NewReader(b), int64(len(b)), got)
+			switch {
+			case werr != nil && !errors.Is(err, errNotStreamed):
+				t.Errorf("%d levels (threshold %d): proto.Unmarshal says %v, unmarshalFrom %v", levels, big, werr, err)
+			case werr == nil && (err != nil || !proto.Equal(got, want)):
+				t.Errorf("%d levels (threshold %d): %v, or another model than proto.Unmarshal's", levels, big, err)
+			}
+		}
+	}
+}

@@ -83,6 +83,9 @@ func (d *streamDec) read(b []byte, k int) ([]byte, error) {
 // message decodes the next n bytes, the fields of m, into m. depth indexes
 // the pending buffer of this level.
 func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
+	if depth >= protowire.DefaultRecursionLimit {
+		return errNotStreamed // proto.Unmarshal says it is nested too deeply
+	}
 	if len(d.pend) <= depth {
 		d.pend = append(d.pend, nil)
 	}
@@ -92,7 +95,9 @@ func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
 		if len(pend) == 0 {
 			return nil
 		}
-		err := proto.UnmarshalOptions{Merge: true}.Unmarshal(pend, m.Interface())
+		// Nested as deeply as proto.Unmarshal allows from the top.
+		opts := proto.UnmarshalOptions{Merge: true, RecursionLimit: protowire.DefaultRecursionLimit - depth}
+		err := opts.Unmarshal(pend, m.Interface())
 		pend = pend[:0]
 		if err != nil {
 			return errNotStreamed
