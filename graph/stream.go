@@ -26,10 +26,12 @@ const streamFlush = 1 << 20
 // from the message's own slices and only the small parts around them are
 // encoded, through a reused buffer. Like that marshaller it emits the known
 // fields of each message in field-number order (those of a oneof last)
-// followed by its unknown fields (the ONNX messages have no extensions). size is proto.Size(m),
-// just computed (its cached sizes are reused); the bytes written must add
-// up to it, or an error is returned. Large payloads are written in pieces
-// of at most 4 MiB so that a context-checking w notices a cancellation.
+// followed by its unknown fields (the ONNX messages have no extensions).
+// size is proto.Size(m), just computed: the sizes that call cached in every
+// message are reused, so nothing may change m in between. The bytes written
+// must add up to size, or an error is returned. Large payloads are written
+// in pieces of at most 4 MiB so that a context-checking w notices a
+// cancellation.
 func marshalTo(w io.Writer, m proto.Message, size int) error {
 	e := &streamEnc{w: w}
 	if err := e.message(m.ProtoReflect()); err != nil {
@@ -154,7 +156,7 @@ func (e *streamEnc) message(m protoreflect.Message) error {
 		case fd.IsList():
 			big = fd.Kind() == protoreflect.MessageKind
 		case fd.Kind() == protoreflect.MessageKind:
-			size = proto.Size(v.Message().Interface())
+			size = cachedOpts.Size(v.Message().Interface())
 			big = size >= streamBig
 		case fd.Kind() == protoreflect.BytesKind:
 			big = len(v.Bytes()) >= streamBig
@@ -176,7 +178,7 @@ func (e *streamEnc) message(m protoreflect.Message) error {
 			l := v.List()
 			for i := range l.Len() {
 				el := l.Get(i).Message()
-				if err = e.element(fd.Number(), el, proto.Size(el.Interface())); err != nil {
+				if err = e.element(fd.Number(), el, cachedOpts.Size(el.Interface())); err != nil {
 					break
 				}
 			}
@@ -202,7 +204,7 @@ func (e *streamEnc) message(m protoreflect.Message) error {
 }
 
 // element encodes a length-delimited message field of sz bytes (its
-// proto.Size, just computed): whole when small, field by field when large.
+// cached size): whole when small, field by field when large.
 func (e *streamEnc) element(num protowire.Number, m protoreflect.Message, sz int) error {
 	e.buf = protowire.AppendTag(e.buf, num, protowire.BytesType)
 	e.buf = protowire.AppendVarint(e.buf, uint64(sz))
