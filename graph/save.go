@@ -2,7 +2,6 @@ package graph
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -445,24 +444,49 @@ func (m *Model) altDataName(dir, name string, sides map[FileID]string) string {
 
 // saveStream writes the model as one self-contained stream (Encode) to a
 // character device or named pipe, opened for writing without creating or
-// truncating anything.
+// truncating anything. The stream is opened when Encode writes its first
+// byte, after every check that can refuse the model: a refused model never
+// opens it (a FIFO's reader sees no writer), and the encoding is never
+// held in memory.
 func (m *Model) saveStream(path string, opt SaveOptions) error {
 	if t := m.FirstExternal(); t != nil && opt.External != ExternalInline {
 		return m.Encode(io.Discard, opt) // the ErrNeedsSideFile error
 	}
-	var buf bytes.Buffer
-	if err := m.Encode(&buf, opt); err != nil {
+	w := &openOnWrite{path: path}
+	err := m.Encode(w, opt)
+	if w.f == nil && err == nil {
+		_, err = w.Write(nil) // nothing to write: open it all the same
+	}
+	if w.f == nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if cerr := w.f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("writing %s: %w", path, cerr)
+	}
+	return err
+}
+
+// openOnWrite opens path for writing (without creating or truncating it)
+// at the first Write.
+type openOnWrite struct {
+	path string
+	f    *os.File
+}
+
+// Write opens the file if it is not open yet and writes p to it.
+func (o *openOnWrite) Write(p []byte) (int, error) {
+	if o.f == nil {
+		f, err := os.OpenFile(o.path, os.O_WRONLY, 0)
+		if err != nil {
+			return 0, fmt.Errorf("cannot write %s: %w", o.path, err)
+		}
+		o.f = f
+	}
+	n, err := o.f.Write(p)
 	if err != nil {
-		return fmt.Errorf("cannot write %s: %w", path, err)
+		err = fmt.Errorf("writing %s: %w", o.path, err)
 	}
-	if _, err := f.Write(buf.Bytes()); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return f.Close()
+	return n, err
 }
 
 // SameFileError is returned when an output would replace a file the

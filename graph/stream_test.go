@@ -3,10 +3,13 @@ package graph
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/internal/fixtures"
@@ -443,5 +446,60 @@ func TestUnmarshalFromNestingLimit(t *testing.T) {
 				t.Errorf("%d levels (threshold %d): %v, or another model than proto.Unmarshal's", levels, big, err)
 			}
 		}
+	}
+}
+
+// TestSaveToFIFO: a model saved to a named pipe streams to its reader
+// byte for byte as the deterministic marshaller encodes it; a save that
+// fails before its first byte never opens the pipe (a writer's open would
+// wait for a reader: the test would time out).
+func TestSaveToFIFO(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "out")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skip(err)
+	}
+	mp := streamModels()["one big"]
+	mp.IrVersion, mp.OpsetImport = proto.Int64(10), []*pb.OperatorSetIdProto{{Version: proto.Int64(18)}}
+	mp.Graph.Output = []*pb.ValueInfoProto{{Name: proto.String("w")}}
+	want, err := proto.MarshalOptions{Deterministic: true}.Marshal(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Model{Proto: mp, Path: "mem", Dir: "."}
+	m.ext = newExternalStore(".", "mem")
+	got := make(chan []byte, 1)
+	go func() {
+		f, err := os.Open(fifo)
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer f.Close()
+		b, _ := io.ReadAll(f)
+		got <- b
+	}()
+	if err := m.Save(fifo, SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("the pipe's reader got %d bytes, want the %d-byte deterministic encoding", len(b), len(want))
+	}
+	// A deferred tensor whose producer fails fails the save after the
+	// checks, while the tensors are gathered, before anything is written.
+	bad, w := deferredModel(16, nil)
+	errProducer := errors.New("producer failed")
+	bad.SetDeferred(w, DeferredData{Size: 64, Write: func(io.Writer) error { return errProducer }})
+	done := make(chan error, 1)
+	go func() { done <- bad.Save(fifo, SaveOptions{}) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errProducer) {
+			t.Fatalf("saving to a pipe with a failing producer: %v, want the producer's error", err)
+		}
+	case <-time.After(10 * time.Second):
+		f, _ := os.Open(fifo) // let the blocked open go
+		f.Close()
+		t.Fatal("saving an invalid model opened the pipe")
 	}
 }
