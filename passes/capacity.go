@@ -186,7 +186,7 @@ func (c *ctx) routerLinear(v string) *pb.NodeProto {
 			}
 			return nil
 		case "Softmax", "LogSoftmax", "Sigmoid", "Exp", "Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten",
-			"Transpose", "Add", "Sub", "Mul", "Div", "Where", "Neg", "Tanh", "Clip", "Max", "Min", "DequantizeLinear":
+			"Transpose", "Add", "Sub", "Mul", "Div", "Where", "Neg", "Tanh", "Clip", "Max", "Min", "DequantizeLinear", "QuantizeLinear":
 			for _, in := range p.Input {
 				if r := walk(in, depth+1); r != nil {
 					return r

@@ -203,6 +203,54 @@ func TestQuantizedBlocksRefused(t *testing.T) {
 // checkQuantNearMiss checks that an int8 near-miss says so and names a
 // selection (a TopK, or the ArgMax of a top-1 router) and integer linears of
 // m.
+// TestQDQBlocksRefused: exports quantized statically into the QDQ form
+// (integer weights and activations dequantized around float linears) are
+// never fused nor silently passed over: each block is one quantized
+// near-miss at its selection, naming the router linear and the
+// DequantizeLinear of its integer weight, and Rewrite refuses.
+func TestQDQBlocksRefused(t *testing.T) {
+	cases := manifestCases(t, "int8_qdq")
+	if len(cases) < 3 {
+		t.Fatalf("%d QDQ cases in the manifest, want at least 3", len(cases))
+	}
+	named := regexp.MustCompile(`router linear is (Gemm|MatMul) "([^"]+)" \(weight "([^"]+)" int8 \[[0-9 ]+\] through DequantizeLinear "([^"]+)"\)`)
+	for _, pc := range cases {
+		t.Run(pc.Name, func(t *testing.T) {
+			m, err := graph.Load(filepath.Join(refusalDir, pc.Name+".onnx"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			d, err := Detect(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nm := classNearMiss(d.NearMiss, ClassQuantized)
+			if len(d.Blocks) != 0 || len(nm) != max(1, pc.Expected.Blocks) {
+				t.Fatalf("%d blocks, quantized near-misses %+v (all %+v)", len(d.Blocks), nm, d.NearMiss)
+			}
+			n := nm[0]
+			if !strings.Contains(n.Reason, "QDQ quantization") {
+				t.Fatalf("reason %q", n.Reason)
+			}
+			if tk := nodeByName(m, n.Node); tk == nil || tk.GetOpType() != "TopK" && tk.GetOpType() != "ArgMax" {
+				t.Fatalf("near-miss node %q is not a TopK or ArgMax of the model", n.Node)
+			}
+			mm := named.FindStringSubmatch(n.Reason)
+			if mm == nil {
+				t.Fatalf("reason names no dequantized router weight: %q", n.Reason)
+			}
+			lin, dq := nodeByName(m, mm[2]), nodeByName(m, mm[4])
+			if lin == nil || lin.GetOpType() != mm[1] || dq == nil || dq.GetOpType() != "DequantizeLinear" || dq.Input[0] != mm[3] {
+				t.Fatalf("reason names %s %q over %q, not the model's", mm[1], mm[2], mm[4])
+			}
+			if _, err := Rewrite(m, Options{Check: true}); !errors.Is(err, ErrNotFused) || !strings.Contains(err.Error(), "int8-quantized") {
+				t.Fatalf("rewrite: %v", err)
+			}
+		})
+	}
+}
+
 func checkQuantNearMiss(t *testing.T, m *graph.Model, n NearMiss) {
 	t.Helper()
 	quoted := regexp.MustCompile(`(MatMulInteger|MatMulIntegerToFloat|DynamicQuantizeMatMul) "([^"]+)"`)
@@ -236,7 +284,7 @@ func checkQuantNearMiss(t *testing.T, m *graph.Model, n NearMiss) {
 func TestRefusalClassesOnlyWhereDue(t *testing.T) {
 	var files []string
 	for _, pc := range manifestCases(t) {
-		if pc.Class != "capacity" && pc.Class != "int8_dyn" {
+		if pc.Class != "capacity" && pc.Class != "int8_dyn" && pc.Class != "int8_qdq" {
 			files = append(files, filepath.Join(refusalDir, pc.Name+".onnx"))
 		}
 	}
@@ -376,7 +424,7 @@ func TestCapacityArithmetic(t *testing.T) {
 // TestRefusalOrderInvariant: the capacity and int8 near-misses (node,
 // reason, class, capacity) do not depend on the order of the graph's nodes.
 func TestRefusalOrderInvariant(t *testing.T) {
-	for _, pc := range manifestCases(t, "capacity", "int8_dyn") {
+	for _, pc := range manifestCases(t, "capacity", "int8_dyn", "int8_qdq") {
 		t.Run(pc.Name, func(t *testing.T) {
 			f := filepath.Join(refusalDir, pc.Name+".onnx")
 			raw, err := os.ReadFile(f)

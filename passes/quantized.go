@@ -28,10 +28,19 @@ type quantFinding struct {
 }
 
 // quantizedLinears returns, by position, whether a node is an integer
-// linear with a constant weight; nil when the graph has none.
+// linear with a constant weight, or a float linear whose weight is an
+// integer constant dequantized (the QDQ form static quantization writes);
+// nil when the graph has none.
 func (c *ctx) quantizedLinears() []bool {
 	var at []bool
 	for p, n := range c.topo {
+		if op := n.GetOpType(); (op == "MatMul" || op == "Gemm") && c.dequantizedWeight(n) != nil {
+			if at == nil {
+				at = make([]bool, len(c.topo))
+			}
+			at[p] = true
+			continue
+		}
 		if !quantizedLinearOps[n.GetOpType()] || len(n.Input) < 2 {
 			continue
 		}
@@ -68,9 +77,7 @@ const quantWalkBudget = 4096
 // before any expert reads the choice.
 func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool, through bool) quantFinding {
 	var f quantFinding
-	if r := c.routerLinear(tk.Input[0]); r != nil && quantizedLinearOps[r.GetOpType()] {
-		f.router = r
-	}
+	f.router = c.quantizedRouter(tk, qat)
 	seen := map[*pb.NodeProto]bool{}
 	queue := slices.Clone(tk.Output)
 	visited := 0
@@ -112,6 +119,77 @@ func (c *ctx) quantizedAround(tk *pb.NodeProto, qat []bool, through bool) quantF
 	return f
 }
 
+// dequantizedWeight returns the DequantizeLinear that gives float linear n
+// one of its operands from an integer constant, or from a QuantizeLinear
+// of a float value (through transposes, reshapes, casts, and the gathers
+// of per-expert slices), or nil.
+func (c *ctx) dequantizedWeight(n *pb.NodeProto) *pb.NodeProto {
+	var pair *pb.NodeProto
+	for _, v := range n.Input[:min(2, len(n.Input))] {
+		dq := c.dequantizedAt(v)
+		if dq == nil {
+			continue
+		}
+		if t := c.g.Initializer(dq.Input[0]); t != nil {
+			return dq // an integer weight: the operand to name
+		}
+		if pair == nil {
+			pair = dq
+		}
+	}
+	return pair
+}
+
+// dequantizedAt returns the DequantizeLinear behind v (see
+// dequantizedWeight), or nil.
+func (c *ctx) dequantizedAt(v string) *pb.NodeProto {
+	for range 6 {
+		p := c.g.Producer(v)
+		if p == nil || len(p.Input) == 0 {
+			return nil
+		}
+		switch p.GetOpType() {
+		case "DequantizeLinear":
+			if t := c.g.Initializer(p.Input[0]); t != nil && isIntegerType(graph.DataType(t)) {
+				return p
+			}
+			if q := c.g.Producer(p.Input[0]); q != nil && q.GetOpType() == "QuantizeLinear" {
+				return p // an operand rounded to integers and back
+			}
+			return nil
+		case "Transpose", "Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Gather", "GatherND":
+			v = p.Input[0]
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// isIntegerType reports whether dt is an integer element type (what
+// quantized weights are stored as).
+func isIntegerType(dt pb.TensorProto_DataType) bool {
+	switch dt {
+	case pb.TensorProto_INT8, pb.TensorProto_UINT8, pb.TensorProto_INT16, pb.TensorProto_UINT16,
+		pb.TensorProto_INT4, pb.TensorProto_UINT4, pb.TensorProto_INT32:
+		return true
+	}
+	return false
+}
+
+// quantizedRouter returns the router linear of selection tk when it is
+// quantized (qat marks it), or nil.
+func (c *ctx) quantizedRouter(tk *pb.NodeProto, qat []bool) *pb.NodeProto {
+	r := c.routerLinear(tk.Input[0])
+	if r == nil {
+		return nil
+	}
+	if p, ok := c.posOf(r); ok && qat[p] {
+		return r
+	}
+	return nil
+}
+
 // storedWeight reports whether v is a linear's weight read from an
 // initializer: through transposes, casts, reshapes, a dequantization, or a
 // Gather of one expert's slice from stacked weights (by a computed index,
@@ -147,6 +225,7 @@ func (c *ctx) refuseQuantized(det *Detection) {
 		return
 	}
 	found := map[*pb.NodeProto]*Block{}
+	reported := map[*pb.NodeProto]bool{} // quantized expert linears named by a refusal
 	for _, b := range det.Blocks {
 		if b.TopK != nil {
 			found[b.TopK] = b
@@ -161,9 +240,7 @@ func (c *ctx) refuseQuantized(det *Detection) {
 		if b := found[tk]; b != nil {
 			// a float block was read: refuse it only if its own region
 			// computes with integer linears (its router or experts)
-			if r := c.routerLinear(tk.Input[0]); r != nil && quantizedLinearOps[r.GetOpType()] {
-				f.router = r
-			}
+			f.router = c.quantizedRouter(tk, qat)
 			for _, n := range b.Region {
 				if p, ok := c.posOf(n); ok && qat[p] && n != f.router {
 					f.experts = append(f.experts, n)
@@ -177,6 +254,12 @@ func (c *ctx) refuseQuantized(det *Detection) {
 		}
 		if f.router == nil && len(f.experts) == 0 {
 			continue
+		}
+		if f.router == nil && !slices.ContainsFunc(f.experts, func(n *pb.NodeProto) bool { return !reported[n] }) {
+			continue // a second selection of a block reported already (sparsemixer's second ArgMax)
+		}
+		for _, n := range f.experts {
+			reported[n] = true
 		}
 		// the float linears are the block's too: what was said of them
 		// (no router found for them, say) gives way to this refusal
@@ -216,6 +299,8 @@ func (c *ctx) quantReason(f quantFinding) string {
 		}
 		if p := c.producerOp(n.Input[0]); n.GetOpType() == "DynamicQuantizeMatMul" || p != nil && p.GetOpType() == "DynamicQuantizeLinear" {
 			how = "dynamic quantization"
+		} else if !quantizedLinearOps[n.GetOpType()] && how == "quantization" {
+			how = "QDQ quantization: integer weights and activations dequantized around float linears"
 		}
 	}
 	return "int8-quantized MoE block (" + how + "): " + strings.Join(parts, "; ") +
@@ -226,6 +311,12 @@ func (c *ctx) quantReason(f quantFinding) string {
 // DynamicQuantizeLinear feeding it.
 func (c *ctx) describeQuant(n *pb.NodeProto) string {
 	s := fmt.Sprintf("%s %q", n.GetOpType(), graph.NodeLabel(n))
+	if dq := c.dequantizedWeight(n); dq != nil && !quantizedLinearOps[n.GetOpType()] {
+		if t := c.g.Initializer(dq.Input[0]); t != nil {
+			return s + fmt.Sprintf(" (weight %q %s %v through DequantizeLinear %q)", t.GetName(), strings.ToLower(graph.DataType(t).String()), t.GetDims(), graph.NodeLabel(dq))
+		}
+		return s + fmt.Sprintf(" (an operand through QuantizeLinear and DequantizeLinear %q)", graph.NodeLabel(dq))
+	}
 	w := 1
 	if n.GetOpType() == "QLinearMatMul" || n.GetOpType() == "QGemm" {
 		w = 3

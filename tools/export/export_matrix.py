@@ -21,6 +21,11 @@ Producers per family:
   full_dyn      a 2-layer decoder (input_ids -> logits) through dynamo
   full_ortext   full_dyn, then ORT_ENABLE_EXTENDED
   full_raw      a 2-layer decoder through dynamo, optimize=False
+  ortbasic_ts   ORT_ENABLE_BASIC offline optimization of ts
+  osopt_ts      onnxscript.optimizer.optimize of ts (constant folding, dead code, its rewrite rules)
+  fp16_ts       onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True) of ts
+  qdq_dyn       onnxruntime.quantization.quantize_static (QDQ, int8) of dyn, calibrated on the
+                golden inputs                                        (expected: refused)
 MATRIX_PRODUCERS picks some (comma-separated; default: the first nine).
 
 usage: python3 export_matrix.py OUTDIR [family ...]
@@ -111,7 +116,7 @@ def main():
             name = f"m_{prod}_{fam}"
             t0 = time.time()
             try:
-                exporter = "dynamo" if prod in ("dyn", "dynraw", "ortall_dyn", "ortext_dyn", "int8pc_dyn") else "torchscript"
+                exporter = "dynamo" if prod in ("dyn", "dynraw", "ortall_dyn", "ortext_dyn", "int8pc_dyn", "qdq_dyn") else "torchscript"
                 impl_first = exporter == "dynamo"
 
                 def build(impl):
@@ -130,7 +135,8 @@ def main():
                                                                  if type(x).__module__.startswith("transformers")}
                         if prod == "dynraw":
                             kw["optimize"] = False
-                        if prod in ("ortext_ts", "ortall_dyn", "int8_ts", "ortext_dyn", "ortall_ts", "int8pc_dyn"):
+                        if prod in ("ortext_ts", "ortall_dyn", "int8_ts", "ortext_dyn", "ortall_ts", "int8pc_dyn",
+                                    "ortbasic_ts", "osopt_ts", "fp16_ts", "qdq_dyn"):
                             src = f"_src_{name}"
                         if prod == "symbolic":
                             kw["dynamic_axes"] = {"hidden_states": {0: "batch", 1: "sequence"}, "moe_out": {0: "batch", 1: "sequence"}}
@@ -142,10 +148,11 @@ def main():
                 out = os.path.join(ep.OUT, name + ".onnx")
                 srcp = os.path.join(ep.OUT, f"_src_{name}.onnx")
                 verdict = {"verdict": "fuse", "E": E, "k": kx}
-                if prod in ("ortext_ts", "ortall_dyn", "ortext_dyn", "ortall_ts"):
+                if prod in ("ortext_ts", "ortall_dyn", "ortext_dyn", "ortall_ts", "ortbasic_ts"):
                     so = ort.SessionOptions()
-                    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if prod.startswith("ortext")
-                                                   else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+                    so.graph_optimization_level = {"ortext": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                                   "ortall": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                                   "ortbas": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC}[prod[:6]]
                     so.optimized_model_filepath = out
                     ort.InferenceSession(srcp, so, providers=["CPUExecutionProvider"])
                     call += f"; then ORT offline optimization ({prod}) to '{name}.onnx'"
@@ -157,9 +164,32 @@ def main():
                     quantize_dynamic(srcp, out, per_channel=prod == "int8pc_dyn")
                     call += f"; value_info cleared; then quantize_dynamic(that, '{name}.onnx', per_channel={prod == 'int8pc_dyn'})"
                     verdict = {"verdict": "refuse", "reason": "int8-quantized"}
+                elif prod == "osopt_ts":
+                    import onnxscript.optimizer
+                    onnx.save(onnxscript.optimizer.optimize(onnx.load(srcp)), out)
+                    call += f"; then onnxscript.optimizer.optimize to '{name}.onnx'"
+                elif prod == "fp16_ts":
+                    from onnxruntime.transformers.float16 import convert_float_to_float16
+                    onnx.save(convert_float_to_float16(onnx.load(srcp), keep_io_types=True), out)
+                    call += f"; then convert_float_to_float16(keep_io_types=True) to '{name}.onnx'"
+                elif prod == "qdq_dyn":
+                    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+                    class Reader(CalibrationDataReader):
+                        def __init__(s):
+                            s.it = iter([{"hidden_states": x.numpy()} for x in xs])
+
+                        def get_next(s):
+                            return next(s.it, None)
+                    m0 = onnx.load(srcp)
+                    del m0.graph.value_info[:]
+                    onnx.save(m0, srcp)
+                    quantize_static(srcp, out, Reader(), quant_format=QuantFormat.QDQ)
+                    call += f"; value_info cleared; then quantize_static(QDQ, calibrated on the inputs) to '{name}.onnx'"
+                    verdict = {"verdict": "refuse", "reason": "int8-quantized"}
                 if os.path.exists(srcp):
                     os.remove(srcp)
-                ref = ep.run_ref(mod, xs) if not prod.startswith("int8") else None
+                ref = ep.run_ref(mod, xs) if not prod.startswith(("int8", "qdq", "fp16")) else None
                 ep.finish(name, prod, fam, dict(H=H, E=E, k=kx, MI=MI, I=I, T=T), call, verdict,
                           [[x.numpy()] for x in xs], ref=ref, extra={"s": round(time.time() - t0, 1)})
             except Exception as ex:  # noqa: BLE001
