@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/internal/fixtures"
+	"google.golang.org/protobuf/proto"
 )
 
 // fixtureDir holds the exported MoE fixtures (testdata/fixtures).
@@ -28,6 +29,22 @@ func roundTrip(t *testing.T, path string) {
 	}
 	if !bytes.Equal(b, out) {
 		t.Errorf("%s: re-encoded bytes differ (%d vs %d bytes)", path, len(b), len(out))
+	}
+	// Load's streaming decoder and Save's streaming encoder, every message
+	// and bytes field streamed.
+	defer func(v int) { streamBig = v }(streamBig)
+	streamBig = 1
+	lm, err := Load(path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	defer lm.Close()
+	if !proto.Equal(lm.Proto, m.Proto) {
+		t.Errorf("%s: Load decodes another model than Parse", path)
+	}
+	var buf bytes.Buffer
+	if err := marshalTo(&buf, lm.Proto, proto.Size(lm.Proto)); err != nil || !bytes.Equal(b, buf.Bytes()) {
+		t.Errorf("%s: streamed encoding differs (%d vs %d bytes; %v)", path, len(b), buf.Len(), err)
 	}
 }
 
