@@ -628,3 +628,32 @@ func hasOp(m *mokopt.Model, op string) bool {
 	}
 	return false
 }
+
+// TestRunHalfComputeBehindFloatIO: a float16 conversion that keeps float32
+// inputs and outputs computes in float16 inside; its rewrite computes in
+// float32 from the same weights. Run compares both with ONNX Runtime's
+// golden outputs at float16's precision, says so, and fails the rewrite
+// element by element when asked for exact tolerances.
+func TestRunHalfComputeBehindFloatIO(t *testing.T) {
+	const name = "testdata/producers/m_fp16_ts_gpt_oss"
+	ctx := context.Background()
+	fused := load(t, name+".onnx")
+	if _, err := mokopt.Rewrite(ctx, fused, mokopt.RewriteOptions{}); err != nil {
+		t.Fatalf("rewrite: %v", err)
+	}
+	for _, m := range []*mokopt.Model{load(t, name+".onnx"), fused} {
+		rep, err := mokopt.Run(ctx, m, name+"_data", mokopt.DefaultVerifyOptions())
+		if err != nil || !rep.Pass {
+			t.Fatalf("run: %v", err)
+		}
+		if !strings.Contains(strings.Join(rep.Notes, "\n"), "float16 precision") {
+			t.Fatalf("no note on the precision: %q", rep.Notes)
+		}
+	}
+	exact := mokopt.DefaultVerifyOptions()
+	exact.QuantBound = -1
+	var mm *mokopt.MismatchError
+	if _, err := mokopt.Run(ctx, fused, name+"_data", exact); !errors.As(err, &mm) {
+		t.Fatalf("exact run of the float32 rewrite against float16 goldens: %v, want a mismatch", err)
+	}
+}

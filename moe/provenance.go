@@ -20,4 +20,9 @@ type Provenance struct {
 	// TracedExperts is non-zero when the block was restored from a trace
 	// that computed only that many experts.
 	TracedExperts int `json:"traced_experts,omitempty"`
+	// SourceType is the element type the replaced weights were stored in
+	// when that was a half type ("float16" or "bfloat16"): the original
+	// block computed at that precision, and the fused node, which takes
+	// float32 weights, agrees with it to that precision.
+	SourceType string `json:"source_type,omitempty"`
 }

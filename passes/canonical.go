@@ -346,7 +346,7 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	for i := range rep.Fused {
 		f := &rep.Fused[i]
 		b := f.Block
-		prov := Provenance{Node: f.Node, Kind: b.Kind, Nodes: removedNodes[i], Initializers: removedInits[i], Spec: b.Spec, TracedExperts: b.TracedExperts}
+		prov := Provenance{Node: f.Node, Kind: b.Kind, Nodes: removedNodes[i], Initializers: removedInits[i], Spec: b.Spec, TracedExperts: b.TracedExperts, SourceType: sourceType(b)}
 		js, _ := json.Marshal(prov)
 		m.SetMetadata(ProvenanceKey+f.Node, string(js))
 		f.NodesRemoved, f.InitsRemoved = len(removedNodes[i]), len(removedInits[i])

@@ -491,12 +491,13 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	for _, v := range y.F32 {
 		peak = max(peak, math.Abs(float64(v)))
 	}
-	rtol, atol, half := checkTolerance(y.DType, peak)
+	dt := computeType(b, y.DType)
+	rtol, atol, half := checkTolerance(dt, peak)
 	var off, at int
 	var worst float64
 	if half { // skip tokens whose routing a rounded router may flip
 		gaps := moe.RouteGaps(&b.Spec, w, xd, Td)
-		tie := nearTie(y.DType)
+		tie := nearTie(dt)
 		skip := func(t int) bool { return gaps[of[t]] < tie }
 		off, worst, at = tokensOff(expandRows(gd, of, b.Spec.Hidden), y.F32, b.Spec.Hidden, rtol, atol, skip)
 	} else {

@@ -192,10 +192,10 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) error {
 			case "ReduceMax":
 				setTopK(k)
 				ri.groupMax = true
-				readGroups(c.g.Producer(p.Input[0]))
+				readGroups(c.producerPastCasts(p.Input[0]))
 			}
 		}
-		readGroups(c.g.Producer(n.Input[0])) // the inner TopK reads the reshape
+		readGroups(c.producerPastCasts(n.Input[0])) // the inner TopK reads the reshape
 	}
 	if err != nil {
 		return err
@@ -204,6 +204,19 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) error {
 	// is plain top-k routing.
 	if !groupsRead || ri.nGroup < 1 || ri.topkGroup < 1 || ri.topkGroup > ri.nGroup {
 		return fmt.Errorf("group-limited routing: cannot read the number of groups (n_group %d, topk_group %d)", ri.nGroup, ri.topkGroup)
+	}
+	return nil
+}
+
+// producerPastCasts returns the producer of v, looking past Casts (a
+// float16 conversion casts around the ops it keeps in float32), or nil.
+func (c *ctx) producerPastCasts(v string) *pb.NodeProto {
+	for range 8 {
+		p := c.g.Producer(v)
+		if p == nil || p.GetOpType() != "Cast" || len(p.Input) == 0 {
+			return p
+		}
+		v = p.Input[0]
 	}
 	return nil
 }

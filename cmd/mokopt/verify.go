@@ -83,7 +83,7 @@ another bound.`,
 	}
 	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder with input_N.pb files")
 	c.Flags().StringVar(&engine, "engine", "ref", "evaluator: ref (mokopt's reference interpreter) or ort (ONNX Runtime; binaries built with -tags ort)")
-	c.Flags().BoolVar(&elementwise, "elementwise", false, "compare element-wise even when a model holds MXFP8 weights")
+	c.Flags().BoolVar(&elementwise, "elementwise", false, "compare element-wise at --rtol/--atol even when a model holds MXFP8 weights or computes in half precision behind float32 outputs")
 	c.Flags().Float64Var(&quantBound, "quant-bound", 0, "compare each float output by mean relative error and relative L2 error against this bound (default: 0.08 when a model holds MXFP8 weights, else element-wise)")
 	c.Flags().StringVar(&tokens, "tokens", "1,7,64", "token counts for random inputs (dynamic dims only)")
 	c.Flags().Int64Var(&seed, "seed", 1, "seed of the random inputs")
@@ -97,7 +97,7 @@ another bound.`,
 func newRunCmd() *cobra.Command {
 	var data string
 	var rtol, atol float64
-	var asJSON bool
+	var asJSON, elementwise bool
 	memLimit := memLimitAuto
 	c := &cobra.Command{
 		Use:   "run MODEL --data DIR",
@@ -113,11 +113,16 @@ func newRunCmd() *cobra.Command {
 			}
 			defer m.Close()
 			budget := memBudget(memLimit)
-			rep, err := mokopt.Run(c.Context(), m, data, mokopt.VerifyOptions{RTol: rtol, ATol: atol, MemLimit: budget, Progress: newProgress(c)})
+			opt := mokopt.VerifyOptions{RTol: rtol, ATol: atol, MemLimit: budget, Progress: newProgress(c)}
+			if elementwise {
+				opt.QuantBound = -1
+			}
+			rep, err := mokopt.Run(c.Context(), m, data, opt)
 			return reportVerify(c.OutOrStdout(), rep, memLimitError(err, budget, ""), asJSON)
 		},
 	}
 	c.Flags().StringVar(&data, "data", "", "ONNX test_data_set folder")
+	c.Flags().BoolVar(&elementwise, "elementwise", false, "compare at --rtol/--atol even when the model computes in half precision behind float32 outputs")
 	c.Flags().Float64Var(&rtol, "rtol", verify.DefaultRTol, "relative tolerance")
 	c.Flags().Float64Var(&atol, "atol", verify.DefaultATol, "absolute tolerance")
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")

@@ -1,12 +1,15 @@
 package verify
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
 )
 
 // DefaultMXFP8Bound is the bound Compare applies, when a model holds MXFP8
@@ -122,4 +125,54 @@ func isFloat(dt pb.TensorProto_DataType) bool {
 		return true
 	}
 	return false
+}
+
+// halfMode settles the precision float outputs are compared at when a
+// model computes in half precision behind float32 inputs and outputs (a
+// float16 conversion that keeps its I/O types): its float16 or bfloat16
+// weights round every step, so outputs are compared at that type's
+// precision, as a half-precision output would be, and a note says so.
+// Exact or a QuantBound other than 0 (statistical, or < 0: element-wise
+// as asked) keeps the given tolerances.
+func halfMode(opt *Options, r *Report, ms ...*graph.Model) {
+	if opt.Exact || opt.QuantBound != 0 {
+		return
+	}
+	for _, m := range ms {
+		if m == nil {
+			continue
+		}
+		if dt, ok := halfWeights(m); ok {
+			opt.halfCompute = dt
+			rel, _ := eval.HalfTolerance(dt)
+			r.Notes = append(r.Notes, fmt.Sprintf("%s computes at %s precision (its weights, or those its fused nodes replaced, are stored so): float outputs are compared at that precision (rtol %g, atol %g of the output's largest magnitude); --elementwise keeps --rtol/--atol", m.Name(), strings.ToLower(dt.String()), rel, rel))
+			return
+		}
+	}
+}
+
+// halfWeights returns the half-precision type of m's float16 or bfloat16
+// initializers, or of the weights its fused nodes replaced (their
+// provenance's source type), bfloat16 when both; false when there are
+// none.
+func halfWeights(m *graph.Model) (pb.TensorProto_DataType, bool) {
+	found := pb.TensorProto_UNDEFINED
+	see := func(dt pb.TensorProto_DataType) {
+		if dt == pb.TensorProto_BFLOAT16 || dt == pb.TensorProto_FLOAT16 && found == pb.TensorProto_UNDEFINED {
+			found = dt
+		}
+	}
+	for _, t := range m.Proto.GetGraph().GetInitializer() {
+		see(graph.DataType(t))
+	}
+	for _, p := range m.Proto.GetMetadataProps() {
+		if !strings.HasPrefix(p.GetKey(), moe.ProvenanceKey) {
+			continue
+		}
+		var prov moe.Provenance
+		if json.Unmarshal([]byte(p.GetValue()), &prov) == nil {
+			see((&moe.Spec{IOType: prov.SourceType}).IOElemType())
+		}
+	}
+	return found, found != pb.TensorProto_UNDEFINED
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
 // SchemaVersion is the version of the Report JSON layout.
@@ -73,6 +74,10 @@ type Options struct {
 	// done so far and the total (two per case for Compare, one for
 	// RunAndCheck).
 	Progress func(done, total int)
+
+	// halfCompute, set by halfMode, is the half type a model computes in
+	// behind float32 outputs (their comparison precision).
+	halfCompute pb.TensorProto_DataType
 }
 
 func (o Options) progress(done, total int) {
@@ -244,6 +249,7 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 	}
 	r := newReport(opt)
 	r.ModelA, r.ModelB, r.Reference = a.Name(), b.Name(), b.Name()
+	halfMode(&opt, r, b, a)
 	quantMode(a, b, &opt, r)
 	sets, err := inputSets(a, opt, r)
 	if err != nil {
@@ -302,6 +308,10 @@ func RunAndCheck(ctx context.Context, m *graph.Model, dataDir string, opt Option
 	}
 	r := newReport(opt)
 	r.ModelA, r.Reference, r.Inputs = m.Name(), dataDir, "data"
+	halfMode(&opt, r, m)
+	if opt.QuantBound < 0 {
+		opt.QuantBound = 0 // element-wise, as asked
+	}
 	dirs, err := dataSetDirs(dataDir)
 	if err != nil {
 		return nil, err
@@ -458,7 +468,11 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 		// significant bits: a graph that computes in float32 where the
 		// other rounds every step differs by that much, relative to the
 		// output's magnitude.
-		if rel, ok := eval.HalfTolerance(b.t.DType); ok {
+		dt := b.t.DType
+		if opt.halfCompute != pb.TensorProto_UNDEFINED && isFloat(dt) {
+			dt = opt.halfCompute
+		}
+		if rel, ok := eval.HalfTolerance(dt); ok {
 			rtol, atol = max(rtol, rel), max(atol, rel*peak)
 		}
 	}
