@@ -56,8 +56,10 @@ type VerifyOptions struct {
 	// QuantBound selects the comparison of float outputs: 0 compares
 	// element-wise, except when a model holds MXFP8 weights, where each
 	// output's mean relative error and relative L2 error are held to
-	// verify.DefaultMXFP8Bound (said in the report's notes); > 0 always
-	// compares that way against this bound; < 0 always element-wise.
+	// verify.DefaultMXFP8Bound, and when a model computes in float16 or
+	// bfloat16 behind float32 outputs, compared at that type's precision
+	// (both said in the report's notes); > 0 always compares statistically
+	// against this bound; < 0 always element-wise at RTol and ATol.
 	QuantBound float64
 }
 
