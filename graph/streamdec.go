@@ -144,7 +144,7 @@ func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
 			}
 			switch {
 			case fd.Kind() == protoreflect.BytesKind:
-				b := make([]byte, k) // read into as it is, not cleared again
+				b := make([]byte, k) // the tensor's own slice, read into directly
 				if _, err = io.ReadFull(d.r, b); err != nil {
 					return errNotStreamed
 				}
