@@ -315,17 +315,21 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 			}
 		}
 	}
-	// An initializer goes when dead nodes read it and no other node does.
+	// An initializer goes when dead nodes read it and no other node does
+	// (with its graph input, when it is one: see deadCode.removeDeadIn).
 	keptInits := mg.P.Initializer[:0]
+	goneInputs := map[string]bool{}
 	for _, t := range mg.P.Initializer {
 		v := t.GetName()
-		if i, ok := initOwner[v]; ok && !mg.IsInput(v) && !mg.IsOutput(v) && !slices.ContainsFunc(mg.Consumers(v), func(c *pb.NodeProto) bool { return !dead[c] }) {
+		if i, ok := initOwner[v]; ok && !mg.IsOutput(v) && !slices.ContainsFunc(mg.Consumers(v), func(c *pb.NodeProto) bool { return !dead[c] }) {
 			removedInits[i] = append(removedInits[i], v)
+			goneInputs[v] = mg.IsInput(v)
 			continue
 		}
 		keptInits = append(keptInits, t)
 	}
 	mg.P.Initializer = keptInits
+	mg.P.Input = slices.DeleteFunc(mg.P.Input, func(in *pb.ValueInfoProto) bool { return goneInputs[in.GetName()] })
 	mg.RemoveNodes(dead) // reindexes, initializers included
 	var callsAfter map[string]bool
 	if len(m.Proto.Functions) > 0 {

@@ -18,10 +18,11 @@ import (
 // canonicalClasses are the manifest classes the canonicalization stage
 // makes fusable: model-local functions, unoptimized dynamo output, ONNX
 // Runtime offline-optimized models (blocks and whole models), whole raw
-// dynamo models, and opsets below 13; and float16 conversions that keep
-// float32 I/O (casts inside the block).
+// dynamo models, and opsets below 13; float16 conversions that keep
+// float32 I/O (casts inside the block); and exports whose weights are graph
+// inputs too (keep_initializers_as_inputs).
 var canonicalClasses = map[string]bool{"functions": true, "dynamo_raw": true, "ort_opt": true, "full_ort": true, "full_raw": true, "low_opset": true,
-	"fp16": true}
+	"fp16": true, "init_inputs": true}
 
 // TestProducersCanonical checks that every export of the canonical classes
 // that the manifest expects to fuse does: each block fuses with the
@@ -70,6 +71,11 @@ func TestProducersCanonical(t *testing.T) {
 			}
 			if err := m.Check(); err != nil {
 				t.Fatalf("output model fails the checker: %v", err)
+			}
+			for _, in := range m.Proto.Graph.Input {
+				if v := in.GetName(); m.Graph().Initializer(v) != nil && len(m.Graph().Consumers(v)) == 0 {
+					t.Errorf("graph input %q is a weight no node reads any more", v)
+				}
 			}
 			if m.Opset("") < 13 {
 				t.Fatalf("output opset %d", m.Opset(""))

@@ -531,7 +531,11 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 		if d.gone[v] || t == nil {
 			continue
 		}
-		if name := t.GetName(); d.uses[v] == 0 && !g.IsOutput(name) && !g.IsInput(name) {
+		// An initializer that is also a graph input (a default value, as
+		// keep_initializers_as_inputs exports every weight) goes with the
+		// nodes that read it: the fused node holds its own copy, so
+		// feeding the input would no longer change anything.
+		if name := t.GetName(); d.uses[v] == 0 && !g.IsOutput(name) {
 			inits = append(inits, name)
 			d.gone[v] = true
 		}
@@ -562,6 +566,15 @@ func (d *deadCode) apply() {
 		g.P.Initializer[i] = nil
 	}
 	g.P.Initializer = kept
+	{ // graph inputs that were removed initializers
+		ins := g.P.Input[:0]
+		for _, in := range g.P.Input {
+			if v := g.ValueID(in.GetName()); v < 0 || int(v) >= len(d.gone) || !d.gone[v] {
+				ins = append(ins, in)
+			}
+		}
+		g.P.Input = ins
+	}
 	pos := 0
 	g.RemoveNodesFunc(func(n *pb.NodeProto) bool {
 		i := d.at(n, pos)

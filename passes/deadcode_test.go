@@ -1,6 +1,7 @@
 package passes
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/models"
 	"google.golang.org/protobuf/proto"
@@ -204,4 +206,84 @@ func labelsOf(nodes []*pb.NodeProto) []string {
 func sortStrings(a []string) {
 	var s sortScratch
 	s.sort(a)
+}
+
+// TestInitializerInputsGoWithTheirBlock: weights that are graph inputs too
+// (defaults a caller may override, as keep_initializers_as_inputs exports
+// every weight) leave the interface with the nodes that read them, on the
+// direct path and through the canonical working copy (a model-local
+// function inlined first); inputs no fused node replaced stay, and the
+// rewrite computes what the model computed.
+func TestInitializerInputsGoWithTheirBlock(t *testing.T) {
+	for _, canonical := range []bool{false, true} {
+		t.Run(fmt.Sprintf("canonical=%v", canonical), func(t *testing.T) {
+			m, err := models.Build(models.Config{Shape: models.ShapeUnrolled, Layers: 2, Experts: 4, TopK: 2, Hidden: 8, Inter: 8, Router: "softmax", Normalize: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gp := m.Proto.Graph
+			tv := func(name string, dims []int64) *pb.ValueInfoProto {
+				sh := &pb.TensorShapeProto{}
+				for _, d := range dims {
+					sh.Dim = append(sh.Dim, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: d}})
+				}
+				return &pb.ValueInfoProto{Name: proto.String(name), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)), Shape: sh}}}}
+			}
+			// every float weight becomes an input too, and one unused
+			// initializer input that no block reads stays as it is
+			var weights []string
+			for _, t := range gp.Initializer {
+				if graph.DataType(t) == pb.TensorProto_FLOAT && len(t.GetDims()) >= 2 {
+					gp.Input = append(gp.Input, tv(t.GetName(), t.GetDims()))
+					weights = append(weights, t.GetName())
+				}
+			}
+			spare := &pb.TensorProto{Name: proto.String("spare"), Dims: []int64{2}, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), FloatData: []float32{1, 2}}
+			gp.Initializer = append(gp.Initializer, spare)
+			gp.Input = append(gp.Input, tv("spare", []int64{2}))
+			if canonical { // an Identity the canonical stage drops: the splice path
+				x := gp.Input[0].GetName()
+				for _, n := range gp.Node {
+					for i, in := range n.Input {
+						if in == x {
+							n.Input[i] = "x_id"
+						}
+					}
+				}
+				gp.Node = append([]*pb.NodeProto{graph.NewNode("Identity", "", "id", []string{x}, []string{"x_id"})}, gp.Node...)
+			}
+			orig := &graph.Model{Proto: proto.Clone(m.Proto).(*pb.ModelProto)}
+			rep, err := Rewrite(m, Options{Check: true})
+			if err != nil || len(rep.Fused) != 2 {
+				t.Fatalf("rewrite: %v", err)
+			}
+			var ins []string
+			for _, in := range m.Proto.Graph.Input {
+				ins = append(ins, in.GetName())
+			}
+			if want := []string{orig.Proto.Graph.Input[0].GetName(), "spare"}; !slices.Equal(ins, want) {
+				t.Fatalf("inputs %v, want %v (weights %v gone)", ins, want, weights)
+			}
+			if err := m.Check(); err != nil {
+				t.Fatal(err)
+			}
+			x := eval.NewFloat32([]int{3, 8}, make([]float32, 24))
+			for i := range x.F32 {
+				x.F32[i] = float32(i%7) - 3
+			}
+			feeds := map[string]*eval.Tensor{ins[0]: x}
+			a, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := eval.Run(context.Background(), m, feeds, eval.Options{Kernels: evalKernels()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := m.Proto.Graph.Output[0].GetName()
+			if d, err := eval.Compare(b[out], a[out], 1e-4, 1e-5); err != nil || !d.OK() {
+				t.Fatalf("rewrite differs: %+v %v", d, err)
+			}
+		})
+	}
 }

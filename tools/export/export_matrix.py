@@ -26,6 +26,10 @@ Producers per family:
   fp16_ts       onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True) of ts
   qdq_dyn       onnxruntime.quantization.quantize_static (QDQ, int8) of dyn, calibrated on the
                 golden inputs                                        (expected: refused)
+  initin_ts     TorchScript with keep_initializers_as_inputs=True (weights also graph inputs)
+  nofold_ts     TorchScript with do_constant_folding=False
+  symdyn        dynamo with dynamic batch and sequence axes
+  extdata_dyn   dynamo, then onnx.save_model(save_as_external_data=True, every tensor in NAME.weights)
 MATRIX_PRODUCERS picks some (comma-separated; default: the first nine).
 
 usage: python3 export_matrix.py OUTDIR [family ...]
@@ -116,7 +120,8 @@ def main():
             name = f"m_{prod}_{fam}"
             t0 = time.time()
             try:
-                exporter = "dynamo" if prod in ("dyn", "dynraw", "ortall_dyn", "ortext_dyn", "int8pc_dyn", "qdq_dyn") else "torchscript"
+                exporter = "dynamo" if prod in ("dyn", "dynraw", "ortall_dyn", "ortext_dyn", "int8pc_dyn", "qdq_dyn", "symdyn",
+                                                "extdata_dyn") else "torchscript"
                 impl_first = exporter == "dynamo"
 
                 def build(impl):
@@ -138,7 +143,13 @@ def main():
                         if prod in ("ortext_ts", "ortall_dyn", "int8_ts", "ortext_dyn", "ortall_ts", "int8pc_dyn",
                                     "ortbasic_ts", "osopt_ts", "fp16_ts", "qdq_dyn"):
                             src = f"_src_{name}"
-                        if prod == "symbolic":
+                        if prod == "initin_ts":
+                            kw["keep_initializers_as_inputs"] = True
+                        if prod == "nofold_ts":
+                            kw["do_constant_folding"] = False
+                        if prod == "extdata_dyn":
+                            src = f"_src_{name}"
+                        if prod in ("symbolic", "symdyn"):
                             kw["dynamic_axes"] = {"hidden_states": {0: "batch", 1: "sequence"}, "moe_out": {0: "batch", 1: "sequence"}}
                         call = ep.export(mod, xs[0], src, exporter, opset=12 if prod == "opset12" else None, **kw)
                         break
@@ -164,6 +175,10 @@ def main():
                     quantize_dynamic(srcp, out, per_channel=prod == "int8pc_dyn")
                     call += f"; value_info cleared; then quantize_dynamic(that, '{name}.onnx', per_channel={prod == 'int8pc_dyn'})"
                     verdict = {"verdict": "refuse", "reason": "int8-quantized"}
+                elif prod == "extdata_dyn":
+                    m0 = onnx.load(srcp)
+                    onnx.save_model(m0, out, save_as_external_data=True, location=f"{name}.weights", size_threshold=0)
+                    call += f"; then onnx.save_model(save_as_external_data=True, location='{name}.weights', size_threshold=0) to '{name}.onnx'"
                 elif prod == "osopt_ts":
                     import onnxscript.optimizer
                     onnx.save(onnxscript.optimizer.optimize(onnx.load(srcp)), out)
