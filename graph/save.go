@@ -185,6 +185,7 @@ const sideAlign = 64
 // (see Encode), without a temporary file or rename; a directory or any
 // other kind of file is refused.
 func (m *Model) Save(path string, opt SaveOptions) error {
+	path = ResolveOutput(path)
 	if opt.Threshold <= 0 {
 		opt.Threshold = 1024
 	}
@@ -800,6 +801,21 @@ type atomicFile struct {
 	done   bool
 }
 
+// ResolveOutput returns the file an output path that is a symbolic link
+// leads to, so that a writer replaces that file and keeps the link (as
+// writing through the link would; /dev/stdout is such a link), or path
+// itself when it is no link or its target cannot be resolved (a dangling
+// link is then replaced by the new file).
+func ResolveOutput(path string) string {
+	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		return path
+	}
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		return real
+	}
+	return path
+}
+
 func createAtomic(path string) (*atomicFile, error) {
 	CleanStaleTemps(path)
 	f, err := os.CreateTemp(filepath.Dir(path), tempPrefix(path)+strconv.Itoa(os.Getpid())+"-*")
@@ -874,6 +890,7 @@ func syncDir(dir string) {
 // is written directly, without a temporary file or rename; a directory or
 // any other kind of file is refused.
 func WriteFileAtomic(path string, data []byte) error {
+	path = ResolveOutput(path)
 	if _, mode, exists, err := IdentifyFile(path); err != nil {
 		return fmt.Errorf("cannot write %s: %w", path, err)
 	} else if exists && !mode.IsRegular() {

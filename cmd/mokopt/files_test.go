@@ -250,6 +250,50 @@ func TestOutputToFIFO(t *testing.T) {
 	}
 }
 
+// TestOutputThroughSymlink: an output path that is a symbolic link (as
+// /dev/stdout is, to the file stdout was redirected to) is written through:
+// the file it leads to gets the model and the report, the links stay links,
+// and the side file goes beside the file written.
+func TestOutputThroughSymlink(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"out.onnx", "rep.json"} {
+		if err := os.WriteFile(filepath.Join(real, f), []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join(real, f), filepath.Join(dir, "link-"+f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", filepath.Join(dir, "link-out.onnx"),
+		"--report", filepath.Join(dir, "link-rep.json"), "--external-data", "repack", "--no-check"})
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, msg)
+	}
+	for _, f := range []string{"out.onnx", "rep.json"} {
+		if fi, err := os.Lstat(filepath.Join(dir, "link-"+f)); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			t.Fatalf("link-%s is no longer a link: %v", f, err)
+		}
+	}
+	m, err := graph.Load(filepath.Join(real, "out.onnx"))
+	if err != nil {
+		t.Fatalf("the link's target holds no model: %v", err)
+	}
+	defer m.Close()
+	if err := m.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(real, "rep.json")); err != nil || !bytes.Contains(b, []byte(`"schema_version"`)) {
+		t.Fatalf("the report's target holds no report: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(real, "out.onnx.data")); err != nil {
+		t.Fatalf("no side file beside the model written: %v (%s)", err, listDir(t, real))
+	}
+}
+
 // TestFlagAndFolderRefusals: negative counts, an overflowing
 // --tokens-per-rank, gen sizes past the limits and outputs in missing
 // folders are usage errors (exit 2) found before any work: nothing is
