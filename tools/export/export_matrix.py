@@ -21,6 +21,7 @@ Producers per family:
   full_dyn      a 2-layer decoder (input_ids -> logits) through dynamo
   full_ortext   full_dyn, then ORT_ENABLE_EXTENDED
   full_raw      a 2-layer decoder through dynamo, optimize=False
+  full_xfm      full_dyn, then onnxruntime.transformers.optimizer.optimize_model(model_type="gpt2")
   ortbasic_ts   ORT_ENABLE_BASIC offline optimization of ts
   osopt_ts      onnxscript.optimizer.optimize of ts (constant folding, dead code, its rewrite rules)
   fp16_ts       onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True) of ts
@@ -75,7 +76,7 @@ def full_case(fam, prod, k, kx):
                         return s.m(input_ids=input_ids, use_cache=False).logits
                 mod = Full(model).eval()
                 ids = [torch.randint(0, 128, (2, T), generator=torch.Generator().manual_seed(s)) for s in (95, 96)]
-                src = os.path.join(ep.OUT, (f"_src_{name}" if prod == "full_ortext" else name) + ".onnx")
+                src = os.path.join(ep.OUT, (f"_src_{name}" if prod in ("full_ortext", "full_xfm") else name) + ".onnx")
                 with torch.no_grad():
                     torch.onnx.export(mod, (ids[0],), src, input_names=["input_ids"], output_names=["logits"], dynamo=True,
                                       opset_version=18, external_data=False, optimize=prod != "full_raw")
@@ -93,6 +94,11 @@ def full_case(fam, prod, k, kx):
             ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
             os.remove(src)
             call += "; then ORT_ENABLE_EXTENDED"
+        if prod == "full_xfm":
+            from onnxruntime.transformers.optimizer import optimize_model
+            optimize_model(src, model_type="gpt2", num_heads=0, hidden_size=0).save_model_to_file(out)
+            os.remove(src)
+            call += '; then onnxruntime.transformers.optimizer.optimize_model(model_type="gpt2")'
         with torch.no_grad():
             ref = [mod(i).numpy() for i in ids]
         ep.finish(name, prod, fam, dict(H=H, E=E, k=kx, MI=MI, I=I, T=T, layers=2), call,
