@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,6 +144,20 @@ func TestMarshalToMatchesDeterministicMarshal(t *testing.T) {
 	for name, mp := range streamModels() {
 		streamCheck(t, name, mp)
 	}
+	for f, b := range fixtureFiles(t) {
+		m, err := Parse(b, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streamCheck(t, f, m.Proto)
+	}
+}
+
+// fixtureFiles returns the bytes of the repository's real exports
+// (testdata/fixtures and testdata/exported) by path.
+func fixtureFiles(t *testing.T) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
 	for _, dir := range []string{fixtures.Dir(), fixtures.Path("exported")} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.onnx"))
 		if len(files) == 0 {
@@ -153,13 +168,10 @@ func TestMarshalToMatchesDeterministicMarshal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, err := Parse(b, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			streamCheck(t, f, m.Proto)
+			out[f] = b
 		}
 	}
+	return out
 }
 
 // failWriter fails every write after the first n bytes.
@@ -288,19 +300,7 @@ func TestUnmarshalFromMatchesUnmarshal(t *testing.T) {
 		}
 		inputs[name] = b
 	}
-	for _, dir := range []string{fixtures.Dir(), fixtures.Path("exported")} {
-		files, _ := filepath.Glob(filepath.Join(dir, "*.onnx"))
-		if len(files) == 0 {
-			t.Fatalf("no models in %s", dir)
-		}
-		for _, f := range files {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			inputs[f] = b
-		}
-	}
+	maps.Copy(inputs, fixtureFiles(t))
 	defer func(v int) { streamBig = v }(streamBig)
 	for name, b := range inputs {
 		want := &pb.ModelProto{}

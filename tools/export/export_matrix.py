@@ -66,15 +66,7 @@ def full_case(fam, prod, k, kx):
         for impl in ("batched_mm", None):
             try:
                 _, model = ep.hf_block(fam, H, E, k, mi=MI, i=I, layers=2, impl=impl, seed=5)
-
-                class Full(torch.nn.Module):
-                    def __init__(s, m):
-                        super().__init__()
-                        s.m = m
-
-                    def forward(s, input_ids):
-                        return s.m(input_ids=input_ids, use_cache=False).logits
-                mod = Full(model).eval()
+                mod = ep.Full(model).eval()
                 ids = [torch.randint(0, 128, (2, T), generator=torch.Generator().manual_seed(s)) for s in (95, 96)]
                 src = os.path.join(ep.OUT, (f"_src_{name}" if prod in ("full_ortext", "full_xfm") else name) + ".onnx")
                 with torch.no_grad():

@@ -747,14 +747,18 @@ def do_symbolic():
 
 # ------------------------------------------------------ full decoders
 
-def do_full():
-    class Full(torch.nn.Module):
-        def __init__(s, m):
-            super().__init__()
-            s.m = m
+class Full(torch.nn.Module):
+    """A transformers causal LM as input_ids -> logits (no cache), for whole-decoder exports."""
 
-        def forward(s, input_ids):
-            return s.m(input_ids=input_ids, use_cache=False).logits
+    def __init__(s, m):
+        super().__init__()
+        s.m = m
+
+    def forward(s, input_ids):
+        return s.m(input_ids=input_ids, use_cache=False).logits
+
+
+def do_full():
     # 2-layer decoders through dynamo (TorchScript cannot export transformers 5's mask code: aten::diff):
     # Mixtral then ONNX Runtime extended-optimized; Qwen2-MoE unoptimized (optimize=False), smaller;
     # Mixtral dynamically int8-quantized
