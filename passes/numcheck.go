@@ -315,6 +315,11 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	if len(data) > 0 {
 		cases = uint64(len(data))
 	}
+	// Weights held in memory for the output anyway (retained) are read
+	// into their canonical layout on another core while the model runs:
+	// the check's two largest costs overlap.
+	pre := prefetchWeights(m, blocks, ws, retain, memLimit)
+	defer pre.Wait()
 	for seed := uint64(1); seed <= cases && (ran < 1 || len(data) > 0); seed++ {
 		var feeds map[string]*eval.Tensor
 		var err error
@@ -340,6 +345,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			continue
 		}
 		ran++
+		pre.Wait()
 		// The run's tensors are garbage now: collect them before the
 		// blocks' weights are read, so that peak memory is the larger of
 		// the two, not their sum. Their pages stay with the process for the
@@ -371,6 +377,45 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		return nil, fmt.Errorf("%w: the original model fails on random inputs: %v", ErrCheckInconclusive, lastErr)
 	}
 	return errs, nil
+}
+
+// prefetchWeights starts reading, on one goroutine, the weights of the
+// retained blocks (ws[i] nil and retain[i] set) into ws, when they
+// together take at most a quarter of memLimit (1 GiB without a limit):
+// those are in memory for the output afterwards anyway, so reading them
+// while the model runs adds only the run's activations to the peak, within
+// that budget. A block whose read fails is left nil (its check reads it
+// again and reports the error). Wait on the result before reading ws.
+func prefetchWeights(m *graph.Model, blocks []*Block, ws []*moe.Weights, retain []bool, memLimit int64) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	if runtime.GOMAXPROCS(0) < 2 {
+		return &wg
+	}
+	budget := int64(1 << 30)
+	if memLimit > 0 {
+		budget = memLimit / 4
+	}
+	var todo []int
+	var total int64
+	for i, b := range blocks {
+		if i < len(retain) && retain[i] && ws[i] == nil && b.W != nil {
+			todo = append(todo, i)
+			total += b.W.weightBytes(&b.Spec)
+		}
+	}
+	if len(todo) == 0 || total > budget {
+		return &wg
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, i := range todo {
+			if w, err := blocks[i].W.Materialize(m, &blocks[i].Spec); err == nil {
+				ws[i] = w
+			}
+		}
+	}()
+	return &wg
 }
 
 // forBlocks calls check(i) for every block, on up to GOMAXPROCS goroutines.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -354,5 +356,45 @@ func TestCheckReadsInputOfOutputShape(t *testing.T) {
 	}
 	if b.Input != b.Router {
 		t.Fatalf("fused input %q, want the router's [T, H] input %q", b.Input, b.Router)
+	}
+}
+
+// TestPrefetchWeights: the weights of retained blocks are read ahead (equal
+// to what the check would read itself), the others are left to the check,
+// and nothing is read ahead past a quarter of the memory limit.
+func TestPrefetchWeights(t *testing.T) {
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("prefetching needs two procs")
+	}
+	m, err := models.Build(models.Config{Shape: models.ShapeBatched, Layers: 3, Experts: 4, TopK: 2, Hidden: 8, Inter: 8, Router: "softmax", Normalize: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	det, err := Detect(m)
+	if err != nil || len(det.Blocks) != 3 {
+		t.Fatalf("detect: %v", err)
+	}
+	retain := []bool{true, false, true}
+	ws := make([]*moe.Weights, 3)
+	prefetchWeights(m, det.Blocks, ws, retain, 0).Wait()
+	for i, b := range det.Blocks {
+		if (ws[i] != nil) != retain[i] {
+			t.Fatalf("block %d: prefetched %v, retained %v", i, ws[i] != nil, retain[i])
+		}
+		if ws[i] == nil {
+			continue
+		}
+		want, err := b.W.Materialize(m, &b.Spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ws[i].Gate, want.Gate) || !slices.Equal(ws[i].Down, want.Down) || !slices.Equal(ws[i].RouterW, want.RouterW) {
+			t.Fatalf("block %d: prefetched weights differ from the plan's", i)
+		}
+	}
+	ws = make([]*moe.Weights, 3)
+	prefetchWeights(m, det.Blocks, ws, retain, 64).Wait() // a 16-byte budget
+	if ws[0] != nil || ws[2] != nil {
+		t.Fatal("weights read ahead past the budget")
 	}
 }
