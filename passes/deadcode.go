@@ -566,15 +566,11 @@ func (d *deadCode) apply() {
 		g.P.Initializer[i] = nil
 	}
 	g.P.Initializer = kept
-	{ // graph inputs that were removed initializers
-		ins := g.P.Input[:0]
-		for _, in := range g.P.Input {
-			if v := g.ValueID(in.GetName()); v < 0 || int(v) >= len(d.gone) || !d.gone[v] {
-				ins = append(ins, in)
-			}
-		}
-		g.P.Input = ins
-	}
+	// graph inputs that were removed initializers go with them
+	g.P.Input = slices.DeleteFunc(g.P.Input, func(in *pb.ValueInfoProto) bool {
+		v := g.ValueID(in.GetName())
+		return v >= 0 && int(v) < len(d.gone) && d.gone[v]
+	})
 	pos := 0
 	g.RemoveNodesFunc(func(n *pb.NodeProto) bool {
 		i := d.at(n, pos)

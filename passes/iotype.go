@@ -67,11 +67,7 @@ func (c *ctx) upcasts(n *pb.NodeProto) bool {
 // error says why.
 func (c *ctx) setIOType(b *Block) error {
 	in, out := c.elemType(b.Input), c.elemType(b.Output)
-	if in != pb.TensorProto_UNDEFINED && out != pb.TensorProto_UNDEFINED && in != out {
-		c.outputBeforeCast(b, in)
-		out = c.elemType(b.Output)
-	}
-	if in != pb.TensorProto_UNDEFINED && out != pb.TensorProto_UNDEFINED && in != out {
+	if in != pb.TensorProto_UNDEFINED && out != pb.TensorProto_UNDEFINED && in != out && !c.outputBeforeCast(b, in) {
 		return rejectf("block input %q is %s but its output %q is %s: the fused node's output has its input's type", b.Input, in, b.Output, out)
 	}
 	dt := in
@@ -92,16 +88,27 @@ func (c *ctx) setIOType(b *Block) error {
 	return nil
 }
 
+// weightHalfType returns the half type (float16 or bfloat16) block b's
+// weights are stored in, or false when they are not.
+func weightHalfType(b *Block) (pb.TensorProto_DataType, bool) {
+	if b.W == nil {
+		return 0, false
+	}
+	for _, t := range b.W.Inits() {
+		if dt := graph.DataType(t); dt == pb.TensorProto_FLOAT16 || dt == pb.TensorProto_BFLOAT16 {
+			return dt, true
+		}
+	}
+	return 0, false
+}
+
 // computeType is the precision block b's original graph computes in: out
 // (the output's element type) when that is a half type, else the half
 // type its weights are stored in (a float16 conversion that keeps float32
 // I/O casts inside the block), else out.
 func computeType(b *Block, out pb.TensorProto_DataType) pb.TensorProto_DataType {
-	if _, half := eval.HalfTolerance(out); half || b.W == nil {
-		return out
-	}
-	for _, t := range b.W.Inits() {
-		if dt := graph.DataType(t); dt == pb.TensorProto_FLOAT16 || dt == pb.TensorProto_BFLOAT16 {
+	if _, half := eval.HalfTolerance(out); !half {
+		if dt, ok := weightHalfType(b); ok {
 			return dt
 		}
 	}
@@ -111,25 +118,27 @@ func computeType(b *Block, out pb.TensorProto_DataType) pb.TensorProto_DataType 
 // sourceType is Provenance.SourceType for block b: its weights' half
 // type, or "".
 func sourceType(b *Block) string {
-	if dt := computeType(b, pb.TensorProto_FLOAT); dt != pb.TensorProto_FLOAT {
-		io, _ := moe.IOTypeOf(dt)
-		return io
+	dt, ok := weightHalfType(b)
+	if !ok {
+		return ""
 	}
-	return ""
+	io, _ := moe.IOTypeOf(dt)
+	return io
 }
 
 // outputBeforeCast ends block b before the Cast that produces its output
 // when that Cast's input has the block input's type in (a float16
-// conversion that casts the block's result back to float32): the fused
-// node writes the Cast's input and the Cast stays, out of the region.
-func (c *ctx) outputBeforeCast(b *Block, in pb.TensorProto_DataType) {
+// conversion that casts the block's result back to float32), and reports
+// whether it did: the fused node writes the Cast's input and the Cast
+// stays, out of the region.
+func (c *ctx) outputBeforeCast(b *Block, in pb.TensorProto_DataType) bool {
 	p := c.g.Producer(b.Output)
 	if p == nil || p.GetOpType() != "Cast" || len(p.Input) != 1 || c.elemType(p.Input[0]) != in {
-		return
+		return false
 	}
 	i := slices.Index(b.Region, p)
 	if i < 0 {
-		return
+		return false
 	}
 	b.Region = slices.Delete(slices.Clone(b.Region), i, i+1)
 	if len(b.regionPos) == len(b.Region)+1 {
@@ -139,6 +148,7 @@ func (c *ctx) outputBeforeCast(b *Block, in pb.TensorProto_DataType) {
 	}
 	b.Nodes = len(b.Region)
 	b.Output = p.Input[0]
+	return true
 }
 
 // checkTolerance is the numerical check's tolerance for a block whose

@@ -62,8 +62,9 @@ func regionInputs(g *graph.Graph, b *Block) []string {
 // unit scale with the shape of its captured input x, and returns the
 // block's input, router input and output from that run. The other values
 // the region reads (ext) are fed as the whole model's run computed them
-// (in vals); g is m's main graph. A block's fused semantics are per token, so any input tests
-// them; this one tests them where the model's own activations vanished.
+// (in vals); g is m's main graph. A block's fused semantics are per
+// token, so any input tests them; this one tests them where the model's
+// own activations vanished.
 func isolatedVals(ctx context.Context, m *graph.Model, g *graph.Graph, b *Block, ext []string, vals map[string]*eval.Tensor, seed uint64, memLimit int64) (map[string]*eval.Tensor, error) {
 	x := vals[b.Input]
 	gp := &pb.GraphProto{Node: b.Region}
@@ -93,13 +94,7 @@ func isolatedVals(ctx context.Context, m *graph.Model, g *graph.Graph, b *Block,
 		feeds[v] = t
 	}
 	for _, v := range append([]string{b.Input}, ext...) {
-		t := feeds[v]
-		dims := make([]*pb.TensorShapeProto_Dimension, len(t.Shape))
-		for i, d := range t.Shape {
-			dims[i] = &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: int64(d)}}
-		}
-		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: proto.String(v), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
-			ElemType: proto.Int32(int32(t.DType)), Shape: &pb.TensorShapeProto{Dim: dims}}}}})
+		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: proto.String(v)}) // typed by its feed
 	}
 	for _, v := range []string{b.Output, b.Router} {
 		if v != b.Input && !slices.ContainsFunc(gp.Output, func(o *pb.ValueInfoProto) bool { return o.GetName() == v }) {

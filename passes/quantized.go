@@ -157,14 +157,21 @@ func (c *ctx) dequantizedAt(v string) *pb.NodeProto {
 				return p // an operand rounded to integers and back
 			}
 			return nil
-		case "Transpose", "Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Gather", "GatherND":
-			v = p.Input[0]
 		default:
-			return nil
+			if !weightViewOps[p.GetOpType()] {
+				return nil
+			}
+			v = p.Input[0]
 		}
 	}
 	return nil
 }
+
+// weightViewOps are the ops through which a linear reads a view of a
+// stored weight: transposed, cast, reshaped, or one expert's (Gather) or
+// each token's (GatherND) slice of stacked weights.
+var weightViewOps = map[string]bool{"Transpose": true, "Cast": true, "Identity": true, "Reshape": true, "Squeeze": true,
+	"Unsqueeze": true, "Gather": true, "GatherND": true}
 
 // isIntegerType reports whether dt is an integer element type (what
 // quantized weights are stored as).
@@ -204,12 +211,10 @@ func (c *ctx) storedWeight(v string) bool {
 		if p == nil || len(p.Input) == 0 {
 			return false
 		}
-		switch p.GetOpType() {
-		case "Transpose", "Cast", "Identity", "DequantizeLinear", "Reshape", "Squeeze", "Unsqueeze", "Gather", "GatherND":
-			v = p.Input[0]
-		default:
+		if op := p.GetOpType(); op != "DequantizeLinear" && !weightViewOps[op] {
 			return false
 		}
+		v = p.Input[0]
 	}
 	return false
 }

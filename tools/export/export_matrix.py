@@ -80,10 +80,7 @@ def full_case(fam, prod, k, kx):
         call = f"torch.onnx.export(Full(model), (input_ids[2,{T}],), dynamo=True, optimize={prod != 'full_raw'})"
         out = os.path.join(ep.OUT, name + ".onnx")
         if prod == "full_ortext":
-            so = ort.SessionOptions()
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-            so.optimized_model_filepath = out
-            ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+            ep.ort_optimize(src, out)
             os.remove(src)
             call += "; then ORT_ENABLE_EXTENDED"
         if prod == "full_xfm":
@@ -158,12 +155,9 @@ def main():
                 srcp = os.path.join(ep.OUT, f"_src_{name}.onnx")
                 verdict = {"verdict": "fuse", "E": E, "k": kx}
                 if prod in ("ortext_ts", "ortall_dyn", "ortext_dyn", "ortall_ts", "ortbasic_ts"):
-                    so = ort.SessionOptions()
-                    so.graph_optimization_level = {"ortext": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                                                   "ortall": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                                                   "ortbas": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC}[prod[:6]]
-                    so.optimized_model_filepath = out
-                    ort.InferenceSession(srcp, so, providers=["CPUExecutionProvider"])
+                    ep.ort_optimize(srcp, out, {"ortext": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                                "ortall": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                                "ortbas": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC}[prod[:6]])
                     call += f"; then ORT offline optimization ({prod}) to '{name}.onnx'"
                 elif prod in ("int8_ts", "int8pc_dyn"):
                     from onnxruntime.quantization import quantize_dynamic

@@ -113,6 +113,14 @@ def export(mod, x, name, exporter, opset=None, **kw):
         ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
 
+def ort_optimize(src, out, level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED):
+    """ONNX Runtime's offline optimization of src at level (CPU EP), written to out."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    so.optimized_model_filepath = out
+    ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
 def run_ref(mod, xs):
     with torch.no_grad():
         return [mod(x).numpy() for x in xs]
@@ -544,13 +552,11 @@ def do_ort_opt():
                 name = f"ort_{lname}_{fam}_{exporter}"
                 try:
                     src, call, sizes, shared, xs, ref = source(fam, exporter)
-                    so = ort.SessionOptions()
-                    so.graph_optimization_level = lvl
-                    so.optimized_model_filepath = os.path.join(OUT, name + ".onnx")
-                    ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+                    out = os.path.join(OUT, name + ".onnx")
+                    ort_optimize(src, out, lvl)
                     twin = os.path.join(OUT, f"ort_extended_{fam}_{exporter}.onnx")
-                    if lname == "all" and os.path.exists(twin) and open(twin, "rb").read() == open(so.optimized_model_filepath, "rb").read():
-                        os.remove(so.optimized_model_filepath)
+                    if lname == "all" and os.path.exists(twin) and open(twin, "rb").read() == open(out, "rb").read():
+                        os.remove(out)
                         MANIFEST.append({"name": name, "class": "ort_opt", "family": fam, "ok": True, "kept": False,
                                          "identical_to": f"ort_extended_{fam}_{exporter}",
                                          "note": "ORT_ENABLE_ALL wrote the same bytes as ORT_ENABLE_EXTENDED on the CPU EP; not kept twice"})
@@ -600,10 +606,7 @@ def do_int8():
             # fuses the integer linears into com.microsoft contrib ops
             name2 = f"int8_ortext_{fam}_{exporter}"
             try:
-                so = ort.SessionOptions()
-                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-                so.optimized_model_filepath = os.path.join(OUT, name2 + ".onnx")
-                ort.InferenceSession(os.path.join(OUT, name + ".onnx"), so, providers=["CPUExecutionProvider"])
+                ort_optimize(os.path.join(OUT, name + ".onnx"), os.path.join(OUT, name2 + ".onnx"))
                 finish(name2, "int8_dyn", fam, sizes,
                        call + f"; then quantize_dynamic(that, '{name}.onnx'); then ort.InferenceSession('{name}.onnx', "
                        f"SessionOptions(graph_optimization_level=ORT_ENABLE_EXTENDED, optimized_model_filepath='{name2}.onnx'), providers=['CPUExecutionProvider'])",
@@ -785,10 +788,7 @@ def do_full():
                 call += ", optimize=False)"
             elif post == "ort":
                 call += "); then ORT_ENABLE_EXTENDED optimized_model_filepath (CPU EP)"
-                so = ort.SessionOptions()
-                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-                so.optimized_model_filepath = p
-                ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+                ort_optimize(src, p)
             else:
                 from onnxruntime.quantization import quantize_dynamic
                 m0 = onnx.load(src)

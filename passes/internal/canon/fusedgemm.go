@@ -41,13 +41,7 @@ var FusedGemm = Rule{
 			w.note(fmt.Sprintf("com.microsoft::FusedGemm %s kept: activation %q has no decomposition here", graph.NodeLabel(n), act))
 			return false, nil
 		}
-		var attrs []*pb.AttributeProto
-		for _, a := range n.Attribute {
-			switch a.GetName() {
-			case "alpha", "beta", "transA", "transB":
-				attrs = append(attrs, a)
-			}
-		}
+		attrs := attrsNamed(n, "alpha", "beta", "transA", "transB")
 		if act == "" {
 			w.Replace(n, w.Node("Gemm", "", n.GetName()+"/Gemm", n.Input, n.Output, attrs...))
 			return true, nil

@@ -23,13 +23,7 @@ var GemmComputedBias = Rule{
 		if _, ok := w.Const(c); ok {
 			return false, nil
 		}
-		var attrs []*pb.AttributeProto
-		for _, a := range n.Attribute {
-			switch a.GetName() {
-			case "alpha", "transA", "transB":
-				attrs = append(attrs, a)
-			}
-		}
+		attrs := attrsNamed(n, "alpha", "transA", "transB")
 		var nodes []*pb.NodeProto
 		if beta := graph.AttrFloat(n, "beta", 1); beta != 1 {
 			scaled := w.Temp(n, "scaled_c")

@@ -2,6 +2,7 @@ package canon
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -437,6 +438,18 @@ func (w *Work) Scale(n *pb.NodeProto, like, x, out string, v float64, what strin
 		return nil, false
 	}
 	return w.Node("Mul", "", n.GetName()+"/Mul_"+what, []string{x, s}, []string{out}), true
+}
+
+// attrsNamed returns n's attributes of the given names, in n's order (the
+// ones a replacement keeps).
+func attrsNamed(n *pb.NodeProto, names ...string) []*pb.AttributeProto {
+	var out []*pb.AttributeProto
+	for _, a := range n.Attribute {
+		if slices.Contains(names, a.GetName()) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Node builds a node named from prefix (made unique).
