@@ -222,25 +222,18 @@ func TestInitializerInputsGoWithTheirBlock(t *testing.T) {
 				t.Fatal(err)
 			}
 			gp := m.Proto.Graph
-			tv := func(name string, dims []int64) *pb.ValueInfoProto {
-				sh := &pb.TensorShapeProto{}
-				for _, d := range dims {
-					sh.Dim = append(sh.Dim, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: d}})
-				}
-				return &pb.ValueInfoProto{Name: proto.String(name), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)), Shape: sh}}}}
-			}
 			// every float weight becomes an input too, and one unused
 			// initializer input that no block reads stays as it is
 			var weights []string
 			for _, t := range gp.Initializer {
 				if graph.DataType(t) == pb.TensorProto_FLOAT && len(t.GetDims()) >= 2 {
-					gp.Input = append(gp.Input, tv(t.GetName(), t.GetDims()))
+					gp.Input = append(gp.Input, floatInfo(t.GetName(), t.GetDims()...))
 					weights = append(weights, t.GetName())
 				}
 			}
 			spare := &pb.TensorProto{Name: proto.String("spare"), Dims: []int64{2}, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), FloatData: []float32{1, 2}}
 			gp.Initializer = append(gp.Initializer, spare)
-			gp.Input = append(gp.Input, tv("spare", []int64{2}))
+			gp.Input = append(gp.Input, floatInfo("spare", 2))
 			if canonical { // an Identity the canonical stage drops: the splice path
 				x := gp.Input[0].GetName()
 				for _, n := range gp.Node {
@@ -286,4 +279,14 @@ func TestInitializerInputsGoWithTheirBlock(t *testing.T) {
 			}
 		})
 	}
+}
+
+// floatInfo declares a float tensor value of static dims.
+func floatInfo(name string, dims ...int64) *pb.ValueInfoProto {
+	sh := &pb.TensorShapeProto{}
+	for _, d := range dims {
+		sh.Dim = append(sh.Dim, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: d}})
+	}
+	return &pb.ValueInfoProto{Name: proto.String(name), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
+		ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)), Shape: sh}}}}
 }

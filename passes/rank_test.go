@@ -32,12 +32,7 @@ func TestRankInferReduce(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			x := &pb.ValueInfoProto{Name: proto.String("x"), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
-				ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)),
-				Shape: &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{
-					{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 2}},
-					{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 3}},
-					{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 4}}}}}}}}
+			x := floatInfo("x", 2, 3, 4)
 			mp := &pb.ModelProto{IrVersion: proto.Int64(8), OpsetImport: []*pb.OperatorSetIdProto{{Version: proto.Int64(18)}},
 				Graph: &pb.GraphProto{
 					Input:       []*pb.ValueInfoProto{x},
