@@ -76,6 +76,16 @@ func scrubNodes(nodes []*pb.NodeProto) int {
 	return n
 }
 
+// scrubModel scrubs every metadata value of m (model, graph nodes,
+// functions) and returns how many changed.
+func scrubModel(m *graph.Model) int {
+	n := scrubProps(m.Proto.GetMetadataProps()) + scrubNodes(m.Proto.GetGraph().GetNode())
+	for _, f := range m.Proto.GetFunctions() {
+		n += scrubProps(f.GetMetadataProps()) + scrubNodes(f.GetNode())
+	}
+	return n
+}
+
 func run(file string) error {
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -85,10 +95,7 @@ func run(file string) error {
 	if err != nil {
 		return err
 	}
-	n := scrubProps(m.Proto.GetMetadataProps()) + scrubNodes(m.Proto.GetGraph().GetNode())
-	for _, f := range m.Proto.GetFunctions() {
-		n += scrubProps(f.GetMetadataProps()) + scrubNodes(f.GetNode())
-	}
+	n := scrubModel(m)
 	if n == 0 {
 		return nil
 	}
