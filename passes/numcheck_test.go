@@ -363,9 +363,7 @@ func TestCheckReadsInputOfOutputShape(t *testing.T) {
 // to what the check would read itself), the others are left to the check,
 // and nothing is read ahead past a quarter of the memory limit.
 func TestPrefetchWeights(t *testing.T) {
-	if runtime.GOMAXPROCS(0) < 2 {
-		t.Skip("prefetching needs two procs")
-	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // prefetching needs a second proc
 	m, err := models.Build(models.Config{Shape: models.ShapeBatched, Layers: 3, Experts: 4, TopK: 2, Hidden: 8, Inter: 8, Router: "softmax", Normalize: true})
 	if err != nil {
 		t.Fatal(err)
