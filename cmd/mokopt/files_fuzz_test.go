@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // fuzzParts are the path components FuzzCLIFiles builds paths from: the
@@ -74,12 +76,32 @@ func FuzzCLIFiles(f *testing.F) {
 		if err := syscall.Mkfifo(fifo, 0o644); err != nil {
 			t.Skip("no mkfifo")
 		}
-		// A reader keeps writes to the pipe from blocking.
+		// A reader that drains the pipe keeps writes to it from blocking,
+		// however much a command writes. It is not a writer, so a command
+		// reading the pipe sees its end at once; while no writer is
+		// connected its reads end at once too, hence the short waits.
 		rd, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer rd.Close()
+		stop, drained := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(drained)
+			buf := make([]byte, 1<<16)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := rd.Read(buf); err == io.EOF {
+					time.Sleep(time.Millisecond)
+				} else if err != nil {
+					return
+				}
+			}
+		}()
+		defer func() { close(stop); rd.Close(); <-drained }()
 		in, out := fuzzPath(dir, inSel), fuzzPath(dir, outSel)
 		if fi, err := os.Stat(filepath.Join(dir, strings.TrimPrefix(in, dir))); err == nil && fi.Mode()&os.ModeNamedPipe != 0 {
 			// A model read from a named pipe waits for its writer, as cat
