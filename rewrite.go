@@ -42,6 +42,13 @@ type RewriteOptions struct {
 	// interpreter holds at once (eval.Options.MemLimit); a check that needs
 	// more fails with an error wrapping eval.ErrMemLimit. 0 means no limit.
 	MemLimit int64
+	// StreamWeights has the fused weights that are read from tensors
+	// stored inside the model written from those sources when the model is
+	// saved, instead of copied during Rewrite (weights read from side files
+	// always are): less memory and time when the model is saved right
+	// after. Until it is saved, only Save and Encode can write it (its
+	// fused initializers hold no data yet for anything else to read).
+	StreamWeights bool
 }
 
 // Rewrite finds every MoE block of m and replaces each with one fused
@@ -55,7 +62,7 @@ func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport,
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
-	po := passes.Options{Partial: opt.Partial, Check: !opt.SkipCheck, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable, MemLimit: opt.MemLimit}
+	po := passes.Options{Partial: opt.Partial, Check: !opt.SkipCheck, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable, MemLimit: opt.MemLimit, StreamWeights: opt.StreamWeights}
 	if opt.CheckData != "" {
 		sets, err := verify.DataSets(opt.CheckData)
 		if err != nil {

@@ -472,17 +472,14 @@ func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) er
 		return nil
 	}
 	if !IsExternal(t) {
-		r, size, err := m.TensorReader(t)
+		b, err := m.TensorBytes(t) // the tensor's own bytes: no copy
 		if err != nil {
 			return err
 		}
-		if off+n > size {
-			return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, size)
+		if off+n > int64(len(b)) {
+			return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, len(b))
 		}
-		if _, err := io.CopyN(io.Discard, r, off); err != nil {
-			return err
-		}
-		_, err = io.CopyN(w, r, n)
+		_, err = w.Write(b[off : off+n])
 		return err
 	}
 	sf, base, size, err := m.section(t)

@@ -72,9 +72,13 @@ func sigOf(gp *pb.GraphProto) graphSig {
 // save time, so that large tensors built by a pass (for example experts
 // stacked from per-expert side-file tensors) stream to the output instead of
 // being held in memory. Size must be the exact number of bytes Write writes.
+// Saved with ExternalKeep, a deferred tensor goes to the side file (from the
+// threshold's size) unless Inline says that its sources were stored inside
+// the model file, where it then stays too.
 type DeferredData struct {
-	Size  int64
-	Write func(w io.Writer) error
+	Size   int64
+	Write  func(w io.Writer) error
+	Inline bool
 }
 
 // Load reads an ONNX model file. External data is not read; it is opened

@@ -294,31 +294,22 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 			return err
 		}
 	}
-	// Inline what must be inline.
-	for t := range m.deferred {
-		if t.GetDataLocation() == pb.TensorProto_EXTERNAL {
-			continue
-		}
-		b, err := m.TensorBytes(t)
-		if err != nil {
-			return err
-		}
-		t.RawData = b
-		tt := t
-		restore = append(restore, func() { tt.RawData = nil })
-	}
-	if opt.External == ExternalInline {
-		for _, t := range allTensors(m.Proto) {
-			if IsExternal(t) {
-				b, err := m.TensorBytes(t)
-				if err != nil {
-					return err
-				}
-				restore = append(restore, swapToInline(t, b))
-			}
+	// Inline what must be inline: deferred tensors that stay in the model
+	// file, and side-file tensors when inlining. Their bytes are written
+	// as the model file is encoded, not gathered first.
+	var inline []*pb.TensorProto
+	for _, t := range allTensors(m.Proto) {
+		_, deferred := m.deferred[t]
+		if deferred && t.GetDataLocation() != pb.TensorProto_EXTERNAL || opt.External == ExternalInline && IsExternal(t) {
+			inline = append(inline, t)
 		}
 	}
-	mf, err := m.writeModelTemp(ctx, path)
+	li, undo, err := m.inlineLate(inline)
+	if err != nil {
+		return err
+	}
+	restore = append(restore, undo)
+	mf, err := m.writeModelTemp(ctx, path, li)
 	if err != nil {
 		return err
 	}
@@ -354,13 +345,13 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	// The model names the new side file under its other name; move it to
 	// its own name. Every step leaves a model that names a complete side
 	// file; a failure here only leaves the other name in use.
-	m.moveSide(ctx, path, dir, dataName, opt.DataName, moved)
+	m.moveSide(ctx, path, dir, dataName, opt.DataName, moved, li)
 	return nil
 }
 
 // writeModelTemp encodes the model into a finished temporary file next to
 // path, to be renamed into place.
-func (m *Model) writeModelTemp(ctx context.Context, path string) (*atomicFile, error) {
+func (m *Model) writeModelTemp(ctx context.Context, path string, li *lateInline) (*atomicFile, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -372,7 +363,7 @@ func (m *Model) writeModelTemp(ctx context.Context, path string) (*atomicFile, e
 	if err != nil {
 		return nil, err
 	}
-	if err := marshalTo(&ctxWriter{ctx: ctx, w: hooked(mf.f)}, m.Proto, sz); err != nil {
+	if err := marshalLate(&ctxWriter{ctx: ctx, w: hooked(mf.f)}, m.Proto, sz, li); err != nil {
 		mf.abort()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -390,7 +381,7 @@ func (m *Model) writeModelTemp(ctx context.Context, path string) (*atomicFile, e
 // link to it is renamed over name, a model naming name is renamed over
 // path, and tmpName is removed. It gives up quietly (the model then keeps
 // naming tmpName, which is complete) where hard links are not available.
-func (m *Model) moveSide(ctx context.Context, path, dir, tmpName, name string, moved []*pb.TensorProto) {
+func (m *Model) moveSide(ctx context.Context, path, dir, tmpName, name string, moved []*pb.TensorProto, li *lateInline) {
 	from, to := filepath.Join(dir, tmpName), filepath.Join(dir, name)
 	link := filepath.Join(dir, tempPrefix(to)+strconv.Itoa(os.Getpid())+"-link")
 	os.Remove(link)
@@ -411,7 +402,7 @@ func (m *Model) moveSide(ctx context.Context, path, dir, tmpName, name string, m
 			}
 		}
 	}
-	mf, err := m.writeModelTemp(ctx, path)
+	mf, err := m.writeModelTemp(ctx, path, li)
 	if err != nil {
 		return
 	}
@@ -602,20 +593,17 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 			r()
 		}
 	}()
+	var inline []*pb.TensorProto
 	for _, t := range allTensors(m.Proto) {
-		if err := ctx.Err(); err != nil {
-			return err
+		if _, deferred := m.deferred[t]; deferred || IsExternal(t) {
+			inline = append(inline, t)
 		}
-		_, deferred := m.deferred[t]
-		if !deferred && !IsExternal(t) {
-			continue
-		}
-		b, err := m.TensorBytes(t)
-		if err != nil {
-			return err
-		}
-		restore = append(restore, swapToInline(t, b))
 	}
+	li, undo, err := m.inlineLate(inline)
+	if err != nil {
+		return err
+	}
+	restore = append(restore, undo)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -623,7 +611,7 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 	if int64(sz) > MaxProtoSize {
 		return fmt.Errorf("%w (%d bytes)", ErrTooLarge, sz)
 	}
-	return marshalTo(w, m.Proto, sz)
+	return marshalLate(w, m.Proto, sz, li)
 }
 
 // writeTensor streams t's n bytes to w: a deferred producer writes straight
@@ -693,16 +681,16 @@ func (m *Model) planExternal(opt SaveOptions) ([]*pb.TensorProto, error) {
 	}
 	var out []*pb.TensorProto
 	for _, t := range allInitializers(m.Proto) {
-		_, deferred := m.deferred[t]
+		d, deferred := m.deferred[t]
 		switch {
 		case IsExternal(t):
 			out = append(out, t)
-		case opt.External == ExternalRepack || deferred:
+		case opt.External == ExternalRepack || deferred && !d.Inline:
 			n, err := m.tensorSize(t)
 			if err != nil {
 				return nil, err
 			}
-			if n >= opt.Threshold || deferred && opt.External == ExternalKeep && n >= opt.Threshold {
+			if n >= opt.Threshold {
 				out = append(out, t)
 			}
 		}

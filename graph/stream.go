@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -33,7 +34,16 @@ const streamFlush = 1 << 20
 // in pieces of at most 4 MiB so that a context-checking w notices a
 // cancellation.
 func marshalTo(w io.Writer, m proto.Message, size int) error {
+	return marshalLate(w, m, size, nil)
+}
+
+// marshalLate is marshalTo where the raw_data of the tensors li holds (see
+// inlineLate) is written by their producers in place of their placeholders.
+func marshalLate(w io.Writer, m proto.Message, size int, li *lateInline) error {
 	e := &streamEnc{w: w}
+	if li != nil {
+		e.late = li.producers
+	}
 	if err := e.message(m.ProtoReflect()); err != nil {
 		return err
 	}
@@ -51,6 +61,17 @@ type streamEnc struct {
 	w   io.Writer
 	buf []byte // encoded bytes not yet written
 	n   int64  // bytes written to w
+	// late writes the raw_data of tensors whose placeholder it replaces.
+	late map[*pb.TensorProto]func(io.Writer) error
+}
+
+// encWriter writes through the encoder, counting into e.n.
+type encWriter struct{ e *streamEnc }
+
+func (w encWriter) Write(p []byte) (int, error) {
+	n0 := w.e.n
+	err := w.e.write(p)
+	return int(w.e.n - n0), err
 }
 
 var (
@@ -189,7 +210,11 @@ func (e *streamEnc) message(m protoreflect.Message) error {
 			e.buf = protowire.AppendTag(e.buf, fd.Number(), protowire.BytesType)
 			e.buf = protowire.AppendVarint(e.buf, uint64(len(b)))
 			if err = e.flush(); err == nil {
-				err = e.write(b)
+				if p := e.lateProducer(m, fd); p != nil {
+					err = p(encWriter{e})
+				} else {
+					err = e.write(b)
+				}
 			}
 		}
 		if err != nil {
@@ -201,6 +226,19 @@ func (e *streamEnc) message(m protoreflect.Message) error {
 	}
 	e.buf = append(e.buf, m.GetUnknown()...)
 	return e.maybeFlush()
+}
+
+// lateProducer returns the producer of m's field fd when fd is the
+// raw_data of a tensor written late.
+func (e *streamEnc) lateProducer(m protoreflect.Message, fd protoreflect.FieldDescriptor) func(io.Writer) error {
+	if e.late == nil || fd.Name() != "raw_data" {
+		return nil
+	}
+	t, ok := m.Interface().(*pb.TensorProto)
+	if !ok {
+		return nil
+	}
+	return e.late[t]
 }
 
 // element encodes a length-delimited message field of sz bytes (its

@@ -279,15 +279,18 @@ func distinctRows(x []float32, H int) ([]float32, []int) {
 // checkTokens distinct tokens; further seeds only if a run fails),
 // captures each block's input and output, and compares the output with the
 // fused node's reference semantics on the captured input; a nil entry of
-// ws is read from the block's weight plan when the block is checked, and
-// stored back into ws where retain says so (weights the caller needs in
-// memory anyway); the others are dropped after their block. It returns one
-// error (or nil) per block. A block whose fused input has the wrong shape
-// but whose router input fits is switched to the router input.
+// ws is read from the block's weight plan when the block is checked and
+// dropped after it. It returns one error (or nil) per block. A block whose
+// fused input has the wrong shape but whose router input fits is switched
+// to the router input.
+//
+// A block is checked as soon as the run has computed its values, on
+// another core while the run goes on (the run and the checks, the two
+// large costs, overlap); what is left is checked after the run.
 //
 // With data (CheckData) the model runs on those input sets instead, each of
 // which must run; the case label in messages is then the set's position.
-func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, data []map[string]*eval.Tensor, memLimit int64, retain ...bool) ([]error, error) {
+func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, data []map[string]*eval.Tensor, memLimit int64) ([]error, error) {
 	errs := make([]error, len(blocks))
 	want := map[string]bool{}
 	ext := make([][]string, len(blocks))
@@ -299,11 +302,12 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			want[v] = true
 		}
 	}
-	// The interpreter allocates activation-sized tensors one after
-	// another: a tighter garbage-collection target keeps the process near
-	// its live data (weights and the values alive at once) rather than
-	// twice that.
-	old := debug.SetGCPercent(50)
+	// The interpreter and the checks allocate tensors and weight copies
+	// one after another: a tight garbage-collection target keeps the
+	// process near its live data (the model, weights and the values alive
+	// at once) and reuses memory already paged in, where the default
+	// would let garbage grow to the size of the model's weights.
+	old := debug.SetGCPercent(10)
 	defer func() {
 		debug.SetGCPercent(old)
 		runtime.GC() // the checked weights are garbage now too
@@ -315,11 +319,6 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	if len(data) > 0 {
 		cases = uint64(len(data))
 	}
-	// Weights held in memory for the output anyway (retained) are read
-	// into their canonical layout on another core while the model runs:
-	// the check's two largest costs overlap.
-	pre := prefetchWeights(m, blocks, ws, retain, memLimit)
-	defer pre.Wait()
 	for seed := uint64(1); seed <= cases && (ran < 1 || len(data) > 0); seed++ {
 		var feeds map[string]*eval.Tensor
 		var err error
@@ -328,7 +327,13 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		} else if feeds, err = checkFeeds(m, seed, distinct, memLimit); err != nil {
 			return nil, err
 		}
-		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, MemLimit: memLimit, Kernels: evalKernels()})
+		where := fmt.Sprintf("random inputs, seed %d", seed)
+		if len(data) > 0 {
+			where = fmt.Sprintf("check data set %d", seed-1)
+		}
+		early := newEarlyChecks(ctx, m, blocks, ws, errs, memLimit, where)
+		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, MemLimit: memLimit, Kernels: evalKernels(), OnCapture: early.captured})
+		done := early.finish(err == nil)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -345,19 +350,12 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			continue
 		}
 		ran++
-		pre.Wait()
 		// The run's tensors are garbage now: collect them before the
-		// blocks' weights are read, so that peak memory is the larger of
-		// the two, not their sum. Their pages stay with the process for the
-		// weights to reuse (handing them back to the system would cost a
-		// page fault per page when they are touched again).
+		// remaining blocks' weights are read, so that peak memory is the
+		// larger of the two, not their sum.
 		runtime.GC()
-		where := fmt.Sprintf("random inputs, seed %d", seed)
-		if len(data) > 0 {
-			where = fmt.Sprintf("check data set %d", seed-1)
-		}
-		forBlocks(blocks, ws, retain, memLimit, func(i int) {
-			if errs[i] != nil {
+		forBlocks(blocks, ws, memLimit, func(i int, scratch *moe.Weights) {
+			if errs[i] != nil || done[i] {
 				return
 			}
 			bv, bwhere := vals, where
@@ -370,7 +368,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 					bv, bwhere = iv, where+", the block alone on its own random input"
 				}
 			}
-			errs[i] = checkBlock(m, blocks[i], bv, ws, i, i < len(retain) && retain[i], bwhere)
+			errs[i] = checkBlock(m, blocks[i], bv, ws, i, scratch, bwhere)
 		})
 	}
 	if ran == 0 {
@@ -379,46 +377,103 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	return errs, nil
 }
 
-// prefetchWeights starts reading, on one goroutine, the weights of the
-// retained blocks (ws[i] nil and retain[i] set) into ws, when they
-// together take at most a quarter of memLimit (1 GiB without a limit):
-// those are in memory for the output afterwards anyway, so reading them
-// while the model runs adds only the run's activations to the peak, within
-// that budget. A block whose read fails is left nil (its check reads it
-// again and reports the error). Wait on the result before reading ws.
-func prefetchWeights(m *graph.Model, blocks []*Block, ws []*moe.Weights, retain []bool, memLimit int64) *sync.WaitGroup {
-	var wg sync.WaitGroup
+// earlyChecks checks blocks while the model runs: each block whose input,
+// router input and output the run has computed (and whose input has not
+// vanished) goes to a worker on another core, one block at a time, if its
+// weights fit a quarter of the memory limit (1 GiB without one). The run
+// reports values through captured, on its own goroutine.
+type earlyChecks struct {
+	m      *graph.Model
+	blocks []*Block
+	ws     []*moe.Weights
+	errs   []error
+	where  string
+	need   map[string][]int // value name -> blocks waiting for it
+	vals   []map[string]*eval.Tensor
+	left   []int // values each block still waits for
+	done   []bool
+	res    []error
+	queue  chan int
+	wg     sync.WaitGroup
+}
+
+func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, errs []error, memLimit int64, where string) *earlyChecks {
+	e := &earlyChecks{m: m, blocks: blocks, ws: ws, errs: errs, where: where, done: make([]bool, len(blocks)), res: make([]error, len(blocks))}
 	if runtime.GOMAXPROCS(0) < 2 {
-		return &wg
+		return e
 	}
 	budget := int64(1 << 30)
 	if memLimit > 0 {
 		budget = memLimit / 4
 	}
-	var todo []int
-	var total int64
+	e.need = map[string][]int{}
+	e.vals = make([]map[string]*eval.Tensor, len(blocks))
+	e.left = make([]int, len(blocks))
 	for i, b := range blocks {
-		if i < len(retain) && retain[i] && ws[i] == nil && b.W != nil {
-			todo = append(todo, i)
-			total += b.W.weightBytes(&b.Spec)
+		if errs[i] != nil || ws[i] == nil && b.W.weightBytes(&b.Spec) > budget {
+			continue
 		}
-	}
-	if len(todo) == 0 || total > budget {
-		return &wg
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for _, i := range todo {
-			if w, err := blocks[i].W.Materialize(m, &blocks[i].Spec); err == nil {
-				ws[i] = w
+		e.vals[i] = map[string]*eval.Tensor{}
+		for _, v := range []string{b.Input, b.Router, b.Output} {
+			if _, dup := e.vals[i][v]; !dup {
+				e.vals[i][v] = nil
+				e.need[v] = append(e.need[v], i)
+				e.left[i]++
 			}
 		}
+	}
+	e.queue = make(chan int, len(blocks))
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		scratch := &moe.Weights{}
+		for i := range e.queue {
+			if ctx.Err() != nil {
+				continue // the run ends with the context's error
+			}
+			e.res[i] = checkBlock(m, blocks[i], e.vals[i], ws, i, scratch, where)
+			e.done[i] = true
+		}
 	}()
-	return &wg
+	return e
 }
 
-// forBlocks calls check(i) for every block, on up to GOMAXPROCS goroutines.
+// captured records a value the run computed and queues the blocks it
+// completes.
+func (e *earlyChecks) captured(name string, t *eval.Tensor) {
+	for _, i := range e.need[name] {
+		e.vals[i][name] = t
+		if e.left[i] == 0 {
+			continue // reported twice: already queued
+		}
+		if e.left[i]--; e.left[i] == 0 && !vanished(e.vals[i][e.blocks[i].Input]) {
+			e.queue <- i
+		}
+	}
+}
+
+// finish waits for the worker and returns which blocks it checked; their
+// errors are recorded only when the run completed (ok), otherwise the
+// blocks are checked again on the next run.
+func (e *earlyChecks) finish(ok bool) []bool {
+	if e.queue == nil {
+		return e.done
+	}
+	close(e.queue)
+	e.wg.Wait()
+	if !ok {
+		return make([]bool, len(e.blocks))
+	}
+	for i, d := range e.done {
+		if d {
+			e.errs[i] = e.res[i]
+		}
+	}
+	return e.done
+}
+
+// forBlocks calls check(i, scratch) for every block, on up to GOMAXPROCS
+// goroutines, each with its own scratch weights to read blocks into.
 // A block whose weights are not retained (ws[i] nil and retain[i] unset)
 // has them read while it is checked and dropped after: such blocks run at
 // once only while their weight bytes together stay within a quarter of
@@ -426,11 +481,12 @@ func prefetchWeights(m *graph.Model, blocks []*Block, ws []*moe.Weights, retain 
 // of one block's weights where blocks are large; a block larger than that
 // runs alone, as it would serially. Retained weights are in memory for the
 // rewrite anyway.
-func forBlocks(blocks []*Block, ws []*moe.Weights, retain []bool, memLimit int64, check func(i int)) {
+func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i int, scratch *moe.Weights)) {
 	workers := min(runtime.GOMAXPROCS(0), len(blocks))
 	if workers <= 1 {
+		scratch := &moe.Weights{}
 		for i := range blocks {
-			check(i)
+			check(i, scratch)
 		}
 		return
 	}
@@ -440,7 +496,7 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, retain []bool, memLimit int64
 	}
 	cost := make([]int64, len(blocks))
 	for i, b := range blocks {
-		if ws[i] == nil && (i >= len(retain) || !retain[i]) {
+		if ws[i] == nil {
 			cost[i] = b.W.weightBytes(&b.Spec)
 		}
 	}
@@ -456,6 +512,7 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, retain []bool, memLimit int64
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			scratch := &moe.Weights{}
 			for {
 				mu.Lock()
 				// Blocks start in order: wait until the next one fits (or
@@ -472,7 +529,7 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, retain []bool, memLimit int64
 				inFlight += cost[i]
 				running++
 				mu.Unlock()
-				check(i)
+				check(i, scratch)
 				mu.Lock()
 				inFlight -= cost[i]
 				running--
@@ -486,10 +543,11 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, retain []bool, memLimit int64
 
 // checkBlock compares block b's captured output in vals with the fused
 // node's reference semantics on its captured input; where names the inputs
-// for the message. A nil ws[i] is read from the block's weight plan and
-// stored back when keep is set. It may switch b.Input to the router input
+// for the message. A nil ws[i] is read from the block's weight plan into
+// scratch's memory (nil: fresh memory), and scratch keeps what was
+// allocated for the next block. It may switch b.Input to the router input
 // (see numericCheck).
-func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*moe.Weights, i int, keep bool, where string) error {
+func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*moe.Weights, i int, scratch *moe.Weights, where string) error {
 	x, y := vals[b.Input], vals[b.Output]
 	if x == nil || y == nil || x.F32 == nil || y.F32 == nil {
 		return fmt.Errorf("numerical check: block input or output not computed as float")
@@ -511,10 +569,13 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	}
 	T := len(x.F32) / b.Spec.Hidden
 	w := ws[i]
-	if w == nil { // read now, dropped after this block unless kept
+	if w == nil { // read now into scratch, which the next block reuses
 		var err error
-		if w, err = b.W.Materialize(m, &b.Spec); err != nil {
+		if w, err = b.W.materializeInto(m, &b.Spec, scratch); err != nil {
 			return err
+		}
+		if scratch != nil {
+			*scratch = *w
 		}
 	}
 	// The fused semantics are per token: computed once per distinct
@@ -528,9 +589,6 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	gd, err := moe.ForwardExperts(&b.Spec, w, xd, Td, only)
 	if err != nil {
 		return err
-	}
-	if keep {
-		ws[i] = w // the caller writes these weights (already in memory)
 	}
 	peak := 0.0
 	for _, v := range y.F32 {

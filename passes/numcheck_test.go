@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"strings"
 	"testing"
 
@@ -289,7 +288,8 @@ func TestSymbolicDimsStaticTrace(t *testing.T) {
 // checked together (blocks in parallel where there are cores), the check
 // compares each block against its own weights: a gate weight of each
 // expert moved by 1e-2 in one block's weights fails that block, and only
-// it, whether the blocks' weights are handed back (retained) or dropped.
+// it, whether the blocks are checked while the model runs (two procs) or
+// after it (one).
 func TestNumericCheckPerCopyWeights(t *testing.T) {
 	const n, bad = 12, 7
 	m, err := models.Build(models.Config{Shape: models.ShapeBatched, Layers: n, Experts: 8, TopK: 2, Hidden: 32, Inter: 16, Normalize: true, Seed: 3, Tokens: 64})
@@ -300,7 +300,8 @@ func TestNumericCheckPerCopyWeights(t *testing.T) {
 	if err != nil || len(det.Blocks) != n {
 		t.Fatalf("detect: %v, %d blocks, want %d", err, len(det.Blocks), n)
 	}
-	for _, retained := range []bool{false, true} {
+	for _, procs := range []int{1, 2} {
+		prev := runtime.GOMAXPROCS(procs)
 		ws := make([]*moe.Weights, n)
 		w, err := det.Blocks[bad].W.Materialize(m, &det.Blocks[bad].Spec)
 		if err != nil {
@@ -311,20 +312,14 @@ func TestNumericCheckPerCopyWeights(t *testing.T) {
 			w.Gate[e*per+3] += 1e-2
 		}
 		ws[bad] = w
-		retain := make([]bool, n)
-		for i := range retain {
-			retain[i] = retained
-		}
-		errs, err := numericCheck(context.Background(), m, det.Blocks, ws, nil, 0, retain...)
+		errs, err := numericCheck(context.Background(), m, det.Blocks, ws, nil, 0)
+		runtime.GOMAXPROCS(prev)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, e := range errs {
 			if (e != nil) != (i == bad) {
-				t.Errorf("retained %v: block %d: check error %v, want failure %v", retained, i, e, i == bad)
-			}
-			if retained && ws[i] == nil {
-				t.Errorf("block %d: weights not handed back", i)
+				t.Errorf("%d procs: block %d: check error %v, want failure %v", procs, i, e, i == bad)
 			}
 		}
 	}
@@ -359,11 +354,11 @@ func TestCheckReadsInputOfOutputShape(t *testing.T) {
 	}
 }
 
-// TestPrefetchWeights: the weights of retained blocks are read ahead (equal
-// to what the check would read itself), the others are left to the check,
-// and nothing is read ahead past a quarter of the memory limit.
-func TestPrefetchWeights(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // prefetching needs a second proc
+// TestEarlyChecks: with a second proc, every block that reads a computed
+// value is checked while the model runs, with the result the check after the run gives (a block with
+// a wrong weight fails, the others pass); a run that fails records nothing.
+func TestEarlyChecks(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
 	m, err := models.Build(models.Config{Shape: models.ShapeBatched, Layers: 3, Experts: 4, TopK: 2, Hidden: 8, Inter: 8, Router: "softmax", Normalize: true})
 	if err != nil {
 		t.Fatal(err)
@@ -372,27 +367,43 @@ func TestPrefetchWeights(t *testing.T) {
 	if err != nil || len(det.Blocks) != 3 {
 		t.Fatalf("detect: %v", err)
 	}
-	retain := []bool{true, false, true}
 	ws := make([]*moe.Weights, 3)
-	prefetchWeights(m, det.Blocks, ws, retain, 0).Wait()
-	for i, b := range det.Blocks {
-		if (ws[i] != nil) != retain[i] {
-			t.Fatalf("block %d: prefetched %v, retained %v", i, ws[i] != nil, retain[i])
-		}
-		if ws[i] == nil {
-			continue
-		}
-		want, err := b.W.Materialize(m, &b.Spec)
+	if ws[1], err = det.Blocks[1].W.Materialize(m, &det.Blocks[1].Spec); err != nil {
+		t.Fatal(err)
+	}
+	ws[1].Down[5] += 1e-2
+	feeds, err := checkFeeds(m, 1, checkTokens(det.Blocks), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, b := range det.Blocks {
+		want[b.Input], want[b.Router], want[b.Output] = true, true, true
+	}
+	for _, ok := range []bool{true, false} {
+		errs := make([]error, 3)
+		early := newEarlyChecks(context.Background(), m, det.Blocks, ws, errs, 0, "seed 1")
+		vals, err := eval.Run(context.Background(), m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, OnCapture: early.captured})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(ws[i].Gate, want.Gate) || !slices.Equal(ws[i].Down, want.Down) || !slices.Equal(ws[i].RouterW, want.RouterW) {
-			t.Fatalf("block %d: prefetched weights differ from the plan's", i)
+		done := early.finish(ok)
+		for i, b := range det.Blocks {
+			// the first block reads the graph's input, which the run does
+			// not report: it is checked after the run
+			if done[i] != (ok && i > 0) {
+				t.Fatalf("run ok %v: block %d checked early: %v", ok, i, done[i])
+			}
+			if !ok {
+				if errs[i] != nil {
+					t.Fatalf("failed run recorded an error for block %d: %v", i, errs[i])
+				}
+				continue
+			}
+			late := checkBlock(m, b, vals, ws, i, nil, "seed 1")
+			if (errs[i] != nil) != (i == 1) || (late != nil) != (i == 1) {
+				t.Fatalf("block %d: early check %v, after the run %v, want failure %v", i, errs[i], late, i == 1)
+			}
 		}
-	}
-	ws = make([]*moe.Weights, 3)
-	prefetchWeights(m, det.Blocks, ws, retain, 64).Wait() // a 16-byte budget
-	if ws[0] != nil || ws[2] != nil {
-		t.Fatal("weights read ahead past the budget")
 	}
 }

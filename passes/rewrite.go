@@ -49,6 +49,14 @@ type Options struct {
 	// once (eval.Options.MemLimit); 0 means no limit. A check over it fails
 	// the rewrite with an error wrapping eval.ErrMemLimit.
 	MemLimit int64
+	// StreamWeights also defers the fused weights read from tensors stored
+	// inside the model (those read from side files always are): they are
+	// written from their sources when the model is saved instead of being
+	// copied now, which saves a copy of the weights in memory and its time
+	// when the model is saved right after. Until then the fused
+	// initializers hold no data: only Save and Encode can write the model
+	// (Marshal, the in-memory checker and other passes cannot read them).
+	StreamWeights bool
 }
 
 func (o *Options) progress(stage string, done, total int) {
@@ -109,7 +117,6 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	}
 	type ready struct {
 		b  *Block
-		w  *moe.Weights // nil without the numerical check
 		ts []fusedTensor
 	}
 	var todo []ready
@@ -118,13 +125,12 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 			return rep, err
 		}
 		opt.progress("weights", i, len(det.Blocks))
-		// The weights are only validated here and streamed to the output
-		// when it is saved; the numerical check reads each block's weights
-		// when it checks that block, one block at a time.
-		var w *moe.Weights
+		// The weights are only validated here; the numerical check reads
+		// each block's weights when it checks that block, and emit copies
+		// them (or has them streamed to the output when it is saved).
 		ts, err := b.W.fusedTensors(&b.Spec)
 		for i := range ts {
-			if err == nil && w == nil {
+			if err == nil {
 				err = ts[i].check(m)
 			}
 		}
@@ -132,7 +138,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: err.Error()})
 			continue
 		}
-		todo = append(todo, ready{b, w, ts})
+		todo = append(todo, ready{b, ts})
 	}
 	check := opt.Check
 	if w := shardCheckNote(det.Blocks); w != "" && check {
@@ -141,23 +147,12 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	}
 	if check && len(todo) > 0 {
 		bs := make([]*Block, len(todo))
-		ws := make([]*moe.Weights, len(todo))
 		for i, r := range todo {
-			bs[i], ws[i] = r.b, r.w
+			bs[i] = r.b
 		}
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
 		opt.progress("check", 0, len(bs))
-		// Weights stored inside the model are written from memory by
-		// emit: the check hands back the copies it reads. Side-file weights
-		// are streamed at save time, so theirs are dropped after each block.
-		retain := make([]bool, len(todo))
-		for i, r := range todo {
-			retain[i] = true
-			for j := range r.ts {
-				retain[i] = retain[i] && !r.ts[j].external()
-			}
-		}
-		errs, err := numericCheck(ctx, m, bs, ws, opt.CheckData, opt.MemLimit, retain...)
+		errs, err := numericCheck(ctx, m, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
 			errs, err = make([]error, len(bs)), nil
@@ -168,7 +163,6 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		opt.progress("check", len(bs), len(bs))
 		kept := todo[:0]
 		for i, r := range todo {
-			r.w = ws[i]
 			if errs[i] != nil {
 				rep.Refused = append(rep.Refused, NearMiss{Node: r.b.Name, Reason: errs[i].Error()})
 				continue
@@ -203,7 +197,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 			return rep, err
 		}
 		opt.progress("fuse", i, len(todo))
-		f, err := emit(m, g, dc, r.b, r.w, r.ts, opset, funcs)
+		f, err := emit(m, g, dc, r.b, r.ts, opt.StreamWeights, opset, funcs)
 		if err != nil {
 			return rep, err
 		}
@@ -222,7 +216,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 }
 
 // emit replaces one block.
-func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights, ts []fusedTensor, opset int64, funcs map[string]bool) (*Fused, error) {
+func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTensor, stream bool, opset int64, funcs map[string]bool) (*Fused, error) {
 	s := &b.Spec
 	name := g.UniqueName(b.Name + "/MoE")
 	in := make([]string, moe.NumInputs)
@@ -236,23 +230,19 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, w *moe.Weights
 		if len(ft.projs) == 0 {
 			continue
 		}
-		if ft.external() {
-			// Streamed from the input's side file when the model is saved.
-			n := g.UniqueName(b.Name + "/" + ft.role)
+		n := g.UniqueName(b.Name + "/" + ft.role)
+		if ft.external() || stream {
+			// Written from its sources (the input's side file, or its
+			// bytes in memory) when the model is saved.
 			ft.deferTo(m, g, n)
 			in[slot[ft.role]] = n
 			continue
 		}
-		v, err := ft.values(m, w, cache)
+		v, err := ft.values(m, cache)
 		if err != nil {
 			return nil, err
 		}
-		if v == nil {
-			continue
-		}
-		n := g.UniqueName(b.Name + "/" + ft.role)
-		// v is the block's own copy (materialized for the check, or
-		// gathered by values): it becomes the raw data as it is.
+		// v is the block's own copy: it becomes the raw data as it is.
 		g.AddInitializer(moe.Float32TensorOwned(n, ft.dims, v))
 		in[slot[ft.role]] = n
 	}

@@ -179,7 +179,15 @@ func (ft *fusedTensor) size() int64 {
 // float32 [out, in] rows), so memory stays bounded by one expert's matrix.
 func (ft *fusedTensor) deferTo(m *graph.Model, g *graph.Graph, name string) {
 	t := &pb.TensorProto{Dims: ft.dims, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), Name: proto.String(name)}
-	projs, isVec := ft.projs, ft.isVec
+	// The sources as they are now: a source that other nodes still read
+	// may be moved to the output's side file while the model is saved,
+	// before this tensor is written.
+	projs, isVec := make([]*Proj, len(ft.projs)), ft.isVec
+	for i, q := range ft.projs {
+		c := *q
+		c.Init = sourceSnapshot(m, q.Init)
+		projs[i] = &c
+	}
 	write := func(w io.Writer) error {
 		for _, q := range projs {
 			if err := q.writeCanonical(m, w, isVec); err != nil {
@@ -189,7 +197,22 @@ func (ft *fusedTensor) deferTo(m *graph.Model, g *graph.Graph, name string) {
 		return nil
 	}
 	g.AddInitializer(t)
-	m.SetDeferred(t, graph.DeferredData{Size: ft.size(), Write: write})
+	m.SetDeferred(t, graph.DeferredData{Size: ft.size(), Write: write, Inline: !ft.external()})
+}
+
+// sourceSnapshot returns a shallow copy of t that keeps naming its data
+// where it is now (its raw or typed data slices, or its side-file location),
+// whatever a save does to t itself; a deferred t is its own snapshot.
+func sourceSnapshot(m *graph.Model, t *pb.TensorProto) *pb.TensorProto {
+	if _, ok := m.Deferred(t); ok {
+		return t
+	}
+	return &pb.TensorProto{
+		Name: t.Name, Dims: t.Dims, DataType: t.DataType, Segment: t.Segment,
+		RawData: t.RawData, FloatData: t.FloatData, Int32Data: t.Int32Data, StringData: t.StringData,
+		Int64Data: t.Int64Data, DoubleData: t.DoubleData, Uint64Data: t.Uint64Data,
+		DataLocation: t.DataLocation, ExternalData: t.ExternalData,
+	}
 }
 
 // writeCanonical writes the projection's canonical rows (what matrix or

@@ -129,7 +129,7 @@ func TestWriteCanonicalMatchesValues(t *testing.T) {
 							t.Fatal(err)
 						}
 					}
-					v, err := ft.values(m, nil, map[*pb.TensorProto][]float32{})
+					v, err := ft.values(m, map[*pb.TensorProto][]float32{})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -74,30 +74,6 @@ func (p *WeightPlan) Inits() []*pb.TensorProto {
 	return out
 }
 
-// matrix extracts the [out, in] matrix (rows x cols = out x in) of a
-// projection as float32 in a fresh slice, with out rows before taking Part.
-func (q *Proj) matrix(m *graph.Model, cache map[*pb.TensorProto][]float32) (data []float32, out, in int, err error) {
-	rows, cols, err := q.shape(false)
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	data, err = q.appendCanonical(make([]float32, 0, rows*cols), m, cache, false)
-	if err != nil {
-		return nil, 0, 0, err
-	}
-	return data, rows, cols, nil
-}
-
-// vector extracts one expert's bias vector (with Part applied) in a fresh
-// slice.
-func (q *Proj) vector(m *graph.Model, cache map[*pb.TensorProto][]float32) ([]float32, error) {
-	n, _, err := q.shape(true)
-	if err != nil {
-		return nil, err
-	}
-	return q.appendCanonical(make([]float32, 0, n), m, cache, true)
-}
-
 // appendCanonical appends the projection's canonical rows (its [out, in]
 // matrix with Part's rows, or its bias vector with Part applied) to dst,
 // copying straight from the source's values: one copy, no intermediate.
@@ -287,39 +263,8 @@ func floats(m *graph.Model, t *pb.TensorProto, cache map[*pb.TensorProto][]float
 	return f, nil
 }
 
-// values returns a fused tensor's float32 contents in memory: from w when
-// the block's weights were materialized, else read now.
-func (ft *fusedTensor) values(m *graph.Model, w *moe.Weights, cache map[*pb.TensorProto][]float32) ([]float32, error) {
-	if w != nil {
-		switch ft.role {
-		case "router_weight":
-			return w.RouterW, nil
-		case "router_bias":
-			return w.RouterB, nil
-		case "router_correction_bias":
-			return w.CorrectionBias, nil
-		case "gate":
-			return w.Gate, nil
-		case "up":
-			return w.Up, nil
-		case "down":
-			return w.Down, nil
-		case "gate_bias":
-			return w.GateB, nil
-		case "up_bias":
-			return w.UpB, nil
-		case "down_bias":
-			return w.DownB, nil
-		case "shared_gate":
-			return w.SharedGate, nil
-		case "shared_up":
-			return w.SharedUp, nil
-		case "shared_down":
-			return w.SharedDown, nil
-		case "shared_gate_weight":
-			return w.SharedGateW, nil
-		}
-	}
+// values reads a fused tensor's float32 contents into a new slice.
+func (ft *fusedTensor) values(m *graph.Model, cache map[*pb.TensorProto][]float32) ([]float32, error) {
 	out := make([]float32, 0, ft.size()/4)
 	for _, q := range ft.projs {
 		var err error
@@ -333,33 +278,49 @@ func (ft *fusedTensor) values(m *graph.Model, w *moe.Weights, cache map[*pb.Tens
 // Materialize reads the plan's sources and returns the block's weights in
 // canonical layout.
 func (p *WeightPlan) Materialize(m *graph.Model, s *moe.Spec) (*moe.Weights, error) {
+	return p.materializeInto(m, s, nil)
+}
+
+// materializeInto is Materialize writing into reuse's slices where they
+// are large enough (reuse may be nil): a check that reads one block after
+// another then allocates the weights once rather than once per block. The
+// result shares reuse's memory.
+func (p *WeightPlan) materializeInto(m *graph.Model, s *moe.Spec, reuse *moe.Weights) (*moe.Weights, error) {
+	if reuse == nil {
+		reuse = &moe.Weights{}
+	}
 	cache := map[*pb.TensorProto][]float32{}
 	w := &moe.Weights{}
-	var err error
-	if w.RouterW, _, _, err = p.Router.matrix(m, cache); err != nil {
-		return nil, err
-	}
-	vec := func(q *Proj) ([]float32, error) {
+	// one reads a whole matrix or vector of q into dst's memory.
+	one := func(q *Proj, dst []float32, isVec bool) ([]float32, error) {
 		if q == nil {
 			return nil, nil
 		}
-		return q.vector(m, cache)
+		rows, cols, err := q.shape(isVec)
+		if err != nil {
+			return nil, err
+		}
+		return q.appendCanonical(scratch(dst, rows*max(cols, 1)), m, cache, isVec)
 	}
-	if w.RouterB, err = vec(p.RouterB); err != nil {
+	var err error
+	if w.RouterW, err = one(&p.Router, reuse.RouterW, false); err != nil {
 		return nil, err
 	}
-	if w.CorrectionBias, err = vec(p.Corr); err != nil {
+	if w.RouterB, err = one(p.RouterB, reuse.RouterB, true); err != nil {
+		return nil, err
+	}
+	if w.CorrectionBias, err = one(p.Corr, reuse.CorrectionBias, true); err != nil {
 		return nil, err
 	}
 	E, H, I := s.StoredExperts(), s.Hidden, s.Inter
 	if len(p.Experts) != E {
 		return nil, fmt.Errorf("weight plan has %d experts, spec %d", len(p.Experts), E)
 	}
-	stack := func(get func(e *ExpertProj) *Proj, rows, cols int, isVec bool) ([]float32, error) {
+	stack := func(get func(e *ExpertProj) *Proj, dst []float32, rows, cols int, isVec bool) ([]float32, error) {
 		if get(&p.Experts[0]) == nil {
 			return nil, nil
 		}
-		out := make([]float32, 0, E*rows*max(cols, 1))
+		out := scratch(dst, E*rows*max(cols, 1))
 		for e := range p.Experts {
 			q := get(&p.Experts[e])
 			if q == nil {
@@ -381,41 +342,48 @@ func (p *WeightPlan) Materialize(m *graph.Model, s *moe.Spec) (*moe.Weights, err
 		}
 		return out, nil
 	}
-	if w.Gate, err = stack(func(e *ExpertProj) *Proj { return e.Gate }, I, H, false); err != nil {
+	if w.Gate, err = stack(func(e *ExpertProj) *Proj { return e.Gate }, reuse.Gate, I, H, false); err != nil {
 		return nil, err
 	}
-	if w.Up, err = stack(func(e *ExpertProj) *Proj { return e.Up }, I, H, false); err != nil {
+	if w.Up, err = stack(func(e *ExpertProj) *Proj { return e.Up }, reuse.Up, I, H, false); err != nil {
 		return nil, err
 	}
-	if w.Down, err = stack(func(e *ExpertProj) *Proj { return e.Down }, H, I, false); err != nil {
+	if w.Down, err = stack(func(e *ExpertProj) *Proj { return e.Down }, reuse.Down, H, I, false); err != nil {
 		return nil, err
 	}
-	if w.GateB, err = stack(func(e *ExpertProj) *Proj { return e.GateB }, I, 0, true); err != nil {
+	if w.GateB, err = stack(func(e *ExpertProj) *Proj { return e.GateB }, reuse.GateB, I, 0, true); err != nil {
 		return nil, err
 	}
-	if w.UpB, err = stack(func(e *ExpertProj) *Proj { return e.UpB }, I, 0, true); err != nil {
+	if w.UpB, err = stack(func(e *ExpertProj) *Proj { return e.UpB }, reuse.UpB, I, 0, true); err != nil {
 		return nil, err
 	}
-	if w.DownB, err = stack(func(e *ExpertProj) *Proj { return e.DownB }, H, 0, true); err != nil {
+	if w.DownB, err = stack(func(e *ExpertProj) *Proj { return e.DownB }, reuse.DownB, H, 0, true); err != nil {
 		return nil, err
 	}
 	if s.SharedInter > 0 {
-		if w.SharedGate, _, _, err = p.SharedGate.matrix(m, cache); err != nil {
+		if w.SharedGate, err = one(p.SharedGate, reuse.SharedGate, false); err != nil {
 			return nil, err
 		}
-		if w.SharedUp, _, _, err = p.SharedUp.matrix(m, cache); err != nil {
+		if w.SharedUp, err = one(p.SharedUp, reuse.SharedUp, false); err != nil {
 			return nil, err
 		}
-		if w.SharedDown, _, _, err = p.SharedDown.matrix(m, cache); err != nil {
+		if w.SharedDown, err = one(p.SharedDown, reuse.SharedDown, false); err != nil {
 			return nil, err
 		}
-		if p.SharedGateW != nil {
-			if w.SharedGateW, _, _, err = p.SharedGateW.matrix(m, cache); err != nil {
-				return nil, err
-			}
+		if w.SharedGateW, err = one(p.SharedGateW, reuse.SharedGateW, false); err != nil {
+			return nil, err
 		}
 	}
 	return w, nil
+}
+
+// scratch returns buf emptied when it can hold n values, else a new slice
+// that can.
+func scratch(buf []float32, n int) []float32 {
+	if cap(buf) >= n {
+		return buf[:0]
+	}
+	return make([]float32, 0, n)
 }
 
 // weightBytes is how many float32 bytes Materialize returns for the plan

@@ -90,7 +90,7 @@ simulated collectives against the merged model, and writes one global model;
 			}
 			progress := newProgress(c)
 			budget := memBudget(memLimit)
-			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData, MemLimit: budget})
+			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData, MemLimit: budget, StreamWeights: epf.split == 0})
 			rerr = memLimitError(rerr, budget, "--no-check skips the numerical check")
 			if rep != nil && report != "" && c.Context().Err() == nil {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {

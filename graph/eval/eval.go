@@ -48,6 +48,13 @@ type Options struct {
 	// exceeding it ends the run with an error wrapping ErrWorkLimit. 0
 	// means DefaultMaxNodeRuns; negative means no bound.
 	MaxNodeRuns int64
+	// OnCapture, when set, is called on the run's goroutine with each
+	// value of the main graph that Capture selects, as soon as a node has
+	// computed it (feeds, initializers and values a kernel left as a lazy
+	// view are not reported), so that a caller can start working on it
+	// while the run goes on. The tensor is the one the run returns;
+	// nothing may change it.
+	OnCapture func(name string, t *Tensor)
 }
 
 // DefaultMaxNodeRuns is the node evaluations a run may make unless
@@ -520,6 +527,9 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 				t.normalize()
 			}
 			sc.bind(r, o, t)
+			if r.opt.OnCapture != nil && t.lazy == nil && sc.parent == nil && r.depth == 0 && keep(o) {
+				r.opt.OnCapture(o, t)
+			}
 		}
 		if r.opt.MemLimit > 0 && r.live > r.opt.MemLimit {
 			return nil, fmt.Errorf("%w: %d bytes live after node %s (%s), limit %d", ErrMemLimit, r.live, graph.NodeLabel(n), n.GetOpType(), r.opt.MemLimit)
