@@ -657,3 +657,43 @@ func TestRunHalfComputeBehindFloatIO(t *testing.T) {
 		t.Fatalf("exact run of the float32 rewrite against float16 goldens: %v, want a mismatch", err)
 	}
 }
+
+// TestStreamWeightsSameBytes: a rewrite with StreamWeights, whose fused
+// weights are written from their sources at save time, saves the same bytes
+// as one that copies them during Rewrite (saved as files and as a stream),
+// for a model of several layers with its weights inline.
+func TestStreamWeightsSameBytes(t *testing.T) {
+	dir := t.TempDir()
+	g, err := models.Build(models.Config{Shape: models.ShapeBatched, Layers: 3, Experts: 8, TopK: 2, Hidden: 64, Inter: 96, Router: "softmax", Normalize: true, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(dir, "src.onnx")
+	if err := g.Save(src, graph.SaveOptions{External: graph.ExternalInline}); err != nil {
+		t.Fatal(err)
+	}
+	outs := map[bool][]byte{}
+	streams := map[bool][]byte{}
+	for _, stream := range []bool{false, true} {
+		m := load(t, src)
+		rep, err := mokopt.Rewrite(context.Background(), m, mokopt.RewriteOptions{StreamWeights: stream})
+		if err != nil || len(rep.Fused) != 3 {
+			t.Fatalf("stream %v: %v, %d fused", stream, err, len(rep.Fused))
+		}
+		out := filepath.Join(dir, fmt.Sprintf("out_%v.onnx", stream))
+		if err := mokopt.Save(context.Background(), m, out, mokopt.SaveOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if outs[stream], err = os.ReadFile(out); err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := mokopt.Write(context.Background(), m, &buf, mokopt.SaveOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		streams[stream] = buf.Bytes()
+	}
+	if !bytes.Equal(outs[false], outs[true]) || !bytes.Equal(streams[false], streams[true]) || !bytes.Equal(outs[false], streams[false]) {
+		t.Fatalf("streamed and copied weights saved differently (%d, %d bytes; streams %d, %d)", len(outs[false]), len(outs[true]), len(streams[false]), len(streams[true]))
+	}
+}
