@@ -2,6 +2,7 @@ package moe
 
 import (
 	"fmt"
+	"github.com/mokopt/mokopt/internal/f32"
 	"math"
 	"runtime"
 	"sort"
@@ -234,25 +235,11 @@ func softmax(v []float32) {
 // Logistic is the sigmoid function 1/(1+e^-x), computed in float64.
 func Logistic(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
 
-// Dot is the float32 dot product of a and b[:len(a)], summed in four
-// interleaved partial sums (elements i mod 4) added pairwise.
-func Dot(a, b []float32) float32 {
-	b = b[:len(a)]
-	// Four partial sums: independent additions pipeline (four times the
-	// speed of one running sum), combined pairwise.
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
-	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
-	}
-	return (s0 + s1) + (s2 + s3)
-}
+// Dot is the float32 dot product of a and b[:len(a)], summed in one fixed
+// order on every machine: 32 interleaved partial sums (elements i mod 32),
+// combined pairwise, then the elements past the last multiple of 32 one
+// after another (vector instructions where the CPU has AVX).
+func Dot(a, b []float32) float32 { return f32.Dot(a, b) }
 
 // Activate applies the expert activation to a gate and an up projection
 // (gate is ignored for GELU) and returns the intermediate activation.

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	vec "github.com/mokopt/mokopt/internal/f32"
 	"slices"
 	"sync"
 
@@ -50,19 +51,7 @@ func gemmF32Cols(a, b, c []float32, M, K, N, c0, c1 int) {
 func gemvF32(a, b, c []float32, K int) {
 	b = b[:K]
 	for i := range c {
-		row := a[i*K : i*K+K]
-		var s0, s1, s2, s3 float32
-		k := 0
-		for ; k+4 <= K; k += 4 {
-			s0 += row[k] * b[k]
-			s1 += row[k+1] * b[k+1]
-			s2 += row[k+2] * b[k+2]
-			s3 += row[k+3] * b[k+3]
-		}
-		for ; k < K; k++ {
-			s0 += row[k] * b[k]
-		}
-		c[i] += (s0 + s1) + (s2 + s3)
+		c[i] += vec.Dot(a[i*K:i*K+K], b)
 	}
 }
 
@@ -73,19 +62,7 @@ func gemvMultiF32(a []float32, bs, cs [][]float32, K int) {
 	for i := range cs[0] {
 		row := a[i*K : i*K+K]
 		for v, b := range bs {
-			b = b[:K]
-			var s0, s1, s2, s3 float32
-			k := 0
-			for ; k+4 <= K; k += 4 {
-				s0 += row[k] * b[k]
-				s1 += row[k+1] * b[k+1]
-				s2 += row[k+2] * b[k+2]
-				s3 += row[k+3] * b[k+3]
-			}
-			for ; k < K; k++ {
-				s0 += row[k] * b[k]
-			}
-			cs[v][i] += (s0 + s1) + (s2 + s3)
+			cs[v][i] += vec.Dot(row, b[:K])
 		}
 	}
 }

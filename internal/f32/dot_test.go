@@ -1,0 +1,85 @@
+package f32
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func randVec(r *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * scale * math.Pow(2, float64(r.IntN(20)-10)))
+	}
+	return v
+}
+
+// dotGeneric is Dot without the vector instructions.
+func dotGeneric(a, b []float32) float32 {
+	n32 := len(a) &^ 31
+	var s float32
+	if n32 > 0 {
+		var lanes [8]float32
+		dot32Generic(a[:n32], b[:n32], &lanes)
+		s = reduce(&lanes)
+	}
+	for i := n32; i < len(a); i++ {
+		s += float32(a[i] * b[i])
+	}
+	return s
+}
+
+// TestDotSameOnEveryMachine: Dot gives the bits of the documented order
+// computed in Go, at every length (so the vector instructions, where they
+// run, round exactly as Go does), and is close to the exact sum.
+func TestDotSameOnEveryMachine(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := range 300 {
+		for range 5 {
+			a, b := randVec(r, n, 1), randVec(r, n+3, 1) // b may be longer
+			got, want := Dot(a, b), dotGeneric(a, b[:n])
+			if math.Float32bits(got) != math.Float32bits(want) {
+				t.Fatalf("n=%d: Dot %v, the documented order %v (AVX %v)", n, got, want, useAVX)
+			}
+			var exact, mag float64
+			for i := range a {
+				exact += float64(a[i]) * float64(b[i])
+				mag += math.Abs(float64(a[i]) * float64(b[i]))
+			}
+			if d := math.Abs(float64(got) - exact); d > 1e-5*mag+1e-30 {
+				t.Fatalf("n=%d: Dot %v, exact %v (|terms| %v)", n, got, exact, mag)
+			}
+		}
+	}
+}
+
+// TestDotOrder pins the order itself: 2^24 in vector 0 and ones in vectors
+// 2 and 3 of lane 0 give 2^24 + 2 when the ones meet first, as documented
+// (one after another, each 1 would be rounded away), and the tail's -2^24
+// comes last.
+func TestDotOrder(t *testing.T) {
+	a := make([]float32, 33)
+	b := make([]float32, 33)
+	for i := range b {
+		b[i] = 1
+	}
+	a[0], a[16], a[24], a[32] = 1<<24, 1, 1, -(1 << 24)
+	if got := Dot(a, b); got != 2 {
+		t.Fatalf("Dot = %v, want 2 from the documented order", got)
+	}
+}
+
+func BenchmarkDot(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	x, y := randVec(r, 256, 1), randVec(r, 256, 1)
+	b.Run("dispatch", func(b *testing.B) {
+		for b.Loop() {
+			Dot(x, y)
+		}
+	})
+	b.Run("generic", func(b *testing.B) {
+		for b.Loop() {
+			dotGeneric(x, y)
+		}
+	})
+}
