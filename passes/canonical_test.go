@@ -20,9 +20,10 @@ import (
 // Runtime offline-optimized models (blocks and whole models), whole raw
 // dynamo models, and opsets below 13; float16 conversions that keep
 // float32 I/O (casts inside the block); and exports whose weights are graph
-// inputs too (keep_initializers_as_inputs).
+// inputs too (keep_initializers_as_inputs); and blocks chained directly,
+// one reading the previous one's output.
 var canonicalClasses = map[string]bool{"functions": true, "dynamo_raw": true, "ort_opt": true, "full_ort": true, "full_raw": true, "low_opset": true,
-	"fp16": true, "init_inputs": true}
+	"fp16": true, "init_inputs": true, "chain": true}
 
 // TestProducersCanonical checks that every export of the canonical classes
 // that the manifest expects to fuse does: each block fuses with the

@@ -66,6 +66,7 @@ func (c *ctx) upcasts(n *pb.NodeProto) bool {
 // different types (the fused node's output has its input's type); the
 // error says why.
 func (c *ctx) setIOType(b *Block) error {
+	c.outputBeforeReshape(b)
 	in, out := c.elemType(b.Input), c.elemType(b.Output)
 	if in != pb.TensorProto_UNDEFINED && out != pb.TensorProto_UNDEFINED && in != out && !c.outputBeforeCast(b, in) {
 		return rejectf("block input %q is %s but its output %q is %s: the fused node's output has its input's type", b.Input, in, b.Output, out)
@@ -136,6 +137,16 @@ func (c *ctx) outputBeforeCast(b *Block, in pb.TensorProto_DataType) bool {
 	if p == nil || p.GetOpType() != "Cast" || len(p.Input) != 1 || c.elemType(p.Input[0]) != in {
 		return false
 	}
+	if !b.dropFromRegion(p) {
+		return false
+	}
+	b.Output = p.Input[0]
+	return true
+}
+
+// dropFromRegion takes node p out of b's region (it stays in the graph,
+// reading the fused node's output), and reports whether p was in it.
+func (b *Block) dropFromRegion(p *pb.NodeProto) bool {
 	i := slices.Index(b.Region, p)
 	if i < 0 {
 		return false
@@ -147,8 +158,40 @@ func (c *ctx) outputBeforeCast(b *Block, in pb.TensorProto_DataType) bool {
 		b.regionPos = nil
 	}
 	b.Nodes = len(b.Region)
-	b.Output = p.Input[0]
 	return true
+}
+
+// outputBeforeReshape moves b's output back past the shape ops that end its
+// region (Reshape, Flatten, Squeeze, Unsqueeze, Identity) when the block's
+// input and output have different ranks and a value on that chain has the
+// input's: the fused node, whose output has its input's shape, then writes
+// that value and the shape ops stay, out of the region, restoring the
+// output's shape (a block that flattens [B, S, H] to [B·S, H] and reshapes
+// its result back, fed the flattened tokens of a previous block).
+func (c *ctx) outputBeforeReshape(b *Block) {
+	ri, ro := c.rankInfer(b.Input), c.rankInfer(b.Output)
+	if ri < 0 || ro < 0 || ri == ro {
+		return
+	}
+	var chain []*pb.NodeProto
+	for v := b.Output; ; {
+		p := c.g.Producer(v)
+		switch {
+		case p == nil || len(p.Input) == 0 || !slices.Contains(b.Region, p):
+			return
+		case p.GetOpType() != "Reshape" && p.GetOpType() != "Flatten" && p.GetOpType() != "Squeeze" && p.GetOpType() != "Unsqueeze" && p.GetOpType() != "Identity":
+			return
+		}
+		chain = append(chain, p)
+		v = p.Input[0]
+		if c.rankInfer(v) == ri {
+			for _, n := range chain {
+				b.dropFromRegion(n)
+			}
+			b.Output = v
+			return
+		}
+	}
 }
 
 // checkTolerance is the numerical check's tolerance for a block whose
