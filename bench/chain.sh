@@ -49,6 +49,7 @@ best() {
 	shift
 	BEST=""
 	for ((r = 0; r < REPS; r++)); do
+		sync # each run starts with no dirty pages of an earlier one to write back
 		/usr/bin/time -f "%e %M %U %S" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name" || {
 			echo "$name failed:" >&2
 			cat "$W/err.$name" >&2

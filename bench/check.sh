@@ -47,6 +47,7 @@ measure() {
 	shift
 	T_WALL="" T_RSS=""
 	for ((r = 0; r < REPS; r++)); do
+		sync # each run starts with no dirty pages of an earlier one to write back
 		(ulimit -v 16000000 && /usr/bin/time -f "%e %M" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name") || {
 			echo "$name failed:" >&2
 			tail -5 "$W/err.$name" >&2
