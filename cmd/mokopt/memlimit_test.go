@@ -205,11 +205,17 @@ func TestNestedIfLinear(t *testing.T) {
 		if err := os.WriteFile(f, marshal(t, nestedIf(depth)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		start := time.Now()
-		code, msg, _ := runCLI(context.Background(), []string{"verify", f, f, "--tokens", "1"})
-		took[depth] = time.Since(start)
-		if code != 0 {
-			t.Fatalf("depth %d: exit %d %s", depth, code, msg)
+		// the fastest of three runs: one slow run on a shared machine is
+		// not the growth this test looks for (quadratic would be 9x)
+		for range 3 {
+			start := time.Now()
+			code, msg, _ := runCLI(context.Background(), []string{"verify", f, f, "--tokens", "1"})
+			if d := time.Since(start); took[depth] == 0 || d < took[depth] {
+				took[depth] = d
+			}
+			if code != 0 {
+				t.Fatalf("depth %d: exit %d %s", depth, code, msg)
+			}
 		}
 	}
 	if took[3000] > 6*took[1000] {
