@@ -171,7 +171,13 @@ func kTile(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		if reps[i] < 0 {
 			return nil, errf("negative repeat %d", reps[i])
 		}
+		if _, err := checkedNumel([]int{d, int(reps[i])}); err != nil || int64(int(reps[i])) != reps[i] {
+			return nil, errf("repeat %d of dim %d (%d) is too large", reps[i], i, d)
+		}
 		shape[i] = d * int(reps[i])
+	}
+	if _, err := checkedNumel(shape); err != nil {
+		return nil, errf("repeats %v: %v", reps, err)
 	}
 	if err := c.checkAlloc(x.DType, shape); err != nil {
 		return nil, err
