@@ -264,26 +264,30 @@ func Activate(s *Spec, g, u float32) float32 {
 // expertFFN computes one expert's output for one token into out (length H).
 func expertFFN(s *Spec, w *Weights, e int, xt, out []float32, act []float32) {
 	H, I := s.Hidden, s.Inter
-	for i := 0; i < I; i++ {
-		var g float32
-		if w.Gate != nil {
-			g = Dot(xt, w.Gate[(e*I+i)*H:(e*I+i+1)*H])
-			if w.GateB != nil {
-				g += w.GateB[e*I+i]
-			}
-		}
-		u := Dot(xt, w.Up[(e*I+i)*H:(e*I+i+1)*H])
-		if w.UpB != nil {
-			u += w.UpB[e*I+i]
-		}
-		act[i] = Activate(s, g, u)
+	g, u := act[I:2*I], act[2*I:3*I]
+	clear(g)
+	clear(u)
+	if w.Gate != nil {
+		f32.DotRows(w.Gate[e*I*H:(e+1)*I*H], H, xt, g)
 	}
-	for h := 0; h < H; h++ {
-		v := Dot(act, w.Down[(e*H+h)*I:(e*H+h+1)*I])
-		if w.DownB != nil {
-			v += w.DownB[e*H+h]
+	f32.DotRows(w.Up[e*I*H:(e+1)*I*H], H, xt, u)
+	for i := 0; i < I; i++ {
+		gi, ui := g[i], u[i]
+		if w.Gate != nil && w.GateB != nil {
+			gi += w.GateB[e*I+i]
 		}
-		out[h] = v
+		if w.UpB != nil {
+			ui += w.UpB[e*I+i]
+		}
+		act[i] = Activate(s, gi, ui)
+	}
+	out = out[:H]
+	clear(out)
+	f32.DotRows(w.Down[e*H*I:(e+1)*H*I], I, act[:I], out)
+	if w.DownB != nil {
+		for h := range out {
+			out[h] += w.DownB[e*H+h]
+		}
 	}
 }
 
@@ -341,7 +345,7 @@ func forwardTokens(s *Spec, w *Weights, x []float32, ids [][]int, rw [][]float32
 	H := s.Hidden
 	tmp := make([]float32, H)
 	xin := make([]float32, H)
-	act := make([]float32, max(s.Inter, s.SharedInter))
+	act := make([]float32, max(3*s.Inter, s.SharedInter)) // expertFFN's activations and gate and up products
 	acc := make([]float64, H)
 	for t := t0; t < t1; t++ {
 		xt := x[t*H : (t+1)*H]
@@ -354,12 +358,12 @@ func forwardTokens(s *Spec, w *Weights, x []float32, ids [][]int, rw [][]float32
 				for h := range xin {
 					xin[h] = xt[h] * rw[t][i]
 				}
-				expertFFN(s, w, e, xin, tmp, act[:s.Inter])
+				expertFFN(s, w, e, xin, tmp, act)
 				for h := range tmp {
 					acc[h] += float64(tmp[h])
 				}
 			} else {
-				expertFFN(s, w, e, xt, tmp, act[:s.Inter])
+				expertFFN(s, w, e, xt, tmp, act)
 				for h := range tmp {
 					acc[h] += float64(rw[t][i]) * float64(tmp[h])
 				}

@@ -49,6 +49,10 @@ func (f *epFlags) table() (*mokopt.EPTable, error) {
 	return t, nil
 }
 
+// maxSplitRanks is the most rank files --split-ranks writes: beyond any
+// model's expert count, and a bound on the files checked and written.
+const maxSplitRanks = 4096
+
 // rankPath inserts .rankR before out's extension.
 func rankPath(out string, r int) string {
 	ext := filepath.Ext(out)

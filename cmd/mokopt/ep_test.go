@@ -50,6 +50,7 @@ func TestEPCommands(t *testing.T) {
 		{"split merged back", rewrite(append(append([]string{"--merge-ranks"}, ranks("split", 4)...), "-o", p("back.onnx"))...), 0, []string{p("back.onnx")}, nil},
 		{"verify split+merged", []string{"verify", p("back.onnx"), p("merged.onnx")}, 0, nil, nil},
 		{"split 3 ways refused", rewrite(p("merged.onnx"), "--split-ranks", "3", "-o", p("three.onnx")), 1, nil, []string{p("three.rank0.onnx")}},
+		{"split past the rank bound refused at once", rewrite(p("merged.onnx"), "--split-ranks", "1000000", "-o", p("many.onnx")), 2, nil, []string{p("many.rank0.onnx")}},
 		{"sharding annotations fuse", rewrite(p("sharded.onnx"), "-o", p("sharded.fused.onnx")), 0, []string{p("sharded.fused.onnx")}, nil},
 		{"verify annotated against the reference", []string{"verify", p("sharded.fused.onnx"), p("ref.onnx")}, 0, nil, nil},
 		{"ShardedMoE ranks merge", rewrite(append(append([]string{"--merge-ranks"}, ranks("smoe", 8)...), "-o", p("smoe.merged.onnx"))...), 0, []string{p("smoe.merged.onnx")}, nil},

@@ -70,6 +70,9 @@ simulated collectives against the merged model, and writes one global model;
 			if out == args[0] && !inPlace && out != mokopt.Stdio {
 				return usageErr(fmt.Errorf("refusing to overwrite the input %s without --in-place", out))
 			}
+			if epf.split < 0 || epf.split > maxSplitRanks {
+				return usageErr(fmt.Errorf("--split-ranks %d: give 1 to %d ranks (one file each; the count must divide every block's experts)", epf.split, maxSplitRanks))
+			}
 			if n := btoi(out == mokopt.Stdio) + btoi(asJSON) + btoi(report == mokopt.Stdio); n > 1 {
 				return usageErr(errors.New("two outputs would share standard output (-o -, --report -, --json)"))
 			}

@@ -49,21 +49,15 @@ func gemmF32Cols(a, b, c []float32, M, K, N, c0, c1 int) {
 // product with one column, as a batched-experts export multiplies each
 // gathered expert matrix by one token.
 func gemvF32(a, b, c []float32, K int) {
-	b = b[:K]
-	for i := range c {
-		c[i] += vec.Dot(a[i*K:i*K+K], b)
-	}
+	vec.DotRows(a, K, b, c)
 }
 
-// gemvMultiF32 is gemvF32 for several vectors bs[v] into cs[v] with one
-// pass over a's rows (each row read once while it is in cache); every
-// element is summed exactly as gemvF32 sums it.
+// gemvMultiF32 is gemvF32 for several vectors bs[v] into cs[v], a's rows
+// read once per vector while they are in cache; every element is summed
+// exactly as gemvF32 sums it.
 func gemvMultiF32(a []float32, bs, cs [][]float32, K int) {
-	for i := range cs[0] {
-		row := a[i*K : i*K+K]
-		for v, b := range bs {
-			cs[v][i] += vec.Dot(row, b[:K])
-		}
+	for v, b := range bs {
+		vec.DotRows(a, K, b, cs[v][:len(cs[0])])
 	}
 }
 

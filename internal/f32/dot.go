@@ -56,3 +56,35 @@ func dot32Generic(a, b []float32, lanes *[8]float32) {
 		lanes[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])
 	}
 }
+
+// DotRows adds to out[i], for each i < len(out), the dot product of row i
+// of a (rows of k values, one after another) with b[:k], each computed
+// exactly as Dot computes it; one call covers every row, so that short rows
+// do not pay a call each.
+func DotRows(a []float32, k int, b []float32, out []float32) {
+	if len(out) == 0 {
+		return
+	}
+	b = b[:k]
+	a = a[:len(out)*k]
+	n32 := k &^ 31
+	if n32 == 0 || !useAVX {
+		for i := range out {
+			out[i] += Dot(a[i*k:i*k+k], b)
+		}
+		return
+	}
+	var sums [256]float32
+	for r0 := 0; r0 < len(out); r0 += len(sums) {
+		rows := min(len(sums), len(out)-r0)
+		dotRowsAVX(&a[r0*k], &b[0], n32, k, rows, &sums[0])
+		for i := range rows {
+			s := sums[i]
+			row := a[(r0+i)*k : (r0+i)*k+k]
+			for j := n32; j < k; j++ {
+				s += float32(row[j] * b[j])
+			}
+			out[r0+i] += s
+		}
+	}
+}

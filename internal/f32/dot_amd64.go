@@ -11,3 +11,10 @@ var useAVX = cpu.X86.HasAVX
 //
 //go:noescape
 func dot32AVX(a, b *float32, n int, lanes *[8]float32)
+
+// dotRowsAVX writes to sums[r], for rows rows of a stride floats apart,
+// the reduced sum of dot32AVX over the row's first n floats with b (n a
+// positive multiple of 32, rows > 0), reduced as reduce does.
+//
+//go:noescape
+func dotRowsAVX(a, b *float32, n, stride, rows int, sums *float32)

@@ -83,3 +83,42 @@ func BenchmarkDot(b *testing.B) {
 		}
 	})
 }
+
+// TestDotRows: every row's sum is Dot's, bit for bit, added to what out
+// held, for row lengths with and without a tail, and more rows than one
+// call's buffer.
+func TestDotRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, k := range []int{1, 8, 31, 32, 33, 64, 96, 100, 128} {
+		for _, rows := range []int{1, 3, 255, 256, 257, 600} {
+			a, b := randVec(r, rows*k, 1), randVec(r, k, 1)
+			out, base := randVec(r, rows, 1), make([]float32, rows)
+			copy(base, out)
+			DotRows(a, k, b, out)
+			for i := range rows {
+				want := base[i] + Dot(a[i*k:i*k+k], b)
+				if math.Float32bits(out[i]) != math.Float32bits(want) {
+					t.Fatalf("k=%d rows=%d row %d: %v, want %v", k, rows, i, out[i], want)
+				}
+			}
+		}
+	}
+}
+
+func BenchmarkDotRows(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const k, rows = 64, 256
+	a, x, out := randVec(r, rows*k, 1), randVec(r, k, 1), make([]float32, rows)
+	b.Run("rows", func(b *testing.B) {
+		for b.Loop() {
+			DotRows(a, k, x, out)
+		}
+	})
+	b.Run("dot each", func(b *testing.B) {
+		for b.Loop() {
+			for i := range rows {
+				out[i] += Dot(a[i*k:i*k+k], x)
+			}
+		}
+	})
+}
