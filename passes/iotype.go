@@ -179,7 +179,7 @@ func (c *ctx) outputBeforeReshape(b *Block) {
 		switch {
 		case p == nil || len(p.Input) == 0 || !slices.Contains(b.Region, p):
 			return
-		case p.GetOpType() != "Reshape" && p.GetOpType() != "Flatten" && p.GetOpType() != "Squeeze" && p.GetOpType() != "Unsqueeze" && p.GetOpType() != "Identity":
+		case !noiseOps[p.GetOpType()] || p.GetOpType() == "Cast": // shape ops only
 			return
 		}
 		chain = append(chain, p)

@@ -404,10 +404,7 @@ func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*
 	if runtime.GOMAXPROCS(0) < 2 {
 		return e
 	}
-	budget := int64(1 << 30)
-	if memLimit > 0 {
-		budget = memLimit / 4
-	}
+	budget := weightsBudget(memLimit)
 	e.need = map[string][]int{}
 	e.vals = make([]map[string]*eval.Tensor, len(blocks))
 	e.left = make([]int, len(blocks))
@@ -474,6 +471,15 @@ func (e *earlyChecks) finish(ok bool) []bool {
 	return e.done
 }
 
+// weightsBudget is the weight bytes the check reads at once: a quarter of
+// memLimit, 1 GiB without one.
+func weightsBudget(memLimit int64) int64 {
+	if memLimit > 0 {
+		return memLimit / 4
+	}
+	return 1 << 30
+}
+
 // forBlocks calls check(i, scratch) for every block, on up to GOMAXPROCS
 // goroutines, each with its own scratch weights to read blocks into.
 // A block whose weights are not retained (ws[i] nil and retain[i] unset)
@@ -492,10 +498,7 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i 
 		}
 		return
 	}
-	budget := int64(1 << 30)
-	if memLimit > 0 {
-		budget = memLimit / 4
-	}
+	budget := weightsBudget(memLimit)
 	cost := make([]int64, len(blocks))
 	for i, b := range blocks {
 		if ws[i] == nil {

@@ -12,6 +12,8 @@
 // leading part runs as vector instructions with exactly those roundings.
 package f32
 
+import "unsafe"
+
 // Dot returns the dot product of a and b[:len(a)], summed in the order the
 // package documents.
 func Dot(a, b []float32) float32 {
@@ -19,13 +21,7 @@ func Dot(a, b []float32) float32 {
 	n32 := len(a) &^ 31
 	var s float32
 	if n32 > 0 {
-		var lanes [8]float32
-		if useAVX {
-			dot32AVX(&a[0], &b[0], n32, &lanes)
-		} else {
-			dot32Generic(a[:n32], b[:n32], &lanes)
-		}
-		s = reduce(&lanes)
+		dotRows(&a[0], &b[0], n32, n32, 1, &s) // one row
 	}
 	for i := n32; i < len(a); i++ {
 		s += float32(a[i] * b[i])
@@ -68,7 +64,7 @@ func DotRows(a []float32, k int, b []float32, out []float32) {
 	b = b[:k]
 	a = a[:len(out)*k]
 	n32 := k &^ 31
-	if n32 == 0 || !useAVX {
+	if n32 == 0 {
 		for i := range out {
 			out[i] += Dot(a[i*k:i*k+k], b)
 		}
@@ -77,7 +73,7 @@ func DotRows(a []float32, k int, b []float32, out []float32) {
 	var sums [256]float32
 	for r0 := 0; r0 < len(out); r0 += len(sums) {
 		rows := min(len(sums), len(out)-r0)
-		dotRowsAVX(&a[r0*k], &b[0], n32, k, rows, &sums[0])
+		dotRows(&a[r0*k], &b[0], n32, k, rows, &sums[0])
 		for i := range rows {
 			s := sums[i]
 			row := a[(r0+i)*k : (r0+i)*k+k]
@@ -86,5 +82,16 @@ func DotRows(a []float32, k int, b []float32, out []float32) {
 			}
 			out[r0+i] += s
 		}
+	}
+}
+
+// dotRowsGeneric is dotRows in Go.
+func dotRowsGeneric(a, b *float32, n, stride, rows int, sums *float32) {
+	out := unsafe.Slice(sums, rows)
+	y := unsafe.Slice(b, n)
+	for r := range rows {
+		var lanes [8]float32
+		dot32Generic(unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(a), 4*r*stride)), n), y, &lanes)
+		out[r] = reduce(&lanes)
 	}
 }

@@ -1,43 +1,7 @@
 #include "textflag.h"
 
-// func dot32AVX(a, b *float32, n int, lanes *[8]float32)
-TEXT ·dot32AVX(SB), NOSPLIT, $0-32
-	MOVQ a+0(FP), SI
-	MOVQ b+8(FP), DI
-	MOVQ n+16(FP), CX
-	MOVQ lanes+24(FP), R8
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-
-loop:
-	VMOVUPS 0(SI), Y4
-	VMOVUPS 32(SI), Y5
-	VMOVUPS 64(SI), Y6
-	VMOVUPS 96(SI), Y7
-	VMULPS  0(DI), Y4, Y4
-	VMULPS  32(DI), Y5, Y5
-	VMULPS  64(DI), Y6, Y6
-	VMULPS  96(DI), Y7, Y7
-	VADDPS  Y4, Y0, Y0
-	VADDPS  Y5, Y1, Y1
-	VADDPS  Y6, Y2, Y2
-	VADDPS  Y7, Y3, Y3
-	ADDQ    $128, SI
-	ADDQ    $128, DI
-	SUBQ    $32, CX
-	JNZ     loop
-
-	VADDPS  Y1, Y0, Y0
-	VADDPS  Y3, Y2, Y2
-	VADDPS  Y2, Y0, Y0
-	VMOVUPS Y0, (R8)
-	VZEROUPPER
-	RET
-
-// func dotRowsAVX(a, b *float32, n, stride, rows int, sums *float32)
-TEXT ·dotRowsAVX(SB), NOSPLIT, $0-48
+// func dotRowsAsm(a, b *float32, n, stride, rows int, sums *float32)
+TEXT ·dotRowsAsm(SB), NOSPLIT, $0-48
 	MOVQ a+0(FP), SI
 	MOVQ b+8(FP), DX
 	MOVQ n+16(FP), R11
