@@ -39,6 +39,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 
 	"github.com/mokopt/mokopt/graph"
 )
@@ -137,10 +138,21 @@ type SaveOptions struct {
 // temporary file). External data goes to path + ".data". The path "-"
 // writes a self-contained model to standard output (see Write).
 func Save(ctx context.Context, m *Model, path string, opt SaveOptions) error {
+	return save(ctx, m, path, opt, nil)
+}
+
+// save is Save, calling ready (when not nil) before it commits anything
+// (graph.SaveOptions.Ready).
+func save(ctx context.Context, m *Model, path string, opt SaveOptions, ready func() error) error {
 	if path == Stdio {
+		if ready != nil {
+			if err := ready(); err != nil {
+				return err
+			}
+		}
 		return Write(ctx, m, os.Stdout, opt)
 	}
-	so := graph.SaveOptions{External: opt.External, Context: ctx}
+	so := graph.SaveOptions{External: opt.External, Context: ctx, Ready: ready}
 	if opt.Progress != nil {
 		so.Progress = func(written, total int64) {
 			opt.Progress(Event{Stage: StageSave, Done: written, Total: total, Bytes: true})
@@ -168,6 +180,22 @@ func Write(ctx context.Context, m *Model, w io.Writer, opt SaveOptions) error {
 // Progress receives progress events of long work. It is called on the
 // goroutine doing the work and must return quickly.
 type Progress func(Event)
+
+// serialize wraps the progress functions ps point to (nil ones stay nil)
+// so that calls from several goroutines reach them one at a time, under
+// one lock for all of them.
+func serialize(ps ...*Progress) {
+	var mu sync.Mutex
+	for _, p := range ps {
+		if f := *p; f != nil {
+			*p = func(e Event) {
+				mu.Lock()
+				defer mu.Unlock()
+				f(e)
+			}
+		}
+	}
+}
 
 // Stages reported in Event.Stage.
 const (

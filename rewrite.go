@@ -3,6 +3,7 @@ package mokopt
 import (
 	"context"
 	"errors"
+	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/internal/verify"
 
@@ -62,16 +63,27 @@ func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport,
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
+	po, err := opt.passes(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := passes.Rewrite(m.g, po)
+	return rep, rewriteError(ctx, m, rep, err)
+}
+
+// passes converts opt to the passes' options, reading CheckData's inputs
+// for m.
+func (opt RewriteOptions) passes(ctx context.Context, m *Model) (passes.Options, error) {
 	po := passes.Options{Partial: opt.Partial, Check: !opt.SkipCheck, Context: ctx, RestoreTracedExperts: opt.RestoreTracedExperts, EPTable: opt.EPTable, MemLimit: opt.MemLimit, StreamWeights: opt.StreamWeights}
 	if opt.CheckData != "" {
 		sets, err := verify.DataSets(opt.CheckData)
 		if err != nil {
-			return nil, err
+			return po, err
 		}
 		for _, ds := range sets {
 			feeds, err := eval.Feeds(m.g, ds.Inputs, ds.InputNames)
 			if err != nil {
-				return nil, err
+				return po, err
 			}
 			po.CheckData = append(po.CheckData, feeds)
 		}
@@ -79,18 +91,93 @@ func Rewrite(ctx context.Context, m *Model, opt RewriteOptions) (*RewriteReport,
 	if opt.Progress != nil {
 		po.Progress = func(stage string, done, total int) { opt.Progress.report(stage, done, total) }
 	}
-	rep, err := passes.Rewrite(m.g, po)
-	if err != nil {
-		if errors.Is(err, passes.ErrNotFused) && rep != nil {
-			var cs []Candidate
-			cs = append(cs, rep.NearMiss...)
-			cs = append(cs, rep.Refused...)
-			return rep, &UnsupportedPatternError{File: m.Name(), Candidates: cs, Report: rep, err: err}
-		}
-		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-			return rep, ctx.Err()
-		}
-		return rep, err
+	return po, nil
+}
+
+// rewriteError is the error Rewrite returns for the passes' err on m.
+func rewriteError(ctx context.Context, m *Model, rep *RewriteReport, err error) error {
+	if err == nil {
+		return nil
 	}
-	return rep, nil
+	if errors.Is(err, passes.ErrNotFused) && rep != nil {
+		var cs []Candidate
+		cs = append(cs, rep.NearMiss...)
+		cs = append(cs, rep.Refused...)
+		return &UnsupportedPatternError{File: m.Name(), Candidates: cs, Report: rep, err: err}
+	}
+	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		return ctx.Err()
+	}
+	return err
+}
+
+// RewriteAndSave rewrites m as Rewrite does, then saves it to path as Save
+// does. The report and errors are Rewrite's, then Save's (as a
+// *SaveError); on any error nothing is written, and m may be partly edited
+// and must be discarded.
+//
+// With the numerical check on and Partial off it is faster than Rewrite
+// then Save: m is edited and written while the check runs on another
+// goroutine over an unedited copy (graph.Model.Fork), and the output is
+// renamed into place only once every block passed; a failed check leaves
+// no output and no temporary file. The check cannot change what is fused
+// then, only whether the output is committed.
+func RewriteAndSave(ctx context.Context, m *Model, path string, ropt RewriteOptions, sopt SaveOptions) (*RewriteReport, error) {
+	if err := errCtx(ctx); err != nil {
+		return nil, err
+	}
+	var orig *graph.Model
+	if !ropt.Partial && !ropt.SkipCheck && path != Stdio {
+		orig, _ = m.g.Fork() // nil for a model that cannot be forked
+	}
+	if orig == nil {
+		rep, err := Rewrite(ctx, m, ropt)
+		if err != nil {
+			return rep, err
+		}
+		return rep, saveError(Save(ctx, m, path, sopt))
+	}
+	// The check and the save report from goroutines of their own.
+	serialize(&ropt.Progress, &sopt.Progress)
+	po, err := ropt.passes(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	rep, wait, err := passes.RewriteAhead(m.g, orig, po)
+	if err != nil {
+		return rep, rewriteError(ctx, m, rep, err)
+	}
+	var crep *RewriteReport
+	var cerr error
+	waited := false
+	check := func() error {
+		crep, cerr = wait()
+		waited = true
+		return cerr
+	}
+	serr := save(ctx, m, path, sopt, check)
+	if !waited {
+		check() // the save failed first: the check's verdict comes before it, as in Rewrite then Save
+	}
+	if cerr != nil {
+		return crep, rewriteError(ctx, m, crep, cerr)
+	}
+	return crep, saveError(serr)
+}
+
+// SaveError is an error of RewriteAndSave's save, after the rewrite
+// succeeded; its message is the save's.
+type SaveError struct{ Err error }
+
+func (e *SaveError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the save's error.
+func (e *SaveError) Unwrap() error { return e.Err }
+
+// saveError wraps a save's error (nil stays nil).
+func saveError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &SaveError{Err: err}
 }

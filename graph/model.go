@@ -35,7 +35,9 @@ type Model struct {
 	// Dir is the folder external data locations are resolved against.
 	Dir string
 
-	ext      *externalStore
+	ext *externalStore
+	// borrowed: ext is another model's (a fork's), which Close leaves open.
+	borrowed bool
 	deferred map[*pb.TensorProto]DeferredData
 	// srcID identifies the file the model was loaded from (srcOK: known),
 	// so that Save can tell an in-place save from any other.
@@ -211,7 +213,7 @@ func pauseGC() func() {
 
 // Close releases the side files opened for external data.
 func (m *Model) Close() error {
-	if m == nil || m.ext == nil {
+	if m == nil || m.ext == nil || m.borrowed {
 		return nil
 	}
 	return m.ext.close()

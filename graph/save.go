@@ -60,6 +60,22 @@ type SaveOptions struct {
 	// the bytes written so far and the total to write (at most about once
 	// per MiB, and once at the end).
 	Progress func(written, total int64)
+	// Ready, when set, is called once the output is written (to temporary
+	// files, synced) and before anything is renamed into place; an error
+	// from it aborts the save, which leaves no output and no temporary file
+	// and returns that error. A caller that must first confirm the model it
+	// is writing (a check running while the model is written) blocks here.
+	// For a character device or named pipe, which is written directly, it
+	// is called before the first byte is written.
+	Ready func() error
+}
+
+// ready calls opt.Ready, if set.
+func (opt *SaveOptions) ready() error {
+	if opt.Ready == nil {
+		return nil
+	}
+	return opt.Ready()
 }
 
 // ctxWriter fails a write once its context is done, and reports progress.
@@ -322,6 +338,9 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := opt.ready(); err != nil {
+		return err
+	}
 	if side == nil {
 		return mf.commit()
 	}
@@ -443,6 +462,9 @@ func (m *Model) altDataName(dir, name string, sides map[FileID]string) string {
 func (m *Model) saveStream(path string, opt SaveOptions) error {
 	if t := m.FirstExternal(); t != nil && opt.External != ExternalInline {
 		return m.Encode(io.Discard, opt) // the ErrNeedsSideFile error
+	}
+	if err := opt.ready(); err != nil {
+		return err
 	}
 	w := &openOnWrite{path: path}
 	err := m.Encode(w, opt)

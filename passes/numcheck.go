@@ -312,7 +312,9 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	old := debug.SetGCPercent(25)
 	defer func() {
 		debug.SetGCPercent(old)
-		runtime.GC() // the checked weights are garbage now too
+		// The checked weights are garbage now too: collect them, without
+		// making the caller wait for it.
+		go runtime.GC()
 	}()
 	ran := 0
 	distinct := checkTokens(blocks)
@@ -355,7 +357,9 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		// The run's tensors are garbage now: collect them before the
 		// remaining blocks' weights are read, so that peak memory is the
 		// larger of the two, not their sum.
-		runtime.GC()
+		if remain(errs, done) {
+			runtime.GC()
+		}
 		forBlocks(blocks, ws, memLimit, func(i int, scratch *moe.Weights) {
 			if errs[i] != nil || done[i] {
 				return
@@ -377,6 +381,17 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		return nil, fmt.Errorf("%w: the original model fails on random inputs: %v", ErrCheckInconclusive, lastErr)
 	}
 	return errs, nil
+}
+
+// remain reports whether a block is still to be checked: without an error
+// and not done.
+func remain(errs []error, done []bool) bool {
+	for i, err := range errs {
+		if err == nil && !done[i] {
+			return true
+		}
+	}
+	return false
 }
 
 // earlyChecks checks blocks while the model runs: each block whose input,
@@ -546,6 +561,10 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i 
 	wg.Wait()
 }
 
+// corruptWeights, set by tests only, edits each block's weights as the
+// check reads them, for a check that must fail.
+var corruptWeights func(b *Block, w *moe.Weights)
+
 // checkBlock compares block b's captured output in vals with the fused
 // node's reference semantics on its captured input; where names the inputs
 // for the message. A nil ws[i] is read from the block's weight plan into
@@ -582,6 +601,9 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 		if scratch != nil {
 			*scratch = *w
 		}
+	}
+	if corruptWeights != nil {
+		corruptWeights(b, w)
 	}
 	// The fused semantics are per token: computed once per distinct
 	// token, compared on every token.

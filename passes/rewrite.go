@@ -57,6 +57,10 @@ type Options struct {
 	// initializers hold no data: only Save and Encode can write the model
 	// (Marshal, the in-memory checker and other passes cannot read them).
 	StreamWeights bool
+
+	// checkOnly stops Rewrite before the first edit, with the report and
+	// error it would have had then (see RewriteSpeculative).
+	checkOnly bool
 }
 
 func (o *Options) progress(stage string, done, total int) {
@@ -84,6 +88,14 @@ type Report struct {
 	NearMiss []NearMiss `json:"near_misses"`
 	Refused  []NearMiss `json:"refused"`
 	Warnings []string   `json:"warnings,omitempty"`
+
+	// traced counts the leading warnings about traced experts; checkNotes
+	// are the warnings the numerical check added after them, and checked
+	// names the blocks a checkOnly run found fusable (RewriteSpeculative
+	// merges a check run's report into an edit run's).
+	traced     int
+	checkNotes []string
+	checked    []string
 }
 
 // ErrNotFused is returned (wrapped) when candidates failed and Partial is off.
@@ -112,6 +124,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	rep := &Report{NearMiss: det.NearMiss}
 	for _, b := range det.Blocks {
 		if b.TracedExperts > 0 {
+			rep.traced++
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s: restored from a trace that computed only %d of %d experts per input: the fused node runs all %d experts from the stacked weights, so its outputs differ from the original graph's wherever the original dropped tokens", b.Name, b.TracedExperts, b.Spec.NumExperts, b.Spec.NumExperts))
 		}
 	}
@@ -143,6 +156,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	check := opt.Check
 	if w := shardCheckNote(det.Blocks); w != "" && check {
 		rep.Warnings = append(rep.Warnings, w)
+		rep.checkNotes = append(rep.checkNotes, w)
 		check = false
 	}
 	if check && len(todo) > 0 {
@@ -155,6 +169,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		errs, err := numericCheck(ctx, m, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
+			rep.checkNotes = append(rep.checkNotes, err.Error())
 			errs, err = make([]error, len(bs)), nil
 		}
 		if err != nil {
@@ -181,7 +196,10 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		}
 		return rep, fmt.Errorf("%w (the Partial option, mokopt rewrite --partial, fuses the others): %s", ErrNotFused, strings.Join(msgs, "; "))
 	}
-	if len(todo) == 0 {
+	if len(todo) == 0 || opt.checkOnly {
+		for _, r := range todo {
+			rep.checked = append(rep.checked, r.b.Name)
+		}
 		return rep, nil
 	}
 	opset := m.Opset("")

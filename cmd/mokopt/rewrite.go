@@ -93,7 +93,19 @@ simulated collectives against the merged model, and writes one global model;
 			}
 			progress := newProgress(c)
 			budget := memBudget(memLimit)
-			rep, rerr := mokopt.Rewrite(c.Context(), m, mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData, MemLimit: budget, StreamWeights: epf.split == 0})
+			ropt := mokopt.RewriteOptions{Partial: partial, SkipCheck: noCheck, RestoreTracedExperts: restore, Progress: progress, EPTable: tbl, CheckData: checkData, MemLimit: budget, StreamWeights: epf.split == 0}
+			var rep *passes.Report
+			var rerr error
+			if epf.split > 0 {
+				rep, rerr = mokopt.Rewrite(c.Context(), m, ropt)
+			} else {
+				// written while the check runs, committed once it passed
+				rep, rerr = mokopt.RewriteAndSave(c.Context(), m, out, ropt, mokopt.SaveOptions{External: mode, Progress: progress})
+			}
+			var serr *mokopt.SaveError
+			if errors.As(rerr, &serr) {
+				rerr = nil
+			}
 			rerr = memLimitError(rerr, budget, "--no-check skips the numerical check")
 			if rep != nil && report != "" && c.Context().Err() == nil {
 				if err := writeJSONFile(report, map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep}); err != nil {
@@ -106,11 +118,11 @@ simulated collectives against the merged model, and writes one global model;
 				}
 				return &exitError{code: 1, msg: fmt.Sprintf("%s: %v; no output written", args[0], rerr), err: rerr}
 			}
+			if serr != nil {
+				return saveModelError(m, serr.Err)
+			}
 			if epf.split > 0 {
 				return splitAfter(c, m, out, epf.split, mode)
-			}
-			if err := saveModel(c, m, out, mode, progress); err != nil {
-				return err
 			}
 			if asJSON {
 				return writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": out, "report": rep})

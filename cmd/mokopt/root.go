@@ -225,7 +225,12 @@ func oneStdin(args []string) error {
 // saveModel saves m to out ("-": standard output), mapping a model that
 // needs side files on a stream to a usage error.
 func saveModel(c *cobra.Command, m *mokopt.Model, out string, mode mokopt.ExternalMode, progress mokopt.Progress) error {
-	err := mokopt.Save(c.Context(), m, out, mokopt.SaveOptions{External: mode, Progress: progress})
+	return saveModelError(m, mokopt.Save(c.Context(), m, out, mokopt.SaveOptions{External: mode, Progress: progress}))
+}
+
+// saveModelError is the command's error for saving m failing with err: a
+// usage error where the output needs a side file it cannot have.
+func saveModelError(m *mokopt.Model, err error) error {
 	if errors.Is(err, mokopt.ErrNeedsSideFile) {
 		return usageErr(fmt.Errorf("%s: %w", m.Name(), err))
 	}

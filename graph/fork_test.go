@@ -1,0 +1,149 @@
+package graph
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"unsafe"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestFork: a fork equals its model, shares the tensors' bytes but no
+// message (editing one leaves the other as it was), reads the model's side
+// files, and closing it leaves the model's side files open.
+func TestFork(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		load func(t *testing.T, dir string) *Model
+	}{
+		{"inline", func(t *testing.T, dir string) *Model { return faultModel() }},
+		{"side file", func(t *testing.T, dir string) *Model { return sideSaved(t, filepath.Join(dir, "m.onnx")) }},
+		{"constant attribute", func(t *testing.T, dir string) *Model {
+			m := faultModel()
+			c := &pb.TensorProto{Name: proto.String("c"), Dims: []int64{4}, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), RawData: []byte("0123456789abcdef")}
+			m.Proto.Graph.Node = append(m.Proto.Graph.Node, NewNode("Constant", "", "k", nil, []string{"c"},
+				&pb.AttributeProto{Name: proto.String("value"), Type: pb.AttributeProto_TENSOR.Enum(), T: c}))
+			return m
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tc.load(t, t.TempDir())
+			defer m.Close()
+			want, err := proto.Marshal(m.Proto)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := m.Fork()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(f.Proto, m.Proto) {
+				t.Fatal("the fork differs from the model")
+			}
+			mt, ft := allTensors(m.Proto), allTensors(f.Proto)
+			for i := range mt {
+				if mt[i] == ft[i] {
+					t.Fatalf("tensor %s is shared", mt[i].GetName())
+				}
+				if len(mt[i].RawData) > 0 && unsafe.SliceData(mt[i].RawData) != unsafe.SliceData(ft[i].RawData) {
+					t.Fatalf("tensor %s's bytes were copied", mt[i].GetName())
+				}
+			}
+			for i, n := range f.Proto.Graph.Node {
+				if n == m.Proto.Graph.Node[i] {
+					t.Fatalf("node %d is shared", i)
+				}
+			}
+			// Edit the fork the way passes and writers do: rename outputs,
+			// drop nodes, swap a tensor's data out.
+			f.Proto.Graph.Node[0].Output[0] = "renamed"
+			f.Proto.Graph.Node[0].Attribute = append(f.Proto.Graph.Node[0].Attribute, IntAttr("new", 1))
+			f.Proto.Graph.Initializer[0].RawData = nil
+			f.Proto.Graph.Initializer[0].Name = proto.String("other")
+			f.Proto.Graph.Node = f.Proto.Graph.Node[:0]
+			f.Proto.OpsetImport[0].Version = proto.Int64(1)
+			got, err := proto.Marshal(m.Proto)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatal("editing the fork changed the model")
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range m.Proto.Graph.Initializer {
+				if _, err := m.TensorBytes(x); err != nil {
+					t.Fatalf("after the fork was closed: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestForkDeferred: a model holding deferred tensors is not forked.
+func TestForkDeferred(t *testing.T) {
+	m, _ := deferredModel(4, nil)
+	if _, err := m.Fork(); !errors.Is(err, ErrForkDeferred) {
+		t.Fatalf("got %v, want ErrForkDeferred", err)
+	}
+}
+
+// TestSaveReady: Save calls Ready once the output is written to temporary
+// files and before anything is renamed into place; an error from it leaves
+// no output and no temporary file and is returned; nil commits.
+func TestSaveReady(t *testing.T) {
+	errNo := errors.New("check failed")
+	for _, mode := range []ExternalMode{ExternalKeep, ExternalRepack} {
+		for _, fail := range []bool{false, true} {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "out.onnx")
+			m := faultModel()
+			calls := 0
+			err := m.Save(path, SaveOptions{External: mode, Ready: func() error {
+				calls++
+				es, err := os.ReadDir(dir)
+				if err != nil {
+					return err
+				}
+				if len(es) == 0 {
+					t.Errorf("mode %v: nothing written before Ready", mode)
+				}
+				for _, e := range es {
+					if e.Name() == "out.onnx" || e.Name() == "out.onnx.data" {
+						t.Errorf("mode %v: %s in place before Ready", mode, e.Name())
+					}
+				}
+				if fail {
+					return errNo
+				}
+				return nil
+			}})
+			if calls != 1 {
+				t.Fatalf("mode %v fail %v: Ready called %d times", mode, fail, calls)
+			}
+			left := snapshot(t, dir)
+			if fail {
+				if !errors.Is(err, errNo) || len(left) != 0 {
+					t.Fatalf("mode %v: error %v, files left %v", mode, err, names(left))
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, err := Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := back.Check(); err != nil {
+				t.Fatal(err)
+			}
+			back.Close()
+		}
+	}
+}

@@ -1,0 +1,83 @@
+package passes
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/mokopt/mokopt/graph"
+)
+
+// RewriteAhead is Rewrite with the numerical check taken off the critical
+// path: it edits edit at once, without the check, while the check runs on
+// another goroutine over orig, of which edit is an unedited copy
+// (graph.Model.Fork). It returns the edit's report, and wait, which waits
+// for the check and returns the report and error Rewrite(edit, opt) would
+// have returned. The caller writes edit meanwhile but commits it only once
+// wait returned a nil error (graph.SaveOptions.Ready); on an error the
+// edited copy must be discarded. orig is read, never edited, and must not
+// be used until wait returns.
+//
+// opt must have Check set and Partial off, the only combination in which
+// the check cannot change what is fused, only whether anything is: with
+// any block refused, nothing is. When the edit itself fails, RewriteAhead
+// waits for the check and returns what Rewrite would have (the check's
+// verdict first), with a nil wait.
+func RewriteAhead(edit, orig *graph.Model, opt Options) (rep *Report, wait func() (*Report, error), err error) {
+	if !opt.Check || opt.Partial {
+		return nil, nil, fmt.Errorf("RewriteAhead needs Check on and Partial off")
+	}
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	co := opt
+	co.Context, co.checkOnly = ctx, true
+	co.Progress = nil
+	if opt.Progress != nil {
+		co.Progress = func(stage string, done, total int) {
+			if stage == "check" { // the edit reports the other stages
+				opt.Progress(stage, done, total)
+			}
+		}
+	}
+	type result struct {
+		rep *Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := rewriteCanonical(orig, co)
+		done <- result{r, err}
+	}()
+	eo := opt
+	eo.Check = false
+	rep, err = rewriteCanonical(edit, eo)
+	collect := func() (*Report, error) {
+		defer cancel()
+		c := <-done
+		switch {
+		case c.err != nil:
+			return c.rep, c.err
+		case err != nil:
+			return rep, err
+		}
+		var fused []string
+		for _, f := range rep.Fused {
+			fused = append(fused, f.Block.Name)
+		}
+		if !slices.Equal(fused, c.rep.checked) {
+			// Detection is deterministic on equal graphs: this is a bug.
+			return rep, fmt.Errorf("internal error: the numerical check saw blocks %v, the rewrite fused %v", c.rep.checked, fused)
+		}
+		out := *rep
+		out.Warnings = slices.Concat(rep.Warnings[:rep.traced], c.rep.checkNotes, rep.Warnings[rep.traced:])
+		return &out, nil
+	}
+	if err != nil {
+		r, err := collect()
+		return r, nil, err
+	}
+	return rep, collect, nil
+}
