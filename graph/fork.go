@@ -2,21 +2,31 @@ package graph
 
 import (
 	"errors"
+	"slices"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // ErrForkDeferred is returned by Fork for a model holding deferred tensors,
 // whose producers may read messages of the model itself.
 var ErrForkDeferred = errors.New("a model with deferred tensors cannot be forked")
 
-// Fork returns a copy of m that shares no message with it, so that m and
-// the copy can be read and edited on separate goroutines: every message is
-// cloned except the bytes of the tensors' raw data, which both share (no
-// pass or writer edits tensor bytes in place: they replace a tensor's data
-// instead). Forking thus costs time linear in the number of messages and
-// copies no weight.
+// Fork returns a copy of m that m's own edits and saves cannot reach, so
+// that the copy can be read (evaluated, checked) on another goroutine
+// while m is rewritten and saved, or the other way round.
+//
+// What passes and writers edit in place is the copy's own: the model's
+// opset imports and metadata, the main graph's lists, every node (a new
+// message with its own input, output and attribute lists), every tensor
+// (initializers, tensors and graphs in attributes, model-local functions,
+// the graph's inputs and outputs), which Save repoints at the side file it
+// writes. What no pass edits in place is shared: the main graph's value
+// infos and the node attributes that hold no tensor or graph (a pass
+// replaces those; see WorkingCopy). The bytes of the tensors' raw data are
+// shared too, since nothing writes into them: forking copies no weight and
+// costs time linear in the number of nodes.
 //
 // The copy reads m's side files through m's handles: it stays valid as long
 // as m is open, and closing it does nothing. m must not be used by another
@@ -25,23 +35,103 @@ func (m *Model) Fork() (*Model, error) {
 	if len(m.deferred) > 0 {
 		return nil, ErrForkDeferred
 	}
-	ts := allTensors(m.Proto)
+	src := m.Proto
+	sg := src.Graph
+	src.Graph = nil
+	mp := cloneSharing(src) // all but the main graph
+	src.Graph = sg
+	if sg != nil {
+		gp := &pb.GraphProto{Name: sg.Name, DocString: sg.DocString,
+			ValueInfo: slices.Clone(sg.ValueInfo)}
+		gp.Initializer = make([]*pb.TensorProto, len(sg.Initializer))
+		for i, t := range sg.Initializer {
+			raw := t.RawData // a tensor holds no tensor: no walk needed
+			t.RawData = nil
+			gp.Initializer[i] = proto.Clone(t).(*pb.TensorProto)
+			t.RawData, gp.Initializer[i].RawData = raw, raw
+		}
+		for _, t := range sg.SparseInitializer {
+			gp.SparseInitializer = append(gp.SparseInitializer, cloneSharing(t))
+		}
+		for _, a := range sg.QuantizationAnnotation {
+			gp.QuantizationAnnotation = append(gp.QuantizationAnnotation, proto.Clone(a).(*pb.TensorAnnotation))
+		}
+		for _, p := range sg.MetadataProps {
+			gp.MetadataProps = append(gp.MetadataProps, proto.Clone(p).(*pb.StringStringEntryProto))
+		}
+		for _, v := range sg.Input {
+			gp.Input = append(gp.Input, proto.Clone(v).(*pb.ValueInfoProto))
+		}
+		for _, v := range sg.Output {
+			gp.Output = append(gp.Output, proto.Clone(v).(*pb.ValueInfoProto))
+		}
+		gp.Node = make([]*pb.NodeProto, len(sg.Node))
+		for i, n := range sg.Node {
+			c := &pb.NodeProto{Input: slices.Clone(n.Input), Output: slices.Clone(n.Output), Name: n.Name, OpType: n.OpType,
+				Domain: n.Domain, Overload: n.Overload, Attribute: slices.Clone(n.Attribute), DocString: n.DocString,
+				MetadataProps: slices.Clone(n.MetadataProps), DeviceConfigurations: slices.Clone(n.DeviceConfigurations)}
+			for j, a := range c.Attribute {
+				if holdsTensors(a) {
+					c.Attribute[j] = cloneSharing(a)
+				}
+			}
+			keepUnknown(c, n)
+			gp.Node[i] = c
+		}
+		keepUnknown(gp, sg)
+		mp.Graph = gp
+	}
+	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, borrowed: true, srcID: m.srcID, srcOK: m.srcOK}, nil
+}
+
+// keepUnknown gives c a copy of the unknown fields of from.
+func keepUnknown(c, from proto.Message) {
+	if u := from.ProtoReflect().GetUnknown(); len(u) > 0 {
+		c.ProtoReflect().SetUnknown(slices.Clone(u))
+	}
+}
+
+// holdsTensors reports whether attribute a holds a tensor or a graph.
+func holdsTensors(a *pb.AttributeProto) bool {
+	return a.T != nil || a.G != nil || a.SparseTensor != nil || len(a.Tensors) > 0 || len(a.Graphs) > 0 || len(a.SparseTensors) > 0
+}
+
+// cloneSharing is proto.Clone(msg), except that the tensors inside msg
+// share their raw data with the copy's instead of copying it.
+func cloneSharing[M proto.Message](msg M) M {
+	ts := tensorsIn(msg.ProtoReflect(), nil)
 	raw := make([][]byte, len(ts))
 	for i, t := range ts {
 		raw[i], t.RawData = t.RawData, nil
 	}
-	mp := proto.Clone(m.Proto).(*pb.ModelProto)
+	c := proto.Clone(msg).(M)
 	for i, t := range ts {
 		t.RawData = raw[i]
 	}
-	fs := allTensors(mp)
-	if len(fs) != len(ts) {
-		// allTensors walks both messages the same way; differing counts
-		// would mean the clone is not the model.
-		return nil, errors.New("fork: the copy's tensors differ from the model's")
+	for i, t := range tensorsIn(c.ProtoReflect(), nil) {
+		t.RawData = raw[i] // the same walk over an equal message
 	}
-	for i, t := range fs {
-		t.RawData = raw[i]
+	return c
+}
+
+// tensorsIn appends to out the tensors in m (m itself included), at any
+// depth, in field order.
+func tensorsIn(m protoreflect.Message, out []*pb.TensorProto) []*pb.TensorProto {
+	if t, ok := m.Interface().(*pb.TensorProto); ok {
+		out = append(out, t)
 	}
-	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, borrowed: true, srcID: m.srcID, srcOK: m.srcOK}, nil
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.Message() == nil || fd.IsMap():
+		case fd.IsList():
+			l := v.List()
+			for i := range l.Len() {
+				out = tensorsIn(l.Get(i).Message(), out)
+			}
+		default:
+			out = tensorsIn(v.Message(), out)
+		}
+		return true
+	})
+	return out
 }

@@ -29,6 +29,25 @@ func TestFork(t *testing.T) {
 				&pb.AttributeProto{Name: proto.String("value"), Type: pb.AttributeProto_TENSOR.Enum(), T: c}))
 			return m
 		}},
+		{"every node field, value infos, a subgraph", func(t *testing.T, dir string) *Model {
+			m := faultModel()
+			n := m.Proto.Graph.Node[0]
+			n.DocString, n.Overload = proto.String("doc"), proto.String("ov")
+			n.MetadataProps = []*pb.StringStringEntryProto{{Key: proto.String("k"), Value: proto.String("v")}}
+			n.Attribute = append(n.Attribute, IntAttr("plain", 3))
+			m.Proto.Graph.ValueInfo = []*pb.ValueInfoProto{vinfo("y")}
+			m.Proto.Graph.DocString = proto.String("graph doc")
+			body := &pb.GraphProto{Name: proto.String("then"), Initializer: []*pb.TensorProto{f32Init("inner", 8)},
+				Node:   []*pb.NodeProto{NewNode("Identity", "", "i", []string{"inner"}, []string{"o"})},
+				Output: []*pb.ValueInfoProto{vinfo("o")}}
+			m.Proto.Graph.Node = append(m.Proto.Graph.Node, NewNode("If", "", "if", []string{"cond"}, []string{"z"},
+				&pb.AttributeProto{Name: proto.String("then_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: body},
+				&pb.AttributeProto{Name: proto.String("else_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: proto.Clone(body).(*pb.GraphProto)}))
+			m.Proto.Functions = []*pb.FunctionProto{{Name: proto.String("f"), Domain: proto.String("d"),
+				Node: []*pb.NodeProto{NewNode("Constant", "", "c", nil, []string{"c"},
+					&pb.AttributeProto{Name: proto.String("value"), Type: pb.AttributeProto_TENSOR.Enum(), T: f32Init("fc", 8)})}}}
+			return m
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := tc.load(t, t.TempDir())

@@ -232,8 +232,9 @@ func softmax(v []float32) {
 	}
 }
 
-// Logistic is the sigmoid function 1/(1+e^-x), computed in float64.
-func Logistic(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+// Logistic is the sigmoid function 1/(1+e^-x), in float32 within 2 ulps
+// of the exact value (f32.Sigmoid).
+func Logistic(x float32) float32 { return f32.Sigmoid(x) }
 
 // Dot is the float32 dot product of a and b[:len(a)], summed in one fixed
 // order on every machine: 32 interleaved partial sums (elements i mod 32),
@@ -271,15 +272,33 @@ func expertFFN(s *Spec, w *Weights, e int, xt, out []float32, act []float32) {
 		f32.DotRows(w.Gate[e*I*H:(e+1)*I*H], H, xt, g)
 	}
 	f32.DotRows(w.Up[e*I*H:(e+1)*I*H], H, xt, u)
-	for i := 0; i < I; i++ {
-		gi, ui := g[i], u[i]
-		if w.Gate != nil && w.GateB != nil {
-			gi += w.GateB[e*I+i]
+	if s.Activation == SwiGLU && w.Gate != nil {
+		// Activate's g * Logistic(g) * u, the logistic eight at a time
+		if w.GateB != nil {
+			for i := range g {
+				g[i] += w.GateB[e*I+i]
+			}
 		}
 		if w.UpB != nil {
-			ui += w.UpB[e*I+i]
+			for i := range u {
+				u[i] += w.UpB[e*I+i]
+			}
 		}
-		act[i] = Activate(s, gi, ui)
+		f32.SigmoidSlice(act[:I], g)
+		for i := range I {
+			act[i] = g[i] * act[i] * u[i]
+		}
+	} else {
+		for i := 0; i < I; i++ {
+			gi, ui := g[i], u[i]
+			if w.Gate != nil && w.GateB != nil {
+				gi += w.GateB[e*I+i]
+			}
+			if w.UpB != nil {
+				ui += w.UpB[e*I+i]
+			}
+			act[i] = Activate(s, gi, ui)
+		}
 	}
 	out = out[:H]
 	clear(out)

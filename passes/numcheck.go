@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"unsafe"
@@ -302,14 +303,9 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			want[v] = true
 		}
 	}
-	// The interpreter and the checks allocate tensors one after another:
-	// a tighter garbage-collection target than the default keeps the
-	// process near its live data (the model, weights and the values alive
-	// at once) and reuses memory already paged in, where the default
-	// would let garbage grow to the size of the model's weights. (25%:
-	// 10% spent more time collecting than it saved in page faults on a
-	// 500-block chain, 50% the reverse on a 500-block stack.)
-	old := debug.SetGCPercent(25)
+	// A tighter garbage-collection target than the default (see
+	// checkGCPercent).
+	old := debug.SetGCPercent(checkGCPercent())
 	defer func() {
 		debug.SetGCPercent(old)
 		// The checked weights are garbage now too: collect them, without
@@ -354,10 +350,11 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			continue
 		}
 		ran++
-		// The run's tensors are garbage now: collect them before the
-		// remaining blocks' weights are read, so that peak memory is the
-		// larger of the two, not their sum.
-		if remain(errs, done) {
+		// The run's tensors are garbage now: collect them before big
+		// weights of the remaining blocks are read, so that peak memory is
+		// the larger of the two, not their sum. (Small weights fit the
+		// collector's headroom: a forced cycle would only cost time.)
+		if remainingWeights(blocks, ws, errs, done) >= checkGCHeadroom/2 {
 			runtime.GC()
 		}
 		forBlocks(blocks, ws, memLimit, func(i int, scratch *moe.Weights) {
@@ -383,15 +380,40 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	return errs, nil
 }
 
-// remain reports whether a block is still to be checked: without an error
-// and not done.
-func remain(errs []error, done []bool) bool {
-	for i, err := range errs {
-		if err == nil && !done[i] {
-			return true
+// checkGCPercent is the collector's target while the check runs: 25% of
+// the live heap, but at least checkGCHeadroom. The interpreter and the
+// checks allocate tensors one after another: a target near the live data
+// (the model, the weights and the values alive at once) keeps the process
+// there and reuses memory already paged in, where the default would let
+// garbage grow to the size of the model's weights; but on a heap of many
+// small messages (a graph of many nodes and value infos with small
+// weights) each cycle costs more than it saves, and a floor on the
+// headroom keeps the cycles few. (On a 500-block residual stack of 400 MB
+// of weights, 25% beat 50% and 100%; on a 500-block chain of 117 MB, 25%
+// spent 0.2 s more than 50%: bench/check.sh, bench/chain.sh.)
+func checkGCPercent() int {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 || s[0].Value.Uint64() == 0 {
+		return 25
+	}
+	return int(min(100, max(25, 100*checkGCHeadroom/s[0].Value.Uint64())))
+}
+
+// checkGCHeadroom is the least garbage checkGCPercent lets grow between
+// collections.
+const checkGCHeadroom = 128 << 20
+
+// remainingWeights returns the largest weights, in bytes, that a block
+// still to be checked (without an error, not done) has yet to read.
+func remainingWeights(blocks []*Block, ws []*moe.Weights, errs []error, done []bool) int64 {
+	var most int64
+	for i, b := range blocks {
+		if errs[i] == nil && !done[i] && ws[i] == nil {
+			most = max(most, b.W.weightBytes(&b.Spec))
 		}
 	}
-	return false
+	return most
 }
 
 // earlyChecks checks blocks while the model runs: each block whose input,
