@@ -9,7 +9,8 @@
 // vectors added pairwise ((v0 + v1) + (v2 + v3)), the eight lanes halved
 // twice (lane l plus lane l+4, then l plus l+2) and the last two added;
 // then the remaining elements one after another. On amd64 with AVX the
-// leading part runs as vector instructions with exactly those roundings.
+// whole sum runs in AVX instructions with exactly those roundings (DotRows
+// reduces eight rows' lanes at once by shuffles, each row in its own order).
 package f32
 
 import "unsafe"
@@ -18,13 +19,13 @@ import "unsafe"
 // package documents.
 func Dot(a, b []float32) float32 {
 	b = b[:len(a)]
-	n32 := len(a) &^ 31
 	var s float32
-	if n32 > 0 {
-		dotRows(&a[0], &b[0], n32, n32, 1, &s) // one row
+	if len(a) >= 32 {
+		dotRows(&a[0], &b[0], len(a), len(a), 1, &s, false) // one row
+		return s
 	}
-	for i := n32; i < len(a); i++ {
-		s += float32(a[i] * b[i])
+	for i, x := range a {
+		s += float32(x * b[i])
 	}
 	return s
 }
@@ -63,35 +64,32 @@ func DotRows(a []float32, k int, b []float32, out []float32) {
 	}
 	b = b[:k]
 	a = a[:len(out)*k]
-	n32 := k &^ 31
-	if n32 == 0 {
-		for i := range out {
-			out[i] += Dot(a[i*k:i*k+k], b)
-		}
+	if k >= 32 {
+		dotRows(&a[0], &b[0], k, k, len(out), &out[0], true)
 		return
 	}
-	var sums [256]float32
-	for r0 := 0; r0 < len(out); r0 += len(sums) {
-		rows := min(len(sums), len(out)-r0)
-		dotRows(&a[r0*k], &b[0], n32, k, rows, &sums[0])
-		for i := range rows {
-			s := sums[i]
-			row := a[(r0+i)*k : (r0+i)*k+k]
-			for j := n32; j < k; j++ {
-				s += float32(row[j] * b[j])
-			}
-			out[r0+i] += s
-		}
+	for i := range out {
+		out[i] += Dot(a[i*k:i*k+k], b)
 	}
 }
 
 // dotRowsGeneric is dotRows in Go.
-func dotRowsGeneric(a, b *float32, n, stride, rows int, sums *float32) {
+func dotRowsGeneric(a, b *float32, n, stride, rows int, sums *float32, add bool) {
 	out := unsafe.Slice(sums, rows)
 	y := unsafe.Slice(b, n)
+	n32 := n &^ 31
 	for r := range rows {
+		x := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(a), 4*r*stride)), n)
 		var lanes [8]float32
-		dot32Generic(unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(a), 4*r*stride)), n), y, &lanes)
-		out[r] = reduce(&lanes)
+		dot32Generic(x[:n32], y[:n32], &lanes)
+		s := reduce(&lanes)
+		for i := n32; i < n; i++ {
+			s += float32(x[i] * y[i])
+		}
+		if add {
+			out[r] += s
+		} else {
+			out[r] = s
+		}
 	}
 }

@@ -4,6 +4,6 @@ package f32
 
 const useAVX = false
 
-func dotRows(a, b *float32, n, stride, rows int, sums *float32) {
-	dotRowsGeneric(a, b, n, stride, rows, sums)
+func dotRows(a, b *float32, n, stride, rows int, sums *float32, add bool) {
+	dotRowsGeneric(a, b, n, stride, rows, sums, add)
 }

@@ -1,6 +1,7 @@
 package f32
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -84,21 +85,84 @@ func BenchmarkDot(b *testing.B) {
 	})
 }
 
-// TestDotRows: every row's sum is Dot's, bit for bit, added to what out
-// held, for row lengths with and without a tail, and more rows than one
-// call's buffer.
+// TestDotRows: every row's sum has the bits of the documented order
+// computed in Go, added to what out held, for row lengths with and without
+// a tail and below one vector loop, and row counts on both sides of the
+// kernel's groups of eight rows: a kernel that mixed rows, or summed a row
+// in another order, would fail.
 func TestDotRows(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	for _, k := range []int{1, 8, 31, 32, 33, 64, 96, 100, 128} {
-		for _, rows := range []int{1, 3, 255, 256, 257, 600} {
-			a, b := randVec(r, rows*k, 1), randVec(r, k, 1)
+	for _, k := range []int{1, 8, 31, 32, 33, 64, 65, 96, 100, 128, 200} {
+		for _, rows := range []int{1, 2, 3, 7, 8, 9, 15, 16, 17, 255, 256, 257, 300, 600} {
+			a, b := randVec(r, rows*k+5, 1), randVec(r, k+3, 1) // both may be longer
 			out, base := randVec(r, rows, 1), make([]float32, rows)
 			copy(base, out)
 			DotRows(a, k, b, out)
 			for i := range rows {
-				want := base[i] + Dot(a[i*k:i*k+k], b)
+				want := base[i] + dotGeneric(a[i*k:i*k+k], b[:k])
 				if math.Float32bits(out[i]) != math.Float32bits(want) {
-					t.Fatalf("k=%d rows=%d row %d: %v, want %v", k, rows, i, out[i], want)
+					t.Fatalf("k=%d rows=%d row %d: %v, want %v (AVX %v)", k, rows, i, out[i], want, useAVX)
+				}
+			}
+		}
+	}
+}
+
+// TestDotRowsOrder pins each row's order and place among the rows: row i
+// holds TestDotOrder's pattern in lane i mod 8 (2^24 in vector 0, ones in
+// vectors 2 and 3: 2^24 + 2 only when the ones meet first) and 2i in the
+// next lane (exact beside 2^24 + 2); a row with a tail ends in -2^24, and
+// out[i] starts at 1, so that row i ends at 3 + 2i exactly (out added
+// before the tail would round 2^24 + 3 + 2i); without a tail out[i]
+// starts at -2^24 and row i ends at 2 + 2i.
+func TestDotRowsOrder(t *testing.T) {
+	for _, k := range []int{32, 33, 64, 96, 97} {
+		for _, rows := range []int{1, 7, 8, 19} {
+			a, b, out := make([]float32, rows*k), make([]float32, k), make([]float32, rows)
+			for i := range b {
+				b[i] = 1
+			}
+			for i := range rows {
+				row, l := a[i*k:i*k+k], i%8
+				row[l], row[16+l], row[24+l] = 1<<24, 1, 1
+				row[(l+1)%8+8] = float32(2 * i)
+				out[i] = -(1 << 24)
+				if k%32 != 0 {
+					row[k-1], out[i] = -(1 << 24), 1
+				}
+			}
+			DotRows(a, k, b, out)
+			for i, got := range out {
+				want := float32(2 + 2*i)
+				if k%32 != 0 {
+					want++
+				}
+				if got != want {
+					t.Fatalf("k=%d rows=%d: row %d is %v, want %v", k, rows, i, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestDotRowsGeneric: the Go twin of the kernel, which machines without
+// AVX run, gives the documented order's bits too, writing or adding.
+func TestDotRowsGeneric(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	for _, k := range []int{32, 33, 64, 100} {
+		for _, add := range []bool{false, true} {
+			const rows = 9
+			a, b := randVec(r, rows*k, 1), randVec(r, k, 1)
+			out, base := randVec(r, rows, 1), make([]float32, rows)
+			copy(base, out)
+			dotRowsGeneric(&a[0], &b[0], k, k, rows, &out[0], add)
+			for i := range rows {
+				want := dotGeneric(a[i*k:i*k+k], b)
+				if add {
+					want = base[i] + want
+				}
+				if math.Float32bits(out[i]) != math.Float32bits(want) {
+					t.Fatalf("k=%d add=%v row %d: %v, want %v", k, add, i, out[i], want)
 				}
 			}
 		}
@@ -121,4 +185,19 @@ func BenchmarkDotRows(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkDotRowsShapes times DotRows on the shapes it serves: the
+// reference experts' gate/up (k=64) and down (k=128) rows, a row length
+// with a tail, and more rows than one call of the old buffer.
+func BenchmarkDotRowsShapes(b *testing.B) {
+	for _, tc := range []struct{ k, rows int }{{64, 256}, {128, 64}, {64, 128}, {128, 512}, {100, 256}, {32, 7}} {
+		r := rand.New(rand.NewPCG(7, 8))
+		a, x, out := randVec(r, tc.rows*tc.k, 1), randVec(r, tc.k, 1), make([]float32, tc.rows)
+		b.Run(fmt.Sprintf("k=%d/rows=%d", tc.k, tc.rows), func(b *testing.B) {
+			for b.Loop() {
+				DotRows(a, tc.k, x, out)
+			}
+		})
+	}
 }
