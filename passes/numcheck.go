@@ -319,6 +319,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	if len(data) > 0 {
 		cases = uint64(len(data))
 	}
+	noRestarts := false
 	for seed := uint64(1); seed <= cases && (ran < 1 || len(data) > 0); seed++ {
 		var feeds map[string]*eval.Tensor
 		var err error
@@ -331,8 +332,12 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		if len(data) > 0 {
 			where = fmt.Sprintf("check data set %d", seed-1)
 		}
-		early := newEarlyChecks(ctx, m, blocks, ws, errs, memLimit, where)
-		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, MemLimit: memLimit, Kernels: evalKernels(), OnCapture: early.captured})
+		var rs *restarts
+		if !noRestarts {
+			rs = newRestarts(blocks, seed, distinct)
+		}
+		early := newEarlyChecks(ctx, m, blocks, ws, errs, memLimit, where, rs)
+		vals, err := eval.Run(ctx, m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, MemLimit: memLimit, Kernels: evalKernels(), OnCapture: early.captured, Replace: rs.replacer()})
 		done := early.finish(err == nil)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -340,6 +345,13 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			}
 			if errors.Is(err, eval.ErrMemLimit) || errors.Is(err, eval.ErrWorkLimit) {
 				return nil, fmt.Errorf("numerical check: %w", err)
+			}
+			if rs != nil && len(rs.orig) > 0 {
+				// the run failed on a restarted value: run this input
+				// again as it is (vanished blocks are then run alone)
+				noRestarts = true
+				seed--
+				continue
 			}
 			if len(data) > 0 {
 				return nil, fmt.Errorf("numerical check: the original model does not run on check data set %d: %w", seed-1, err)
@@ -361,7 +373,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			if errs[i] != nil || done[i] {
 				return
 			}
-			bv, bwhere := vals, where
+			bv, bwhere := rs.view(blocks[i], ext[i], vals), rs.where(blocks[i], where)
 			if vanished(vals[blocks[i].Input]) {
 				// the model's activations vanished before this block
 				// (blocks chained without residuals): check it alone on
@@ -427,6 +439,7 @@ type earlyChecks struct {
 	ws     []*moe.Weights
 	errs   []error
 	where  string
+	rs     *restarts
 	need   map[string][]int // value name -> blocks waiting for it
 	vals   []map[string]*eval.Tensor
 	left   []int // values each block still waits for
@@ -436,8 +449,8 @@ type earlyChecks struct {
 	wg     sync.WaitGroup
 }
 
-func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, errs []error, memLimit int64, where string) *earlyChecks {
-	e := &earlyChecks{m: m, blocks: blocks, ws: ws, errs: errs, where: where, done: make([]bool, len(blocks)), res: make([]error, len(blocks))}
+func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*moe.Weights, errs []error, memLimit int64, where string, rs *restarts) *earlyChecks {
+	e := &earlyChecks{m: m, blocks: blocks, ws: ws, errs: errs, where: where, rs: rs, done: make([]bool, len(blocks)), res: make([]error, len(blocks))}
 	if runtime.GOMAXPROCS(0) < 2 {
 		return e
 	}
@@ -467,7 +480,7 @@ func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*
 			if ctx.Err() != nil {
 				continue // the run ends with the context's error
 			}
-			e.res[i] = checkBlock(m, blocks[i], e.vals[i], ws, i, scratch, where)
+			e.res[i] = checkBlock(m, blocks[i], e.vals[i], ws, i, scratch, e.rs.where(blocks[i], where))
 			e.done[i] = true
 		}
 	}()
@@ -478,7 +491,7 @@ func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*
 // completes.
 func (e *earlyChecks) captured(name string, t *eval.Tensor) {
 	for _, i := range e.need[name] {
-		e.vals[i][name] = t
+		e.vals[i][name] = e.rs.value(e.blocks[i], name, t)
 		if e.left[i] == 0 {
 			continue // reported twice: already queued
 		}

@@ -3,6 +3,8 @@ package passes
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -110,4 +112,109 @@ func isolatedVals(ctx context.Context, m *graph.Model, g *graph.Graph, b *Block,
 		res[b.Router] = r
 	}
 	return res, nil
+}
+
+// restarts lets the check's run go on from fresh values where the model's
+// activations vanished: a block input that the run computes as vanished is
+// replaced by random values of unit scale (of its shape and dtype, its
+// distinct rows repeated as checkFeeds repeats the feeds'), which the
+// block, and every block after it, then compute on. Each block is thus
+// checked on inputs of unit scale during the one run, early, instead of
+// alone after it. Where a block's input is also an earlier block's output
+// (blocks chained directly), the earlier block is checked against the
+// value the run computed, the later one on the replacement. A nil
+// *restarts replaces nothing.
+type restarts struct {
+	inputs   map[string]bool
+	orig     map[string]*eval.Tensor // value name -> what the run computed, where replaced
+	seed     uint64
+	distinct int
+}
+
+func newRestarts(blocks []*Block, seed uint64, distinct int) *restarts {
+	r := &restarts{inputs: map[string]bool{}, orig: map[string]*eval.Tensor{}, seed: seed, distinct: distinct}
+	for _, b := range blocks {
+		r.inputs[b.Input] = true
+	}
+	return r
+}
+
+// replacer returns r.replace as the interpreter's Replace option (nil for
+// a nil r).
+func (r *restarts) replacer() func(string, *eval.Tensor) *eval.Tensor {
+	if r == nil {
+		return nil
+	}
+	return r.replace
+}
+
+// replace returns the random values that stand for the block input name
+// when the run computed it as vanished (t), and nil otherwise.
+func (r *restarts) replace(name string, t *eval.Tensor) *eval.Tensor {
+	if !r.inputs[name] || !vanished(t) {
+		return nil
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	rng := rand.New(rand.NewPCG(r.seed, h.Sum64()))
+	xs := make([]float32, len(t.F32))
+	row := 1
+	if len(t.Shape) > 1 {
+		row = t.Shape[len(t.Shape)-1]
+	}
+	period := min(len(xs), r.distinct*row)
+	for i := range xs {
+		if i < period {
+			xs[i] = float32(rng.NormFloat64())
+		} else {
+			xs[i] = xs[i-period]
+		}
+	}
+	u := eval.NewFloat32(slices.Clone(t.Shape), xs)
+	u.DType = t.DType
+	r.orig[name] = t
+	return u
+}
+
+// value returns the value block b reads under name, given what the run
+// holds (t): the replacement where name is b's input, otherwise what the
+// run computed.
+func (r *restarts) value(b *Block, name string, t *eval.Tensor) *eval.Tensor {
+	if r != nil && name != b.Input {
+		if o, ok := r.orig[name]; ok {
+			return o
+		}
+	}
+	return t
+}
+
+// view returns vals as block b reads them (see value): vals itself unless
+// a value b reads other than its input (ext, its router input or output)
+// was replaced.
+func (r *restarts) view(b *Block, ext []string, vals map[string]*eval.Tensor) map[string]*eval.Tensor {
+	if r == nil || len(r.orig) == 0 {
+		return vals
+	}
+	var out map[string]*eval.Tensor
+	for _, v := range append([]string{b.Router, b.Output}, ext...) {
+		if o, ok := r.orig[v]; ok && v != b.Input {
+			if out == nil {
+				out = maps.Clone(vals)
+			}
+			out[v] = o
+		}
+	}
+	if out == nil {
+		return vals
+	}
+	return out
+}
+
+// where names the inputs block b is checked on, for messages: the run's
+// (where), restarted at b's input when it was replaced.
+func (r *restarts) where(b *Block, where string) string {
+	if r != nil && r.orig[b.Input] != nil {
+		return where + ", restarted from random values of unit scale at the block's input (the model's activations vanished before it)"
+	}
+	return where
 }

@@ -382,7 +382,7 @@ func TestEarlyChecks(t *testing.T) {
 	}
 	for _, ok := range []bool{true, false} {
 		errs := make([]error, 3)
-		early := newEarlyChecks(context.Background(), m, det.Blocks, ws, errs, 0, "seed 1")
+		early := newEarlyChecks(context.Background(), m, det.Blocks, ws, errs, 0, "seed 1", nil)
 		vals, err := eval.Run(context.Background(), m, feeds, eval.Options{Capture: func(n string) bool { return want[n] }, OnCapture: early.captured})
 		if err != nil {
 			t.Fatal(err)

@@ -55,6 +55,14 @@ type Options struct {
 	// while the run goes on. The tensor is the one the run returns;
 	// nothing may change it.
 	OnCapture func(name string, t *Tensor)
+	// Replace, when set, is called on the run's goroutine with each value
+	// of the main graph that Capture selects, as a node computed it and
+	// before the run holds it: a non-nil result (of t's dtype and shape)
+	// is what the run holds, passes on to the nodes that read the value,
+	// reports to OnCapture and returns. A caller restarts the run from
+	// fresh values this way (the numerical check, where a graph's
+	// activations vanished). Lazy views are not offered.
+	Replace func(name string, t *Tensor) *Tensor
 }
 
 // DefaultMaxNodeRuns is the node evaluations a run may make unless
@@ -523,6 +531,11 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 				continue
 			}
 			t := res[j]
+			if r.opt.Replace != nil && t.lazy == nil && sc.parent == nil && r.depth == 0 && keep(o) {
+				if u := r.opt.Replace(o, t); u != nil {
+					t = u
+				}
+			}
 			if isNarrow(t.DType) {
 				t.normalize()
 			}
