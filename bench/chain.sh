@@ -12,8 +12,8 @@
 # its loop over the experts hit at trace time only runs on inputs like its
 # own, and a chain's later copies do not get those (the check then warns).
 # Without residual connections the activations vanish after a few copies,
-# so the check runs each later copy alone on inputs of unit scale (see
-# docs/numerical-check.md); that work is part of the time measured.
+# so the check's run restarts from random values of unit scale at each
+# such copy's input (see docs/numerical-check.md).
 #
 # Environment: PY (default /usr/bin/python3; Debian's python3-onnx is
 # installed with apt-get when its onnx module is missing), REPS (default 3;
