@@ -201,3 +201,21 @@ func BenchmarkDotRowsShapes(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDotRowsCold is BenchmarkDotRowsShapes with the rows out of
+// cache: each call takes the next of 64 MiB of matrices, as the reference
+// experts walk a stack's weights.
+func BenchmarkDotRowsCold(b *testing.B) {
+	for _, tc := range []struct{ k, rows int }{{64, 128}, {128, 64}} {
+		r := rand.New(rand.NewPCG(7, 8))
+		n := 64 << 20 / 4 / (tc.k * tc.rows)
+		a, x, out := randVec(r, n*tc.rows*tc.k, 1), randVec(r, tc.k, 1), make([]float32, tc.rows)
+		b.Run(fmt.Sprintf("k=%d/rows=%d", tc.k, tc.rows), func(b *testing.B) {
+			e := 0
+			for b.Loop() {
+				DotRows(a[e*tc.rows*tc.k:(e+1)*tc.rows*tc.k], tc.k, x, out)
+				e = (e + 1) % n
+			}
+		})
+	}
+}
