@@ -10,7 +10,10 @@ import (
 // blocks leave the values between them undeclared; their ranks still decide
 // which value a fused node reads (see inputLike).
 func (c *ctx) rankInfer(v string) int {
-	r, _ := graph.InferRank(ctxRanks{c}, v, nil)
+	if c.rankMemo == nil {
+		c.rankMemo = map[string]int{}
+	}
+	r, _ := graph.InferRank(ctxRanks{c}, v, c.rankMemo)
 	return r
 }
 

@@ -58,6 +58,8 @@ type ctx struct {
 	lim []bool
 	// after is postDominator's memo (see afterExpert there).
 	after memo
+	// rankMemo remembers rankInfer's answers on the unchanged graph.
+	rankMemo map[string]int
 	// limBuf backs lim; limSet lists the positions set in it.
 	limBuf []bool
 	limSet []int32
