@@ -3,7 +3,6 @@ package mokopt
 import (
 	"context"
 	"errors"
-	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/internal/verify"
 
@@ -118,7 +117,7 @@ func rewriteError(ctx context.Context, m *Model, rep *RewriteReport, err error) 
 //
 // With the numerical check on and Partial off it is faster than Rewrite
 // then Save: m is edited and written while the check runs on another
-// goroutine over an unedited copy (graph.Model.Fork), and the output is
+// goroutine over an unedited copy (passes.RewriteAhead), and the output is
 // renamed into place only once every block passed; a failed check leaves
 // no output and no temporary file. The check cannot change what is fused
 // then, only whether the output is committed.
@@ -126,11 +125,7 @@ func RewriteAndSave(ctx context.Context, m *Model, path string, ropt RewriteOpti
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
-	var orig *graph.Model
-	if !ropt.Partial && !ropt.SkipCheck && path != Stdio {
-		orig, _ = m.g.Fork() // nil for a model that cannot be forked
-	}
-	if orig == nil {
+	if ropt.Partial || ropt.SkipCheck || path == Stdio {
 		rep, err := Rewrite(ctx, m, ropt)
 		if err != nil {
 			return rep, err
@@ -143,7 +138,7 @@ func RewriteAndSave(ctx context.Context, m *Model, path string, ropt RewriteOpti
 	if err != nil {
 		return nil, err
 	}
-	rep, wait, err := passes.RewriteAhead(m.g, orig, po)
+	rep, wait, err := passes.RewriteAhead(m.g, po)
 	if err != nil {
 		return rep, rewriteError(ctx, m, rep, err)
 	}

@@ -9,27 +9,46 @@ import (
 )
 
 // RewriteAhead is Rewrite with the numerical check taken off the critical
-// path: it edits edit at once, without the check, while the check runs on
-// another goroutine over orig, of which edit is an unedited copy
-// (graph.Model.Fork). It returns the edit's report, and wait, which waits
-// for the check and returns the report and error Rewrite(edit, opt) would
-// have returned. The caller writes edit meanwhile but commits it only once
-// wait returned a nil error (graph.SaveOptions.Ready); on an error the
-// edited copy must be discarded. orig is read, never edited, and must not
-// be used until wait returns.
+// path: it edits m at once, without the check, while the check runs on
+// another goroutine over an unedited copy (graph.Model.Fork of m's
+// canonical form, which both share: the model is canonicalized once). It
+// returns the edit's report, and wait, which waits for the check and
+// returns the report and error Rewrite(m, opt) would have returned. The
+// caller writes m meanwhile but commits it only once wait returned a nil
+// error (graph.SaveOptions.Ready); on an error m must be discarded. (A
+// model that cannot be forked is checked first, then edited, and wait
+// only returns that result.)
 //
 // opt must have Check set and Partial off, the only combination in which
 // the check cannot change what is fused, only whether anything is: with
 // any block refused, nothing is. When the edit itself fails, RewriteAhead
 // waits for the check and returns what Rewrite would have (the check's
 // verdict first), with a nil wait.
-func RewriteAhead(edit, orig *graph.Model, opt Options) (rep *Report, wait func() (*Report, error), err error) {
+func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Report, error), err error) {
 	if !opt.Check || opt.Partial {
 		return nil, nil, fmt.Errorf("RewriteAhead needs Check on and Partial off")
 	}
 	ctx := opt.Context
 	if ctx == nil {
 		ctx = context.Background()
+	}
+	wc, res, skipped := canonicalView(ctx, m)
+	target := m
+	if wc != nil {
+		target = wc
+	}
+	orig, ferr := target.Fork()
+	if ferr != nil {
+		rep, err := rewriteOn(m, wc, res, skipped, opt)
+		if err != nil {
+			return rep, nil, err
+		}
+		return rep, func() (*Report, error) { return rep, nil }, nil
+	}
+	// The check reads orig as rewriteOn would read m's canonical form.
+	checkM, checkWC := orig, (*graph.Model)(nil)
+	if wc != nil {
+		checkM, checkWC = nil, orig
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	co := opt
@@ -48,12 +67,12 @@ func RewriteAhead(edit, orig *graph.Model, opt Options) (rep *Report, wait func(
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := rewriteCanonical(orig, co)
+		r, err := rewriteOn(checkM, checkWC, res, skipped, co)
 		done <- result{r, err}
 	}()
 	eo := opt
 	eo.Check = false
-	rep, err = rewriteCanonical(edit, eo)
+	rep, err = rewriteOn(m, wc, res, skipped, eo)
 	collect := func() (*Report, error) {
 		defer cancel()
 		c := <-done

@@ -114,11 +114,7 @@ func TestRewriteAheadAsRewrite(t *testing.T) {
 
 					m2 := aheadLoad(t, f, side)
 					defer m2.Close()
-					orig, ferr := m2.Fork()
-					if ferr != nil {
-						t.Fatal(ferr)
-					}
-					rep2, wait, err2 := RewriteAhead(m2, orig, opt)
+					rep2, wait, err2 := RewriteAhead(m2, opt)
 					if err2 != nil {
 						t.Fatalf("edit: %v", err2)
 					}

@@ -71,6 +71,14 @@ func rewriteCanonical(m *graph.Model, opt Options) (*Report, error) {
 		ctx = context.Background()
 	}
 	wc, res, skipped := canonicalView(ctx, m)
+	return rewriteOn(m, wc, res, skipped, opt)
+}
+
+// rewriteOn is rewriteCanonical given canonicalView's results for m: wc
+// (nil when m is its own canonical form; m may then be nil when wc is
+// set and opt stops before editing), res, and skipped (why
+// canonicalization was skipped, if it was).
+func rewriteOn(m, wc *graph.Model, res *canon.Result, skipped string, opt Options) (*Report, error) {
 	if wc == nil {
 		rep, err := rewriteIn(m, opt)
 		if skipped != "" && rep != nil {
