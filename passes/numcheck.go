@@ -445,7 +445,7 @@ type earlyChecks struct {
 	left   []int // values each block still waits for
 	done   []bool
 	res    []error
-	queue  chan int
+	queue  chan earlyJob
 	wg     sync.WaitGroup
 }
 
@@ -471,20 +471,27 @@ func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*
 			}
 		}
 	}
-	e.queue = make(chan int, len(blocks))
+	e.queue = make(chan earlyJob, len(blocks))
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
 		scratch := &moe.Weights{}
-		for i := range e.queue {
+		for j := range e.queue {
 			if ctx.Err() != nil {
 				continue // the run ends with the context's error
 			}
-			e.res[i] = checkBlock(m, blocks[i], e.vals[i], ws, i, scratch, e.rs.where(blocks[i], where))
-			e.done[i] = true
+			e.res[j.i] = checkBlock(m, blocks[j.i], e.vals[j.i], ws, j.i, scratch, j.where)
+			e.done[j.i] = true
 		}
 	}()
 	return e
+}
+
+// earlyJob is a block for the early worker: its index and the inputs it
+// is checked on, for messages.
+type earlyJob struct {
+	i     int
+	where string
 }
 
 // captured records a value the run computed and queues the blocks it
@@ -496,7 +503,9 @@ func (e *earlyChecks) captured(name string, t *eval.Tensor) {
 			continue // reported twice: already queued
 		}
 		if e.left[i]--; e.left[i] == 0 && !vanished(e.vals[i][e.blocks[i].Input]) {
-			e.queue <- i
+			// where is read here, on the run's goroutine, which is the
+			// one that records restarts
+			e.queue <- earlyJob{i, e.rs.where(e.blocks[i], e.where)}
 		}
 	}
 }
