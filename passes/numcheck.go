@@ -40,6 +40,7 @@ func RandomFeeds(m *graph.Model, seed uint64, dynDim int) (map[string]*eval.Tens
 // shape the model itself pins for it (staticTwin), where it has one.
 func randomFeeds(m *graph.Model, seed uint64, dynDim int, memLimit int64, pin bool) (map[string]*eval.Tensor, error) {
 	g := m.Graph()
+	defer m.KeepIndex(g) // the graph is only read: the next reader takes this index
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f6b6f7074))
 	feeds := map[string]*eval.Tensor{}
 	for _, v := range m.Proto.Graph.Input {
@@ -204,6 +205,7 @@ next:
 // dims; the first symbolic dim takes it, the others 1.
 func reshapePinned(m *graph.Model, name string, dims []*pb.TensorShapeProto_Dimension) []int {
 	g := m.Graph()
+	defer m.KeepIndex(g)
 	for _, c := range g.Consumers(name) {
 		if c.GetOpType() != "Reshape" || len(c.Input) < 2 || c.Input[0] != name {
 			continue
@@ -296,6 +298,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	want := map[string]bool{}
 	ext := make([][]string, len(blocks))
 	g := m.Graph()
+	m.KeepIndex(g) // the check only reads the graph: one index serves it all
 	for i, b := range blocks {
 		want[b.Input], want[b.Router], want[b.Output] = true, true, true
 		ext[i] = regionInputs(g, b)

@@ -166,6 +166,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		}
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
 		opt.progress("check", 0, len(bs))
+		m.KeepIndex(g) // the check reads the graph this index is current for
 		errs, err := numericCheck(ctx, m, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
