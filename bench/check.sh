@@ -15,8 +15,8 @@
 #
 #   bench/check.sh [WORKDIR]
 #
-# Environment: CASES, STACK_BLOCK, STACK_N, REPS (default 1; the fastest run
-# of each command counts), PY (default /usr/bin/python3; Debian's
+# Environment: CASES, STACK_BLOCK, STACK_N, REPS (default 1; the commands of
+# a comparison run in turn, REPS rounds, and the fastest run of each counts), PY (default /usr/bin/python3; Debian's
 # python3-onnx is installed when its onnx module is missing), KEEP=1 keeps
 # the generated files. Timings on a shared machine are noisy: compare the
 # ratios of one run. Each command runs under a 16 GB address-space cap
@@ -40,24 +40,24 @@ fi
 (cd "$ROOT" && go build -o "$W/mokopt" ./cmd/mokopt && go build -o "$W/loadsave" ./bench/loadsave && go build -o "$W/stack" ./bench/stack)
 M="$W/mokopt"
 
-# measure NAME CMD...: runs CMD REPS times under the address-space cap;
-# sets T_WALL (s) and T_RSS (peak RSS, KiB) of the fastest run.
-measure() {
+# once NAME CMD...: runs CMD once under the address-space cap and keeps,
+# per NAME, the fastest wall time (s) in BEST_WALL and that run's peak RSS
+# (KiB) in BEST_RSS. Callers run each command of a comparison in turn, REPS
+# times, so that a slow spell of the shared machine hits all of them alike.
+declare -A BEST_WALL BEST_RSS
+once() {
 	local name=$1
 	shift
-	T_WALL="" T_RSS=""
-	for ((r = 0; r < REPS; r++)); do
-		sync # each run starts with no dirty pages of an earlier one to write back
-		(ulimit -v 16000000 && /usr/bin/time -f "%e %M" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name") || {
-			echo "$name failed:" >&2
-			tail -5 "$W/err.$name" >&2
-			return 1
-		}
-		read -r wall rss <"$W/time.$name"
-		if [[ -z $T_WALL ]] || awk "BEGIN{exit !($wall < $T_WALL)}"; then
-			T_WALL=$wall T_RSS=$rss
-		fi
-	done
+	sync # each run starts with no dirty pages of an earlier one to write back
+	(ulimit -v 16000000 && /usr/bin/time -f "%e %M" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name") || {
+		echo "$name failed:" >&2
+		tail -5 "$W/err.$name" >&2
+		return 1
+	}
+	read -r wall rss <"$W/time.$name"
+	if [[ -z ${BEST_WALL[$name]:-} ]] || awk "BEGIN{exit !($wall < ${BEST_WALL[$name]})}"; then
+		BEST_WALL[$name]=$wall BEST_RSS[$name]=$rss
+	fi
 }
 ratio() { awk "BEGIN{ if ($2 > 0) printf \"%.2f\", $1 / $2; else print \"inf\" }"; }
 pysave='import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); onnx.save(m, sys.argv[2])'
@@ -70,12 +70,13 @@ for c in $CASES; do
 	in="$W/b_${T}_${E}.onnx"
 	"$M" -q gen --shape batched --tokens "$T" --experts "$E" --top-k "$K" --hidden "$H" --inter "$I" -o "$in" >/dev/null
 	wb=$(($(stat -c %s "$in.data")))
-	measure ls "$W/loadsave" "$in" "$W/ls.onnx"
-	ls_w=$T_WALL
-	measure nc "$M" -q rewrite --no-check "$in" -o "$W/rw.onnx"
-	nc_w=$T_WALL
-	measure rw "$M" -q rewrite "$in" -o "$W/rw.onnx"
-	rw_w=$T_WALL rw_rss=$T_RSS
+	BEST_WALL=() BEST_RSS=()
+	for ((r = 0; r < REPS; r++)); do
+		once ls "$W/loadsave" "$in" "$W/ls.onnx"
+		once nc "$M" -q rewrite --no-check "$in" -o "$W/rw.onnx"
+		once rw "$M" -q rewrite "$in" -o "$W/rw.onnx"
+	done
+	ls_w=${BEST_WALL[ls]} nc_w=${BEST_WALL[nc]} rw_w=${BEST_WALL[rw]} rw_rss=${BEST_RSS[rw]}
 	grep -q "1 MoE block(s) fused" "$W/out.rw" || { echo "T=$T: not fused" >&2; cat "$W/out.rw" >&2; }
 	bound=$(awk "BEGIN{printf \"%.0f\", (1.5 * $wb + 2^30) / 2^20}")
 	r=$(ratio "$rw_w" "$ls_w")
@@ -89,14 +90,14 @@ in="$W/stack_$STACK_N.onnx"
 "$W/stack" -n "$STACK_N" "$STACK_BLOCK" "$in"
 "$M" -q inspect "$in" >"$W/inspect.txt"
 nodes=$(head -1 "$W/inspect.txt" | grep -o '[0-9]* nodes' | grep -o '[0-9]*')
-measure ls "$W/loadsave" "$in" "$W/ls.onnx"
-ls_w=$T_WALL
-measure py "$PY" -c "$pysave" "$in" "$W/py.onnx"
-py_w=$T_WALL
-measure nc "$M" -q rewrite --no-check "$in" -o "$W/rw.onnx"
-nc_w=$T_WALL
-measure rw "$M" -q rewrite "$in" -o "$W/rw.onnx"
-rw_w=$T_WALL rw_rss=$T_RSS
+BEST_WALL=() BEST_RSS=()
+for ((r = 0; r < REPS; r++)); do
+	once ls "$W/loadsave" "$in" "$W/ls.onnx"
+	once py "$PY" -c "$pysave" "$in" "$W/py.onnx"
+	once nc "$M" -q rewrite --no-check "$in" -o "$W/rw.onnx"
+	once rw "$M" -q rewrite "$in" -o "$W/rw.onnx"
+done
+ls_w=${BEST_WALL[ls]} py_w=${BEST_WALL[py]} nc_w=${BEST_WALL[nc]} rw_w=${BEST_WALL[rw]} rw_rss=${BEST_RSS[rw]}
 fused=$(grep -o '[0-9]* MoE block(s) fused' "$W/out.rw" | grep -o '^[0-9]*')
 r_ls=$(ratio "$rw_w" "$ls_w") r_py=$(ratio "$rw_w" "$py_w")
 printf "%7s %10s | %8s %8s %8s %8s | %7s %6s | %7s %6s | %8s %6s\n" nodes bytes ls_s py_s nochk_s rw_s rw/ls "<=1.5" rw/py "<1" rss_MiB fused
