@@ -43,32 +43,14 @@ flags=()
 in="$W/chain_$N.onnx"
 "$W/chain" -n "$N" "${flags[@]}" "$BLOCK" "$in"
 
-# once NAME CMD...: runs CMD once and keeps, per NAME, the fastest wall
-# time (s) in BEST, with that run's CPU time (user+sys, s) in BEST_CPU and
-# peak RSS (KiB) in BEST_RSS. The two commands run in turn, REPS rounds, so
-# that a slow spell of the shared machine hits both alike.
-declare -A BEST BEST_CPU BEST_RSS
-once() {
-	local name=$1
-	shift
-	sync # each run starts with no dirty pages of an earlier one to write back
-	/usr/bin/time -f "%e %M %U %S" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name" || {
-		echo "$name failed:" >&2
-		cat "$W/err.$name" >&2
-		exit 1
-	}
-	read -r wall rss user sys <"$W/time.$name"
-	if [[ -z ${BEST[$name]:-} ]] || awk "BEGIN{exit !($wall < ${BEST[$name]})}"; then
-		BEST[$name]=$wall BEST_RSS[$name]=$rss BEST_CPU[$name]=$(awk "BEGIN{print $user + $sys}")
-	fi
-}
-
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 for ((r = 0; r < REPS; r++)); do
 	once rewrite "$W/mokopt" rewrite "$in" -o "$W/rewritten.onnx"
 	once pysave "$PY" -c 'import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])' "$in" "$W/pysaved.onnx"
 done
-rw=${BEST[rewrite]} rw_rss=${BEST_RSS[rewrite]} rw_cpu=${BEST_CPU[rewrite]}
-py=${BEST[pysave]} py_rss=${BEST_RSS[pysave]} py_cpu=${BEST_CPU[pysave]}
+rw=${BEST_WALL[rewrite]} rw_rss=${BEST_RSS[rewrite]} rw_cpu=${BEST_CPU[rewrite]}
+py=${BEST_WALL[pysave]} py_rss=${BEST_RSS[pysave]} py_cpu=${BEST_CPU[pysave]}
 held=$("$PY" -c 'import onnx, sys; g = onnx.load(sys.argv[1]).graph; print(sum(n.op_type == "MoE" for n in g.node), "/", len(g.node))' "$W/rewritten.onnx")
 
 echo "# $N directly chained copies of $(basename "$BLOCK"): $(stat -c %s "$in") bytes, REPS=$REPS (fastest), $W"

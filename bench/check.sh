@@ -40,26 +40,10 @@ fi
 (cd "$ROOT" && go build -o "$W/mokopt" ./cmd/mokopt && go build -o "$W/loadsave" ./bench/loadsave && go build -o "$W/stack" ./bench/stack)
 M="$W/mokopt"
 
-# once NAME CMD...: runs CMD once under the address-space cap and keeps,
-# per NAME, the fastest wall time (s) in BEST_WALL and that run's peak RSS
-# (KiB) in BEST_RSS. Callers run each command of a comparison in turn, REPS
-# times, so that a slow spell of the shared machine hits all of them alike.
-declare -A BEST_WALL BEST_RSS
-once() {
-	local name=$1
-	shift
-	sync # each run starts with no dirty pages of an earlier one to write back
-	(ulimit -v 16000000 && /usr/bin/time -f "%e %M" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name") || {
-		echo "$name failed:" >&2
-		tail -5 "$W/err.$name" >&2
-		return 1
-	}
-	read -r wall rss <"$W/time.$name"
-	if [[ -z ${BEST_WALL[$name]:-} ]] || awk "BEGIN{exit !($wall < ${BEST_WALL[$name]})}"; then
-		BEST_WALL[$name]=$wall BEST_RSS[$name]=$rss
-	fi
-}
-ratio() { awk "BEGIN{ if ($2 > 0) printf \"%.2f\", $1 / $2; else print \"inf\" }"; }
+# Each command runs under a 16 GB address-space cap (bench/lib.sh once).
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
+ONCE_ULIMIT_KB=16000000
 pysave='import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); onnx.save(m, sys.argv[2])'
 verdict() { if awk "BEGIN{exit !($1)}"; then echo PASS; else echo FAIL; fi; }
 
@@ -70,7 +54,7 @@ for c in $CASES; do
 	in="$W/b_${T}_${E}.onnx"
 	"$M" -q gen --shape batched --tokens "$T" --experts "$E" --top-k "$K" --hidden "$H" --inter "$I" -o "$in" >/dev/null
 	wb=$(($(stat -c %s "$in.data")))
-	BEST_WALL=() BEST_RSS=()
+	BEST_WALL=() BEST_CPU=() BEST_RSS=()
 	for ((r = 0; r < REPS; r++)); do
 		once ls "$W/loadsave" "$in" "$W/ls.onnx"
 		once nc "$M" -q rewrite --no-check "$in" -o "$W/rw.onnx"
@@ -90,7 +74,7 @@ in="$W/stack_$STACK_N.onnx"
 "$W/stack" -n "$STACK_N" "$STACK_BLOCK" "$in"
 "$M" -q inspect "$in" >"$W/inspect.txt"
 nodes=$(head -1 "$W/inspect.txt" | grep -o '[0-9]* nodes' | grep -o '[0-9]*')
-BEST_WALL=() BEST_RSS=()
+BEST_WALL=() BEST_CPU=() BEST_RSS=()
 for ((r = 0; r < REPS; r++)); do
 	once ls "$W/loadsave" "$in" "$W/ls.onnx"
 	once py "$PY" -c "$pysave" "$in" "$W/py.onnx"

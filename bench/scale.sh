@@ -37,27 +37,8 @@ M="$W/mokopt"
 have_py=0
 if "$PY" -c 'import onnx' 2>/dev/null; then have_py=1; fi
 
-# measure NAME CMD...: runs CMD REPS times; sets T_WALL, T_CPU (user+sys, s)
-# and T_RSS (peak RSS, KiB) of the fastest run.
-measure() {
-	local name=$1
-	shift
-	T_WALL="" T_CPU="" T_RSS=""
-	for ((r = 0; r < REPS; r++)); do
-		sync # each run starts with no dirty pages of an earlier one to write back
-		/usr/bin/time -f "%e %U %S %M" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name" || {
-			echo "$name failed:" >&2
-			cat "$W/err.$name" >&2
-			exit 1
-		}
-		read -r wall user sys rss <"$W/time.$name"
-		if [[ -z $T_WALL ]] || awk "BEGIN{exit !($wall < $T_WALL)}"; then
-			T_WALL=$wall T_CPU=$(awk "BEGIN{print $user + $sys}") T_RSS=$rss
-		fi
-	done
-}
-
-ratio() { awk "BEGIN{ if ($2 > 0) printf \"%.2f\", $1 / $2; else print \"inf\" }"; }
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 pysave='import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); onnx.save(m, sys.argv[2])'
 nodes_of() { grep -o '"nodes": *[0-9]*' "$1" | grep -o '[0-9]*$'; }
 
