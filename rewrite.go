@@ -3,6 +3,8 @@ package mokopt
 import (
 	"context"
 	"errors"
+
+	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/internal/verify"
 
@@ -143,11 +145,15 @@ func RewriteAndSave(ctx context.Context, m *Model, path string, ropt RewriteOpti
 		return rep, rewriteError(ctx, m, rep, err)
 	}
 	var crep *RewriteReport
+	var redone *graph.Model
 	var cerr error
 	waited := false
 	check := func() error {
-		crep, cerr = wait()
+		crep, redone, cerr = wait()
 		waited = true
+		if cerr == nil && redone != nil {
+			return errRedone // not this output: the redone one
+		}
 		return cerr
 	}
 	serr := save(ctx, m, path, sopt, check)
@@ -157,8 +163,14 @@ func RewriteAndSave(ctx context.Context, m *Model, path string, ropt RewriteOpti
 	if cerr != nil {
 		return crep, rewriteError(ctx, m, crep, cerr)
 	}
+	if redone != nil {
+		serr = save(ctx, &Model{g: redone}, path, sopt, nil)
+	}
 	return crep, saveError(serr)
 }
+
+// errRedone aborts the save of a model whose rewrite was redone on a copy.
+var errRedone = errors.New("the rewrite was redone on an unedited copy")
 
 // SaveError is an error of RewriteAndSave's save, after the rewrite
 // succeeded; its message is the save's.

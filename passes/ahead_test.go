@@ -118,12 +118,10 @@ func TestRewriteAheadAsRewrite(t *testing.T) {
 					if err2 != nil {
 						t.Fatalf("edit: %v", err2)
 					}
-					var final *Report
-					got, left, err2 := saved(t, m2, mode, func() error {
-						var err error
-						final, err = wait()
-						return err
-					})
+					got, left, final, redone, err2 := savedAhead(t, m2, mode, wait)
+					if redone {
+						t.Fatal("redone on a copy: no block input moves in these exports")
+					}
 					if corrupt {
 						if err2 == nil || err2.Error() != err.Error() || len(left) != 0 {
 							t.Fatalf("got %v (files %v), want %v and no file", err2, left, err)
@@ -148,4 +146,68 @@ func TestRewriteAheadAsRewrite(t *testing.T) {
 			}
 		}
 	}
+}
+
+// savedAhead saves m as RewriteAndSave does after RewriteAhead: committed
+// once wait passed, or, when wait redid the rewrite on a copy, that copy
+// saved instead. It returns saved's results, wait's report, and whether the
+// copy was saved.
+func savedAhead(t *testing.T, m *graph.Model, mode graph.ExternalMode, wait func() (*Report, *graph.Model, error)) ([]byte, []string, *Report, bool, error) {
+	t.Helper()
+	var final *Report
+	var copy *graph.Model
+	errCopy := errors.New("the copy is the output")
+	got, left, err := saved(t, m, mode, func() error {
+		var err error
+		final, copy, err = wait()
+		if err == nil && copy != nil {
+			return errCopy
+		}
+		return err
+	})
+	if copy != nil && errors.Is(err, errCopy) {
+		got, left, err = saved(t, copy, mode, nil)
+	}
+	return got, left, final, copy != nil, err
+}
+
+// TestRewriteAheadRedoesMovedInput: when the check moves a block's input
+// to its router's [T, H] input (the block's input has another shape than
+// its output; forced here on an ORT-optimized Llama 4 export that needs
+// canonicalization), the edit made without knowing it is discarded and the
+// rewrite redone on an unedited copy: the output is the bytes Rewrite then
+// Save give, whose fused node reads the router's input.
+func TestRewriteAheadRedoesMovedInput(t *testing.T) {
+	detectedHook = func(b *Block) { b.Input = "hidden_states" } // the [2, 5, 64] model input; the output is [10, 64]
+	defer func() { detectedHook = nil }()
+	f := filepath.Join(producersDir, "m_ortext_ts_llama4.onnx")
+	opt := Options{Check: true, StreamWeights: true}
+	m := aheadLoad(t, f, false)
+	defer m.Close()
+	rep, err := Rewrite(m, opt)
+	if err != nil || len(rep.Fused) != 1 || rep.Fused[0].Block.Input != rep.Fused[0].Block.Router {
+		t.Fatalf("Rewrite: %v (fused %+v)", err, rep)
+	}
+	want, _, err := saved(t, m, graph.ExternalInline, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2 := aheadLoad(t, f, false)
+	defer m2.Close()
+	if _, wait, err := RewriteAhead(m2, opt); err != nil {
+		t.Fatal(err)
+	} else if got, left, final, redone, err := savedAhead(t, m2, graph.ExternalInline, wait); err != nil || !redone || !bytes.Equal(got, want) || len(left) != 1 {
+		t.Fatalf("redone %v, %v, files %v, %d bytes (want %d, equal %v)", redone, err, left, len(got), len(want), bytes.Equal(got, want))
+	} else if j1, j2 := mustJSON(t, rep), mustJSON(t, final); !bytes.Equal(j1, j2) {
+		t.Fatalf("report differs:\n%s\nwant\n%s", j2, j1)
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

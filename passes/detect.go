@@ -98,6 +98,9 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 }
 
 // detectIn is DetectWith over an index g of m's main graph.
+// detectedHook, set by tests only, edits each block detectIn found.
+var detectedHook func(b *Block)
+
 func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, error) {
 	cx := opt.Context
 	if cx == nil {
@@ -221,6 +224,11 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 		}
 	}
 	uniqueBlockNames(det.Blocks)
+	if detectedHook != nil {
+		for _, b := range det.Blocks {
+			detectedHook(b)
+		}
+	}
 	return det, nil
 }
 

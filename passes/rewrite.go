@@ -91,11 +91,14 @@ type Report struct {
 
 	// traced counts the leading warnings about traced experts; checkNotes
 	// are the warnings the numerical check added after them, and checked
-	// names the blocks a checkOnly run found fusable (RewriteSpeculative
-	// merges a check run's report into an edit run's).
+	// names the blocks a checkOnly run found fusable (RewriteAhead merges a
+	// check run's report into an edit run's).
 	traced     int
 	checkNotes []string
 	checked    []string
+	// moved names the blocks whose input the check moved to the router's
+	// (see checkBlock).
+	moved []string
 }
 
 // ErrNotFused is returned (wrapped) when candidates failed and Partial is off.
@@ -167,7 +170,16 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
 		opt.progress("check", 0, len(bs))
 		m.KeepIndex(g) // the check reads the graph this index is current for
+		inputs := make([]string, len(bs))
+		for i, b := range bs {
+			inputs[i] = b.Input
+		}
 		errs, err := numericCheck(ctx, m, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
+		for i, b := range bs {
+			if b.Input != inputs[i] {
+				rep.moved = append(rep.moved, b.Name) // see RewriteAhead
+			}
+		}
 		if errors.Is(err, ErrCheckInconclusive) {
 			rep.Warnings = append(rep.Warnings, err.Error())
 			rep.checkNotes = append(rep.checkNotes, err.Error())
