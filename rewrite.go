@@ -121,8 +121,10 @@ func rewriteError(ctx context.Context, m *Model, rep *RewriteReport, err error) 
 // then Save: m is edited and written while the check runs on another
 // goroutine over an unedited copy (passes.RewriteAhead), and the output is
 // renamed into place only once every block passed; a failed check leaves
-// no output and no temporary file. The check cannot change what is fused
-// then, only whether the output is committed.
+// no output and no temporary file. The check then decides whether the
+// output is committed, not what is fused, but for one case: when it moves
+// a block's input (run-time shapes), the rewrite is redone the slow way on
+// an unedited copy, which is written instead.
 func RewriteAndSave(ctx context.Context, m *Model, path string, ropt RewriteOptions, sopt SaveOptions) (*RewriteReport, error) {
 	if err := errCtx(ctx); err != nil {
 		return nil, err

@@ -23,8 +23,8 @@ import (
 // edited, and wait only returns that result.)
 //
 // opt must have Check set and Partial off, the only combination in which
-// the check cannot change what is fused, only whether anything is: with
-// any block refused, nothing is. When the edit itself fails, RewriteAhead
+// the check decides whether anything is fused rather than what (with any
+// block refused, nothing is), but for a moved input (above). When the edit itself fails, RewriteAhead
 // waits for the check and returns what Rewrite would have (the check's
 // verdict first), with a nil wait.
 func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Report, *graph.Model, error), err error) {
