@@ -135,3 +135,47 @@ func tensorsIn(m protoreflect.Message, out []*pb.TensorProto) []*pb.TensorProto 
 	})
 	return out
 }
+
+// ForkMap pairs the messages of a model with those of its fork (Fork),
+// for a caller holding pointers into the model that must read the fork.
+type ForkMap struct {
+	nodes   map[*pb.NodeProto]*pb.NodeProto
+	tensors map[*pb.TensorProto]*pb.TensorProto
+}
+
+// MapFork pairs the main-graph nodes and every tensor of m with those of
+// f, a fork of m taken while m is unchanged since.
+func MapFork(m, f *Model) (*ForkMap, error) {
+	mn, fn := m.Proto.GetGraph().GetNode(), f.Proto.GetGraph().GetNode()
+	mt, ft := allTensors(m.Proto), allTensors(f.Proto)
+	if len(mn) != len(fn) || len(mt) != len(ft) {
+		return nil, errors.New("fork map: the fork is not the model's")
+	}
+	fm := &ForkMap{nodes: make(map[*pb.NodeProto]*pb.NodeProto, len(mn)), tensors: make(map[*pb.TensorProto]*pb.TensorProto, len(mt))}
+	for i, n := range mn {
+		fm.nodes[n] = fn[i]
+	}
+	for i, t := range mt {
+		fm.tensors[t] = ft[i]
+	}
+	return fm, nil
+}
+
+// Node returns the fork's node for the model's node n (nil for nil; n
+// itself when n is not a main-graph node of the model, as for nodes a
+// caller made up).
+func (fm *ForkMap) Node(n *pb.NodeProto) *pb.NodeProto {
+	if f, ok := fm.nodes[n]; ok {
+		return f
+	}
+	return n
+}
+
+// Tensor returns the fork's tensor for the model's tensor t (t itself
+// when t is not one of the model's).
+func (fm *ForkMap) Tensor(t *pb.TensorProto) *pb.TensorProto {
+	if f, ok := fm.tensors[t]; ok {
+		return f
+	}
+	return t
+}

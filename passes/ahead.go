@@ -6,27 +6,30 @@ import (
 	"slices"
 
 	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
 )
 
 // RewriteAhead is Rewrite with the numerical check taken off the critical
-// path: it edits m at once, without the check, while the check runs on
-// another goroutine over an unedited copy (graph.Model.Fork of m's
-// canonical form, which both share: the model is canonicalized once). It
-// returns the edit's report, and wait, which waits for the check and
-// returns the report and error Rewrite(m, opt) would have returned. The
-// caller writes m meanwhile but commits it only once wait returned a nil
-// error (graph.SaveOptions.Ready); on an error m must be discarded. When
-// wait also returns a model, the check moved a block's input where the
-// edit could not know it would (see checkBlock): the rewrite was redone,
-// check included, on an unedited copy of m, and that copy, not m, is the
-// output to write. (A model that cannot be forked is checked first, then
-// edited, and wait only returns that result.)
+// path: it edits m as Rewrite does, but once detection has found the
+// blocks, their check runs on another goroutine, over an unedited copy of
+// the graph detection read (graph.Model.Fork, the blocks rebound to it),
+// while the blocks are fused. It returns the edit's report, and wait,
+// which waits for the check and returns the report and error Rewrite(m,
+// opt) would have returned. The caller writes m meanwhile but commits it
+// only once wait returned a nil error (graph.SaveOptions.Ready); on an
+// error m must be discarded. When wait also returns a model, the check
+// moved a block's input where the edit could not know it would (see
+// checkBlock): the rewrite was redone, check included, on an unedited
+// copy of m, and that copy, not m, is the output to write. (A model that
+// cannot be forked is checked first, then edited, and wait only returns
+// that result.)
 //
 // opt must have Check set and Partial off, the only combination in which
 // the check decides whether anything is fused rather than what (with any
-// block refused, nothing is), but for a moved input (above). When the edit itself fails, RewriteAhead
-// waits for the check and returns what Rewrite would have (the check's
-// verdict first), with a nil wait.
+// block refused, nothing is), but for a moved input (above). When the
+// edit itself fails, RewriteAhead waits for the check and returns what
+// Rewrite would have (the check's verdict first), with a nil wait.
 func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Report, *graph.Model, error), err error) {
 	if !opt.Check || opt.Partial {
 		return nil, nil, fmt.Errorf("RewriteAhead needs Check on and Partial off")
@@ -36,89 +39,149 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 		ctx = context.Background()
 	}
 	wc, res, skipped := canonicalView(ctx, m)
-	target := m
-	if wc != nil {
-		target = wc
-	}
-	orig, ferr := target.Fork()
 	// An unedited copy of m to redo the rewrite on, the slow way, should
-	// the check move a block's input (below): orig itself when m is its
+	// the check move a block's input: the check's own fork when m is its
 	// own canonical form (the check only reads it), else a fork of m.
-	spare := orig
-	if wc != nil && ferr == nil {
-		spare, ferr = m.Fork()
-	}
-	if ferr != nil {
-		rep, err := rewriteOn(m, wc, res, skipped, opt)
-		if err != nil {
-			return rep, nil, err
-		}
-		return rep, func() (*Report, *graph.Model, error) { return rep, nil, nil }, nil
-	}
-	// The check reads orig as rewriteOn would read m's canonical form.
-	checkM, checkWC := orig, (*graph.Model)(nil)
+	var spare *graph.Model
 	if wc != nil {
-		checkM, checkWC = nil, orig
+		if spare, err = m.Fork(); err != nil {
+			rep, err := rewriteOn(m, wc, res, skipped, opt)
+			return rep, func() (*Report, *graph.Model, error) { return rep, nil, err }, err
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	co := opt
-	co.Context, co.checkOnly = ctx, true
-	co.Progress = nil
-	if opt.Progress != nil {
-		co.Progress = func(stage string, done, total int) {
-			if stage == "check" { // the edit reports the other stages
-				opt.Progress(stage, done, total)
-			}
-		}
-	}
 	type result struct {
-		rep *Report
-		err error
+		errs []error
+		err  error
 	}
-	done := make(chan result, 1)
-	go func() {
-		r, err := rewriteOn(checkM, checkWC, res, skipped, co)
-		done <- result{r, err}
-	}()
+	var (
+		started bool
+		snap    *Report // the report when the check started
+		bs      []*Block
+		inputs  []string
+		done    = make(chan result, 1)
+	)
 	eo := opt
-	eo.Check = false
+	eo.checkAhead = func(mm *graph.Model, g *graph.Graph, blocks []*Block, rep *Report) bool {
+		orig, err := mm.Fork()
+		if err != nil {
+			return false
+		}
+		fm, err := graph.MapFork(mm, orig)
+		if err != nil {
+			return false
+		}
+		if spare == nil {
+			spare = orig
+		}
+		bs = make([]*Block, len(blocks))
+		for i, b := range blocks {
+			bs[i] = b.rebound(fm)
+		}
+		inputs = blockInputs(bs)
+		snap = rep.clone()
+		started = true
+		opt.progress("check", 0, len(bs))
+		go func() {
+			errs, err := numericCheck(ctx, orig, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
+			done <- result{errs, err}
+		}()
+		return true
+	}
 	rep, err = rewriteOn(m, wc, res, skipped, eo)
 	collect := func() (*Report, *graph.Model, error) {
 		defer cancel()
+		if !started {
+			return rep, nil, err // checked as Rewrite checks, or not at all
+		}
 		c := <-done
-		switch {
-		case c.err != nil:
-			return c.rep, nil, c.err
-		case err != nil:
-			return rep, nil, err
-		case len(c.rep.moved) > 0:
-			// The check moved a block's input to its router's (the
-			// runtime shapes said so), which the edit could not know:
-			// Rewrite would have fused on the moved input. Do it its
-			// way on the unedited copy, whose result is then the output.
+		_, cerr := checkResults(snap, bs, inputs, c.errs, c.err)
+		if cerr == nil && len(snap.moved) > 0 {
+			// Rewrite would have fused on the moved input: do it its way
+			// on the unedited copy, whose result is then the output.
 			r, err := rewriteCanonical(spare, opt)
 			return r, spare, err
 		}
-		var fused []string
-		for _, f := range rep.Fused {
-			fused = append(fused, f.Block.Name)
+		if cerr == nil {
+			cerr = ctx.Err()
 		}
-		if !slices.Equal(fused, c.rep.checked) {
-			// Detection is deterministic on equal graphs: this is a bug.
-			return rep, nil, fmt.Errorf("internal error: the numerical check saw blocks %v, the rewrite fused %v", c.rep.checked, fused)
+		if cerr == nil {
+			cerr = notFused(snap, false)
+		}
+		if cerr != nil {
+			// what rewriteOn makes of an error before anything is edited
+			if wc == nil && skipped != "" {
+				snap.Warnings = append(snap.Warnings, skipped)
+			}
+			if wc != nil && res.OpsetRefused != "" {
+				cerr = fmt.Errorf("%w; the opset was not raised: %s", cerr, res.OpsetRefused)
+			}
+			return snap, nil, cerr
+		}
+		opt.progress("check", len(bs), len(bs))
+		if err != nil {
+			return rep, nil, err
 		}
 		out := *rep
-		out.Warnings = slices.Concat(rep.Warnings[:rep.traced], c.rep.checkNotes, rep.Warnings[rep.traced:])
+		out.Warnings = slices.Concat(rep.Warnings[:rep.traced], snap.checkNotes, rep.Warnings[rep.traced:])
 		return &out, nil, nil
 	}
 	if err != nil {
 		r, redo, cerr := collect()
 		if redo != nil && cerr == nil {
-			// The slow way succeeded where the edit failed: both run
-			// the same detection and emit, so this is a bug.
+			// The slow way succeeded where the edit failed: both run the
+			// same detection and emit, so this is a bug.
 			return r, nil, fmt.Errorf("internal error: the rewrite failed (%v), but not when redone", err)
 		}
 		return r, nil, cerr
 	}
 	return rep, collect, nil
+}
+
+// clone returns a copy of r whose lists are its own.
+func (r *Report) clone() *Report {
+	c := *r
+	c.Fused = slices.Clone(r.Fused)
+	c.NearMiss = slices.Clone(r.NearMiss)
+	c.Refused = slices.Clone(r.Refused)
+	c.Warnings = slices.Clone(r.Warnings)
+	c.checkNotes = slices.Clone(r.checkNotes)
+	c.moved = slices.Clone(r.moved)
+	return &c
+}
+
+// rebound returns a copy of b that names fm's fork's nodes and tensors
+// where b names the model's: the check reads the fork while the model is
+// edited.
+func (b *Block) rebound(fm *graph.ForkMap) *Block {
+	c := *b
+	c.Region = make([]*pb.NodeProto, len(b.Region))
+	for i, n := range b.Region {
+		c.Region[i] = fm.Node(n)
+	}
+	c.TopK = fm.Node(b.TopK)
+	c.regionPos = slices.Clone(b.regionPos)
+	if b.W != nil {
+		c.W = b.W.rebound(fm)
+	}
+	return &c
+}
+
+// rebound returns a copy of p whose sources are fm's fork's tensors.
+func (p *WeightPlan) rebound(fm *graph.ForkMap) *WeightPlan {
+	proj := func(q *Proj) *Proj {
+		if q == nil {
+			return nil
+		}
+		c := *q
+		c.Init = fm.Tensor(q.Init)
+		return &c
+	}
+	c := &WeightPlan{Router: *proj(&p.Router), RouterB: proj(p.RouterB), Corr: proj(p.Corr),
+		SharedGate: proj(p.SharedGate), SharedUp: proj(p.SharedUp), SharedDown: proj(p.SharedDown), SharedGateW: proj(p.SharedGateW)}
+	c.Experts = make([]ExpertProj, len(p.Experts))
+	for i, e := range p.Experts {
+		c.Experts[i] = ExpertProj{Gate: proj(e.Gate), Up: proj(e.Up), Down: proj(e.Down), GateB: proj(e.GateB), UpB: proj(e.UpB), DownB: proj(e.DownB)}
+	}
+	return c
 }

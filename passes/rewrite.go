@@ -58,9 +58,11 @@ type Options struct {
 	// (Marshal, the in-memory checker and other passes cannot read them).
 	StreamWeights bool
 
-	// checkOnly stops Rewrite before the first edit, with the report and
-	// error it would have had then (see RewriteSpeculative).
-	checkOnly bool
+	// checkAhead, when set, is offered the blocks to check on m (g is m's
+	// index, rep the report so far) when none was refused so far: when it
+	// returns true it has taken their check over (see RewriteAhead) and
+	// they count as passed here.
+	checkAhead func(m *graph.Model, g *graph.Graph, bs []*Block, rep *Report) bool
 }
 
 func (o *Options) progress(stage string, done, total int) {
@@ -90,12 +92,10 @@ type Report struct {
 	Warnings []string   `json:"warnings,omitempty"`
 
 	// traced counts the leading warnings about traced experts; checkNotes
-	// are the warnings the numerical check added after them, and checked
-	// names the blocks a checkOnly run found fusable (RewriteAhead merges a
-	// check run's report into an edit run's).
+	// are the warnings the numerical check added after them (RewriteAhead
+	// merges them into the edit's report).
 	traced     int
 	checkNotes []string
-	checked    []string
 	// moved names the blocks whose input the check moved to the router's
 	// (see checkBlock).
 	moved []string
@@ -168,51 +168,32 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 			bs[i] = r.b
 		}
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
-		opt.progress("check", 0, len(bs))
-		m.KeepIndex(g) // the check reads the graph this index is current for
-		inputs := make([]string, len(bs))
-		for i, b := range bs {
-			inputs[i] = b.Input
-		}
-		errs, err := numericCheck(ctx, m, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
-		for i, b := range bs {
-			if b.Input != inputs[i] {
-				rep.moved = append(rep.moved, b.Name) // see RewriteAhead
+		if opt.checkAhead == nil || len(rep.NearMiss) > 0 || len(rep.Refused) > 0 || !opt.checkAhead(m, g, bs, rep) {
+			opt.progress("check", 0, len(bs))
+			m.KeepIndex(g) // the check reads the graph this index is current for
+			inputs := blockInputs(bs)
+			errs, err := numericCheck(ctx, m, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
+			passed, err := checkResults(rep, bs, inputs, errs, err)
+			if err != nil {
+				return rep, err
 			}
-		}
-		if errors.Is(err, ErrCheckInconclusive) {
-			rep.Warnings = append(rep.Warnings, err.Error())
-			rep.checkNotes = append(rep.checkNotes, err.Error())
-			errs, err = make([]error, len(bs)), nil
-		}
-		if err != nil {
-			return rep, err
-		}
-		opt.progress("check", len(bs), len(bs))
-		kept := todo[:0]
-		for i, r := range todo {
-			if errs[i] != nil {
-				rep.Refused = append(rep.Refused, NearMiss{Node: r.b.Name, Reason: errs[i].Error()})
-				continue
+			opt.progress("check", len(bs), len(bs))
+			kept := todo[:0]
+			for i, r := range todo {
+				if passed[i] {
+					kept = append(kept, r)
+				}
 			}
-			kept = append(kept, r)
+			todo = kept
 		}
-		todo = kept
 	}
 	if err := ctx.Err(); err != nil {
 		return rep, err
 	}
-	if !opt.Partial && (len(rep.NearMiss) > 0 || len(rep.Refused) > 0) {
-		var msgs []string
-		for _, n := range append(append([]NearMiss(nil), rep.NearMiss...), rep.Refused...) {
-			msgs = append(msgs, fmt.Sprintf("%s: %s", n.Node, n.Reason))
-		}
-		return rep, fmt.Errorf("%w (the Partial option, mokopt rewrite --partial, fuses the others): %s", ErrNotFused, strings.Join(msgs, "; "))
+	if err := notFused(rep, opt.Partial); err != nil {
+		return rep, err
 	}
-	if len(todo) == 0 || opt.checkOnly {
-		for _, r := range todo {
-			rep.checked = append(rep.checked, r.b.Name)
-		}
+	if len(todo) == 0 {
 		return rep, nil
 	}
 	opset := m.Opset("")
@@ -244,6 +225,59 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		m.Proto.IrVersion = proto.Int64(10) // function overloads need IR 10
 	}
 	return rep, nil
+}
+
+// blockInputs lists the blocks' inputs, to tell afterwards whether the
+// check moved one (see checkBlock).
+func blockInputs(bs []*Block) []string {
+	in := make([]string, len(bs))
+	for i, b := range bs {
+		in[i] = b.Input
+	}
+	return in
+}
+
+// checkResults applies the numerical check of bs (errs per block, err for
+// the whole, inputs the blocks' inputs before it) to rep as Rewrite does:
+// it records the blocks whose input moved, turns an inconclusive check
+// into a warning, and refuses each block that failed. It returns which
+// blocks passed, or the error that ends the rewrite.
+func checkResults(rep *Report, bs []*Block, inputs []string, errs []error, err error) ([]bool, error) {
+	for i, b := range bs {
+		if b.Input != inputs[i] {
+			rep.moved = append(rep.moved, b.Name)
+		}
+	}
+	if errors.Is(err, ErrCheckInconclusive) {
+		rep.Warnings = append(rep.Warnings, err.Error())
+		rep.checkNotes = append(rep.checkNotes, err.Error())
+		errs, err = make([]error, len(bs)), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	passed := make([]bool, len(bs))
+	for i, b := range bs {
+		if errs[i] != nil {
+			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: errs[i].Error()})
+			continue
+		}
+		passed[i] = true
+	}
+	return passed, nil
+}
+
+// notFused is Rewrite's error when candidates failed and partial is off
+// (nil otherwise).
+func notFused(rep *Report, partial bool) error {
+	if partial || len(rep.NearMiss) == 0 && len(rep.Refused) == 0 {
+		return nil
+	}
+	var msgs []string
+	for _, n := range append(append([]NearMiss(nil), rep.NearMiss...), rep.Refused...) {
+		msgs = append(msgs, fmt.Sprintf("%s: %s", n.Node, n.Reason))
+	}
+	return fmt.Errorf("%w (the Partial option, mokopt rewrite --partial, fuses the others): %s", ErrNotFused, strings.Join(msgs, "; "))
 }
 
 // emit replaces one block.
