@@ -166,3 +166,36 @@ func TestSaveReady(t *testing.T) {
 		}
 	}
 }
+
+// TestMapFork pairs each node and tensor of a model with its fork's, keeps
+// what is not the model's as it is, and refuses a model that is not the
+// fork's.
+func TestMapFork(t *testing.T) {
+	m := faultModel()
+	f, err := m.Fork()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fm, err := MapFork(m, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range m.Proto.Graph.Node {
+		if fm.Node(n) != f.Proto.Graph.Node[i] {
+			t.Fatalf("node %d not paired", i)
+		}
+	}
+	for i, x := range m.Proto.Graph.Initializer {
+		if fm.Tensor(x) != f.Proto.Graph.Initializer[i] {
+			t.Fatalf("initializer %d not paired", i)
+		}
+	}
+	other := NewNode("Relu", "", "other", []string{"a"}, []string{"b"})
+	if fm.Node(other) != other || fm.Node(nil) != nil {
+		t.Fatal("a node that is not the model's was not kept")
+	}
+	f.Proto.Graph.Node = f.Proto.Graph.Node[:0]
+	if _, err := MapFork(m, f); err == nil {
+		t.Fatal("a fork with other nodes was paired")
+	}
+}
