@@ -178,6 +178,7 @@ var errRedone = errors.New("the rewrite was redone on an unedited copy")
 // succeeded; its message is the save's.
 type SaveError struct{ Err error }
 
+// Error returns the save's message.
 func (e *SaveError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the save's error.
