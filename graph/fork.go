@@ -45,10 +45,7 @@ func (m *Model) Fork() (*Model, error) {
 			ValueInfo: slices.Clone(sg.ValueInfo)}
 		gp.Initializer = make([]*pb.TensorProto, len(sg.Initializer))
 		for i, t := range sg.Initializer {
-			raw := t.RawData // a tensor holds no tensor: no walk needed
-			t.RawData = nil
-			gp.Initializer[i] = proto.Clone(t).(*pb.TensorProto)
-			t.RawData, gp.Initializer[i].RawData = raw, raw
+			gp.Initializer[i] = cloneSharing(t)
 		}
 		for _, t := range sg.SparseInitializer {
 			gp.SparseInitializer = append(gp.SparseInitializer, cloneSharing(t))
@@ -99,6 +96,13 @@ func holdsTensors(a *pb.AttributeProto) bool {
 // cloneSharing is proto.Clone(msg), except that the tensors inside msg
 // share their raw data with the copy's instead of copying it.
 func cloneSharing[M proto.Message](msg M) M {
+	if t, ok := any(msg).(*pb.TensorProto); ok { // holds no tensor: no walk needed
+		raw := t.RawData
+		t.RawData = nil
+		c := proto.Clone(t).(*pb.TensorProto)
+		t.RawData, c.RawData = raw, raw
+		return any(c).(M)
+	}
 	ts := tensorsIn(msg.ProtoReflect(), nil)
 	raw := make([][]byte, len(ts))
 	for i, t := range ts {

@@ -272,32 +272,25 @@ func expertFFN(s *Spec, w *Weights, e int, xt, out []float32, act []float32) {
 		f32.DotRows(w.Gate[e*I*H:(e+1)*I*H], H, xt, g)
 	}
 	f32.DotRows(w.Up[e*I*H:(e+1)*I*H], H, xt, u)
+	if w.Gate != nil && w.GateB != nil {
+		for i := range g {
+			g[i] += w.GateB[e*I+i]
+		}
+	}
+	if w.UpB != nil {
+		for i := range u {
+			u[i] += w.UpB[e*I+i]
+		}
+	}
 	if s.Activation == SwiGLU && w.Gate != nil {
 		// Activate's g * Logistic(g) * u, the logistic eight at a time
-		if w.GateB != nil {
-			for i := range g {
-				g[i] += w.GateB[e*I+i]
-			}
-		}
-		if w.UpB != nil {
-			for i := range u {
-				u[i] += w.UpB[e*I+i]
-			}
-		}
 		f32.SigmoidSlice(act[:I], g)
 		for i := range I {
 			act[i] = g[i] * act[i] * u[i]
 		}
 	} else {
-		for i := 0; i < I; i++ {
-			gi, ui := g[i], u[i]
-			if w.Gate != nil && w.GateB != nil {
-				gi += w.GateB[e*I+i]
-			}
-			if w.UpB != nil {
-				ui += w.UpB[e*I+i]
-			}
-			act[i] = Activate(s, gi, ui)
+		for i := range I {
+			act[i] = Activate(s, g[i], u[i])
 		}
 	}
 	out = out[:H]

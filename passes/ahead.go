@@ -42,12 +42,13 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 	// An unedited copy of m to redo the rewrite on, the slow way, should
 	// the check move a block's input: the check's own fork when m is its
 	// own canonical form (the check only reads it), else a fork of m.
+	// Without one (a model that cannot be forked), the check runs first.
 	var spare *graph.Model
+	ahead := true
 	if wc != nil {
-		if spare, err = m.Fork(); err != nil {
-			rep, err := rewriteOn(m, wc, res, skipped, opt)
-			return rep, func() (*Report, *graph.Model, error) { return rep, nil, err }, err
-		}
+		var ferr error
+		spare, ferr = m.Fork()
+		ahead = ferr == nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	type result struct {
@@ -57,12 +58,16 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 	var (
 		started bool
 		snap    *Report // the report when the check started
+		before  int     // its warnings then
 		bs      []*Block
 		inputs  []string
 		done    = make(chan result, 1)
 	)
 	eo := opt
-	eo.checkAhead = func(mm *graph.Model, g *graph.Graph, blocks []*Block, rep *Report) bool {
+	eo.checkAhead = func(mm *graph.Model, blocks []*Block, rep *Report) bool {
+		if !ahead {
+			return false
+		}
 		orig, err := mm.Fork()
 		if err != nil {
 			return false
@@ -79,7 +84,7 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 			bs[i] = b.rebound(fm)
 		}
 		inputs = blockInputs(bs)
-		snap = rep.clone()
+		snap, before = rep.clone(), len(rep.Warnings)
 		started = true
 		opt.progress("check", 0, len(bs))
 		go func() {
@@ -109,21 +114,17 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 			cerr = notFused(snap, false)
 		}
 		if cerr != nil {
-			// what rewriteOn makes of an error before anything is edited
-			if wc == nil && skipped != "" {
-				snap.Warnings = append(snap.Warnings, skipped)
-			}
-			if wc != nil && res.OpsetRefused != "" {
-				cerr = fmt.Errorf("%w; the opset was not raised: %s", cerr, res.OpsetRefused)
-			}
-			return snap, nil, cerr
+			r, cerr := viewed(snap, cerr, wc, res, skipped) // as rewriteOn has it
+			return r, nil, cerr
 		}
 		opt.progress("check", len(bs), len(bs))
 		if err != nil {
 			return rep, nil, err
 		}
+		// The check's warnings go where Rewrite puts them: after those
+		// before the check, before those the edit added since.
 		out := *rep
-		out.Warnings = slices.Concat(rep.Warnings[:rep.traced], snap.checkNotes, rep.Warnings[rep.traced:])
+		out.Warnings = slices.Concat(snap.Warnings, rep.Warnings[before:])
 		return &out, nil, nil
 	}
 	if err != nil {
@@ -145,7 +146,6 @@ func (r *Report) clone() *Report {
 	c.NearMiss = slices.Clone(r.NearMiss)
 	c.Refused = slices.Clone(r.Refused)
 	c.Warnings = slices.Clone(r.Warnings)
-	c.checkNotes = slices.Clone(r.checkNotes)
 	c.moved = slices.Clone(r.moved)
 	return &c
 }

@@ -75,22 +75,16 @@ func rewriteCanonical(m *graph.Model, opt Options) (*Report, error) {
 }
 
 // rewriteOn is rewriteCanonical given canonicalView's results for m: wc
-// (nil when m is its own canonical form; m may then be nil when wc is
-// set and opt stops before editing), res, and skipped (why
+// (nil when m is its own canonical form), res, and skipped (why
 // canonicalization was skipped, if it was).
 func rewriteOn(m, wc *graph.Model, res *canon.Result, skipped string, opt Options) (*Report, error) {
-	if wc == nil {
-		rep, err := rewriteIn(m, opt)
-		if skipped != "" && rep != nil {
-			rep.Warnings = append(rep.Warnings, skipped)
-		}
-		return rep, err
+	target := m
+	if wc != nil {
+		target = wc
 	}
-	rep, err := rewriteIn(wc, opt)
-	if err != nil && res.OpsetRefused != "" {
-		err = fmt.Errorf("%w; the opset was not raised: %s", err, res.OpsetRefused)
-	}
-	if err != nil || rep == nil || len(rep.Fused) == 0 {
+	rep, err := rewriteIn(target, opt)
+	rep, err = viewed(rep, err, wc, res, skipped)
+	if wc == nil || err != nil || rep == nil || len(rep.Fused) == 0 {
 		return rep, err
 	}
 	if err := splice(m, wc, rep, res); err != nil {
@@ -98,6 +92,19 @@ func rewriteOn(m, wc *graph.Model, res *canon.Result, skipped string, opt Option
 	}
 	rep.Warnings = append(rep.Warnings, res.Notes...)
 	return rep, nil
+}
+
+// viewed adds to rewriteIn's result what canonicalView's outcome says: why
+// canonicalization was skipped (a warning), or, for an error on the
+// working copy wc, why the opset was not raised.
+func viewed(rep *Report, err error, wc *graph.Model, res *canon.Result, skipped string) (*Report, error) {
+	if skipped != "" && rep != nil {
+		rep.Warnings = append(rep.Warnings, skipped)
+	}
+	if wc != nil && err != nil && res.OpsetRefused != "" {
+		err = fmt.Errorf("%w; the opset was not raised: %s", err, res.OpsetRefused)
+	}
+	return rep, err
 }
 
 // splice copies the fused nodes of the working copy wc into m, which

@@ -97,10 +97,10 @@ func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
 	return detectCanonical(m, opt)
 }
 
-// detectIn is DetectWith over an index g of m's main graph.
 // detectedHook, set by tests only, edits each block detectIn found.
 var detectedHook func(b *Block)
 
+// detectIn is DetectWith over an index g of m's main graph.
 func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, error) {
 	cx := opt.Context
 	if cx == nil {

@@ -137,21 +137,9 @@ func checkFeeds(m *graph.Model, seed uint64, distinct int, memLimit int64) (map[
 		return nil, err
 	}
 	for _, t := range feeds {
-		row := 1
-		if t.F32 != nil && len(t.Shape) > 1 {
-			row = t.Shape[len(t.Shape)-1]
-		}
-		period := distinct * row
-		switch {
-		case t.F32 != nil:
-			for i := period; i < len(t.F32); i++ {
-				t.F32[i] = t.F32[i-period]
-			}
-		case t.I64 != nil:
-			for i := period; i < len(t.I64); i++ {
-				t.I64[i] = t.I64[i-period]
-			}
-		}
+		period := repeatPeriod(t, distinct)
+		repeatFrom(t.F32, period)
+		repeatFrom(t.I64, period)
 	}
 	return feeds, nil
 }
@@ -393,6 +381,24 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		return nil, fmt.Errorf("%w: the original model fails on random inputs: %v", ErrCheckInconclusive, lastErr)
 	}
 	return errs, nil
+}
+
+// repeatPeriod is the number of leading elements of t that hold distinct
+// rows (a float row being its last dim; each element of an integer tensor
+// being one).
+func repeatPeriod(t *eval.Tensor, distinct int) int {
+	row := 1
+	if t.F32 != nil && len(t.Shape) > 1 {
+		row = t.Shape[len(t.Shape)-1]
+	}
+	return distinct * row
+}
+
+// repeatFrom repeats s's first period elements over the rest of s.
+func repeatFrom[T any](s []T, period int) {
+	for i := period; i < len(s); i++ {
+		s[i] = s[i-period]
+	}
 }
 
 // checkGCPercent is the collector's target while the check runs: 25% of

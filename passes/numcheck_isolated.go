@@ -158,18 +158,11 @@ func (r *restarts) replace(name string, t *eval.Tensor) *eval.Tensor {
 	h.Write([]byte(name))
 	rng := rand.New(rand.NewPCG(r.seed, h.Sum64()))
 	xs := make([]float32, len(t.F32))
-	row := 1
-	if len(t.Shape) > 1 {
-		row = t.Shape[len(t.Shape)-1]
+	period := min(len(xs), repeatPeriod(t, r.distinct))
+	for i := range period {
+		xs[i] = float32(rng.NormFloat64())
 	}
-	period := min(len(xs), r.distinct*row)
-	for i := range xs {
-		if i < period {
-			xs[i] = float32(rng.NormFloat64())
-		} else {
-			xs[i] = xs[i-period]
-		}
-	}
+	repeatFrom(xs, period)
 	u := eval.NewFloat32(slices.Clone(t.Shape), xs)
 	u.DType = t.DType
 	r.orig[name] = t

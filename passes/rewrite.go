@@ -58,11 +58,11 @@ type Options struct {
 	// (Marshal, the in-memory checker and other passes cannot read them).
 	StreamWeights bool
 
-	// checkAhead, when set, is offered the blocks to check on m (g is m's
-	// index, rep the report so far) when none was refused so far: when it
-	// returns true it has taken their check over (see RewriteAhead) and
-	// they count as passed here.
-	checkAhead func(m *graph.Model, g *graph.Graph, bs []*Block, rep *Report) bool
+	// checkAhead, when set, is offered the blocks to check on m (rep is
+	// the report so far) when none was refused so far: when it returns
+	// true it has taken their check over (see RewriteAhead) and they count
+	// as passed here.
+	checkAhead func(m *graph.Model, bs []*Block, rep *Report) bool
 }
 
 func (o *Options) progress(stage string, done, total int) {
@@ -91,11 +91,6 @@ type Report struct {
 	Refused  []NearMiss `json:"refused"`
 	Warnings []string   `json:"warnings,omitempty"`
 
-	// traced counts the leading warnings about traced experts; checkNotes
-	// are the warnings the numerical check added after them (RewriteAhead
-	// merges them into the edit's report).
-	traced     int
-	checkNotes []string
 	// moved names the blocks whose input the check moved to the router's
 	// (see checkBlock).
 	moved []string
@@ -127,7 +122,6 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	rep := &Report{NearMiss: det.NearMiss}
 	for _, b := range det.Blocks {
 		if b.TracedExperts > 0 {
-			rep.traced++
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s: restored from a trace that computed only %d of %d experts per input: the fused node runs all %d experts from the stacked weights, so its outputs differ from the original graph's wherever the original dropped tokens", b.Name, b.TracedExperts, b.Spec.NumExperts, b.Spec.NumExperts))
 		}
 	}
@@ -159,7 +153,6 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	check := opt.Check
 	if w := shardCheckNote(det.Blocks); w != "" && check {
 		rep.Warnings = append(rep.Warnings, w)
-		rep.checkNotes = append(rep.checkNotes, w)
 		check = false
 	}
 	if check && len(todo) > 0 {
@@ -168,7 +161,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 			bs[i] = r.b
 		}
 		opt.progress("weights", len(det.Blocks), len(det.Blocks))
-		if opt.checkAhead == nil || len(rep.NearMiss) > 0 || len(rep.Refused) > 0 || !opt.checkAhead(m, g, bs, rep) {
+		if opt.checkAhead == nil || len(rep.NearMiss) > 0 || len(rep.Refused) > 0 || !opt.checkAhead(m, bs, rep) {
 			opt.progress("check", 0, len(bs))
 			m.KeepIndex(g) // the check reads the graph this index is current for
 			inputs := blockInputs(bs)
@@ -250,7 +243,6 @@ func checkResults(rep *Report, bs []*Block, inputs []string, errs []error, err e
 	}
 	if errors.Is(err, ErrCheckInconclusive) {
 		rep.Warnings = append(rep.Warnings, err.Error())
-		rep.checkNotes = append(rep.checkNotes, err.Error())
 		errs, err = make([]error, len(bs)), nil
 	}
 	if err != nil {
