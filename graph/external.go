@@ -336,7 +336,7 @@ func (m *Model) TensorReader(t *pb.TensorProto) (io.Reader, int64, error) {
 // ranged read when the tensor is external. The length is checked against the
 // tensor's dims and data type.
 func (m *Model) TensorBytes(t *pb.TensorProto) ([]byte, error) {
-	obj := fmt.Sprintf("initializer %q", t.GetName())
+	obj := func() string { return fmt.Sprintf("initializer %q", t.GetName()) } // for errors only
 	if _, ok := m.deferred[t]; ok || IsExternal(t) {
 		r, n, err := m.TensorReader(t)
 		if err != nil {
@@ -346,27 +346,27 @@ func (m *Model) TensorBytes(t *pb.TensorProto) ([]byte, error) {
 			if c, ok := r.(io.Closer); ok {
 				c.Close()
 			}
-			return nil, badInput(m.Name(), obj, "tensor of %d bytes is larger than the %d bytes one tensor may take in memory", n, MaxTensorBytes)
+			return nil, badInput(m.Name(), obj(), "tensor of %d bytes is larger than the %d bytes one tensor may take in memory", n, MaxTensorBytes)
 		}
 		b := make([]byte, n)
 		if _, err := io.ReadFull(r, b); err != nil {
-			return nil, &InputError{File: m.Name(), Object: obj, Msg: "reading external data", Err: err}
+			return nil, &InputError{File: m.Name(), Object: obj(), Msg: "reading external data", Err: err}
 		}
 		return b, nil
 	}
 	want, err := ByteSize(DataType(t), t.GetDims())
 	if err != nil {
-		return nil, &InputError{File: m.Name(), Object: obj, Msg: err.Error()}
+		return nil, &InputError{File: m.Name(), Object: obj(), Msg: err.Error()}
 	}
 	if t.RawData != nil {
 		if int64(len(t.RawData)) != want {
-			return nil, badInput(m.Name(), obj, "raw_data holds %d bytes but dims %v of %s need %d", len(t.RawData), t.GetDims(), DataType(t), want)
+			return nil, badInput(m.Name(), obj(), "raw_data holds %d bytes but dims %v of %s need %d", len(t.RawData), t.GetDims(), DataType(t), want)
 		}
 		return t.RawData, nil
 	}
 	b, err := typedFieldBytes(t, want)
 	if err != nil {
-		return nil, &InputError{File: m.Name(), Object: obj, Msg: err.Error()}
+		return nil, &InputError{File: m.Name(), Object: obj(), Msg: err.Error()}
 	}
 	return b, nil
 }

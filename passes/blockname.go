@@ -23,14 +23,10 @@ func nodeScope(n *pb.NodeProto) []string {
 		if p.GetKey() != nameScopesKey {
 			continue
 		}
-		scopes := pyStrings(p.GetValue())
 		// The last entry is the node itself; the one before it is the
 		// innermost module, whose dotted path holds all outer ones.
-		if len(scopes) < 2 {
-			return nil
-		}
-		mod := scopes[len(scopes)-2]
-		if mod == "" {
+		mod, ok := lastButOne(p.GetValue())
+		if !ok || mod == "" {
 			return nil
 		}
 		return strings.Split(mod, ".")
@@ -51,34 +47,44 @@ func nodeScope(n *pb.NodeProto) []string {
 	return parts[:len(parts)-1]
 }
 
-// pyStrings parses a Python list of single- or double-quoted strings
-// without escapes inside ("[”, 'm', 'm.model']"); anything else gives nil.
-func pyStrings(s string) []string {
+// lastButOne returns the last but one string of the Python list of strings
+// s (see eachPyString), without building the list.
+func lastButOne(s string) (string, bool) {
+	var prev, last string
+	n := 0
+	ok := eachPyString(s, func(x string) { prev, last = last, x; n++ })
+	return prev, ok && n >= 2
+}
+
+// eachPyString calls f with each string of s, a Python list of single- or
+// double-quoted strings without escapes inside ("[”, 'm', 'm.model']"), in
+// turn, and reports whether s is such a list (f may have been called before
+// a malformed part was found).
+func eachPyString(s string, f func(string)) bool {
 	s = strings.TrimSpace(s)
 	if !strings.HasPrefix(s, "[") || !strings.HasSuffix(s, "]") {
-		return nil
+		return false
 	}
-	var out []string
 	rest := strings.TrimSpace(s[1 : len(s)-1])
 	for rest != "" {
 		q := rest[0]
 		if q != '\'' && q != '"' {
-			return nil
+			return false
 		}
 		end := strings.IndexByte(rest[1:], q)
 		if end < 0 {
-			return nil
+			return false
 		}
-		out = append(out, rest[1:1+end])
+		f(rest[1 : 1+end])
 		rest = strings.TrimSpace(rest[end+2:])
 		if rest != "" {
 			if rest[0] != ',' {
-				return nil
+				return false
 			}
 			rest = strings.TrimSpace(rest[1:])
 		}
 	}
-	return out
+	return true
 }
 
 // commonScope returns the longest module path every scoped node of region

@@ -31,6 +31,8 @@ func TestNodeScope(t *testing.T) {
 		{"torchscript module root", scoped("/m/Reshape_1", ""), "m"},
 		{"plain name", scoped("node_MatMul_12", ""), ""},
 		{"malformed metadata", scoped("node_x", "['m', 'm.a"), ""},
+		{"malformed after the module", scoped("node_x", "['', 'm', 'm.a' 'x']"), ""},
+		{"one entry", scoped("node_x", "['x']"), ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -216,7 +216,7 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 				continue
 			}
 			copied[n] = true
-			c := proto.Clone(n).(*pb.NodeProto)
+			c := graph.CopyNode(n)
 			for k, v := range c.Input {
 				c.Input[k] = nameIn(v)
 			}

@@ -260,8 +260,9 @@ func (c *ctx) declare() {
 	if c.ranks != nil {
 		return
 	}
-	c.ranks, c.types = map[string]int{}, map[string]pb.TensorProto_DataType{}
 	gp := c.g.P
+	n := len(gp.Input) + len(gp.Output) + len(gp.ValueInfo)
+	c.ranks, c.types = make(map[string]int, n), make(map[string]pb.TensorProto_DataType, n)
 	for _, list := range [][]*pb.ValueInfoProto{gp.Input, gp.Output, gp.ValueInfo} {
 		for _, vi := range list {
 			tt := vi.GetType().GetTensorType()

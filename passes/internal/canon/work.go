@@ -49,8 +49,9 @@ type Work struct {
 }
 
 func newWork(m *graph.Model, opt Options) *Work {
-	w := &Work{M: m, opt: opt, G: m.Graph(), removed: map[*pb.NodeProto]bool{}, types: map[string]*pb.TypeProto_Tensor{}, consts: map[string]*eval.Tensor{}, ranks: map[string]int{}}
 	gp := m.Proto.GetGraph()
+	types := make(map[string]*pb.TypeProto_Tensor, len(gp.GetInput())+len(gp.GetOutput())+len(gp.GetValueInfo()))
+	w := &Work{M: m, opt: opt, G: m.Graph(), removed: map[*pb.NodeProto]bool{}, types: types, consts: map[string]*eval.Tensor{}, ranks: map[string]int{}}
 	for _, l := range [][]*pb.ValueInfoProto{gp.GetInput(), gp.GetOutput(), gp.GetValueInfo()} {
 		for _, v := range l {
 			if tt := v.GetType().GetTensorType(); tt != nil {
