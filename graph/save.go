@@ -122,12 +122,37 @@ func stepHook(step string) error {
 	return nil
 }
 
-// hooked returns the writer for f: f itself, or f through writeHook.
+// hooked returns the writer for f, a new output file written from its
+// start: f, which starts writing back each writebackEvery bytes as they
+// come (startWriteback), through writeHook when that is set.
 func hooked(f *os.File) io.Writer {
+	w := io.Writer(&writingBack{f: f})
 	if writeHook != nil {
-		return writeHook(f)
+		return writeHook(w)
 	}
-	return f
+	return w
+}
+
+// writebackEvery is how many bytes written make writingBack start their
+// writeback.
+const writebackEvery = 8 << 20
+
+// writingBack writes to f and starts the writeback of every
+// writebackEvery bytes written, so that the data goes to disk while the
+// rest is encoded, not all in the final fsync.
+type writingBack struct {
+	f                *os.File
+	written, flushed int64
+}
+
+func (w *writingBack) Write(b []byte) (int, error) {
+	n, err := w.f.Write(b)
+	w.written += int64(n)
+	if w.written-w.flushed >= writebackEvery {
+		startWriteback(w.f, w.flushed, w.written-w.flushed)
+		w.flushed = w.written
+	}
+	return n, err
 }
 
 // writeChunked writes b in 4 MiB pieces so that a cancellation is noticed

@@ -1,9 +1,11 @@
 package passes
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -247,19 +249,39 @@ func reshapePinned(m *graph.Model, name string, dims []*pb.TensorShapeProto_Dime
 
 // distinctRows returns the distinct rows (H values each) of x in order of
 // first appearance and, per row of x, the position of its distinct row.
+// Rows are equal when their bits are.
 func distinctRows(x []float32, H int) ([]float32, []int) {
+	seed := maphash.MakeSeed()
+	return distinctRowsBy(x, H, func(b []byte) uint64 { return maphash.Bytes(seed, b) })
+}
+
+// distinctRowsBy is distinctRows with the rows' hash given.
+func distinctRowsBy(x []float32, H int, hash func([]byte) uint64) ([]float32, []int) {
 	T := len(x) / H
 	of := make([]int, T)
-	first := map[string]int{}
-	var out []float32
-	for t := 0; t < T; t++ {
-		row := x[t*H : (t+1)*H]
-		key := string(unsafeBytes(row))
-		j, ok := first[key]
+	first := make(map[uint64]int, T) // row hash -> the first distinct row with it
+	out := make([]float32, 0, len(x))
+	row := func(j int) []byte { return unsafeBytes(out[j*H : (j+1)*H]) }
+	for t := range T {
+		b := unsafeBytes(x[t*H : (t+1)*H])
+		h := hash(b)
+		j, ok := first[h]
+		if ok && !bytes.Equal(row(j), b) {
+			// Another row has this hash: compare with every distinct row.
+			j, ok = 0, false
+			for k := range len(out) / H {
+				if bytes.Equal(row(k), b) {
+					j, ok = k, true
+					break
+				}
+			}
+		}
 		if !ok {
-			j = len(first)
-			first[key] = j
-			out = append(out, row...)
+			j = len(out) / H
+			if _, taken := first[h]; !taken {
+				first[h] = j
+			}
+			out = append(out, x[t*H:(t+1)*H]...)
 		}
 		of[t] = j
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -403,6 +404,50 @@ func TestEarlyChecks(t *testing.T) {
 			late := checkBlock(m, b, vals, ws, i, nil, "seed 1")
 			if (errs[i] != nil) != (i == 1) || (late != nil) != (i == 1) {
 				t.Fatalf("block %d: early check %v, after the run %v, want failure %v", i, errs[i], late, i == 1)
+			}
+		}
+	}
+}
+
+// TestDistinctRows: rows equal in every bit share a distinct row, in order
+// of first appearance, with the hash a good one or one that makes every
+// row collide.
+func TestDistinctRows(t *testing.T) {
+	nan := float32(math.NaN())
+	negZero := float32(math.Copysign(0, -1))
+	x := []float32{
+		1, 2,
+		3, 4,
+		1, 2,
+		0, 0,
+		negZero, 0, // bits differ from 0, 0
+		nan, 1,
+		3, 4,
+		nan, 1, // the same NaN bits
+	}
+	wantOut := []float32{1, 2, 3, 4, 0, 0, negZero, 0, nan, 1}
+	wantOf := []int{0, 1, 0, 2, 3, 4, 1, 4}
+	hashes := map[string]func([]byte) uint64{
+		"maphash": nil,
+		"all collide": func([]byte) uint64 { return 7 },
+	}
+	for name, h := range hashes {
+		var out []float32
+		var of []int
+		if h == nil {
+			out, of = distinctRows(x, 2)
+		} else {
+			out, of = distinctRowsBy(x, 2, h)
+		}
+		if !slices.Equal(of, wantOf) {
+			t.Errorf("%s: positions %v, want %v", name, of, wantOf)
+		}
+		if len(out) != len(wantOut) {
+			t.Fatalf("%s: %d distinct values, want %d", name, len(out), len(wantOut))
+		}
+		for i := range out {
+			if math.Float32bits(out[i]) != math.Float32bits(wantOut[i]) {
+				t.Errorf("%s: distinct value %d is %v, want %v", name, i, out[i], wantOut[i])
 			}
 		}
 	}

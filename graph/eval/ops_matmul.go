@@ -151,7 +151,10 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		bkey = batchKeys(b, numel(bsh[:len(bsh)-2]), K*N)
 	}
 	var dups [][2]int // (batch, batch it copies)
-	seen := map[[2]int]int{}
+	var seen map[[2]int]int
+	if akey != nil || bkey != nil {
+		seen = make(map[[2]int]int, nb)
+	}
 	jobs := make([]matmulJob, 0, nb)
 	for i := 0; i < nb; i++ {
 		ai, bi := i, i
@@ -180,7 +183,7 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 	// Matrix-vector products with the same left matrix (a gathered expert
 	// slab chosen by several tokens) share one pass over its rows.
 	if N == 1 && a.kind() == kF32 && len(jobs) > 1 {
-		first := map[int]int{}
+		first := make(map[int]int, len(jobs))
 		grouped := jobs[:0]
 		for _, j := range jobs {
 			if g, ok := first[j.ao]; ok {
