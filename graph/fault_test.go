@@ -277,3 +277,33 @@ func TestHugeTensorRefusedBeforeAllocation(t *testing.T) {
 		t.Fatalf("TensorBytes of typed 1 TiB: %v", err)
 	}
 }
+
+// TestWritingBack: the writeback is started over consecutive ranges from
+// the file's start, each of at least writebackEvery bytes, and every byte
+// reaches the file.
+func TestWritingBack(t *testing.T) {
+	var buf bytes.Buffer
+	var ranges [][2]int64
+	w := &writingBack{w: &buf, start: func(off, n int64) { ranges = append(ranges, [2]int64{off, n}) }}
+	total := 0
+	for i := 0; total < 3*writebackEvery+100; i++ {
+		b := bytes.Repeat([]byte{byte(i)}, 1+(i*7919)%(3<<20))
+		if _, err := w.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		total += len(b)
+	}
+	if buf.Len() != total {
+		t.Fatalf("%d bytes reached the file, want %d", buf.Len(), total)
+	}
+	if len(ranges) != 3 {
+		t.Fatalf("writeback started %d times (%v), want 3", len(ranges), ranges)
+	}
+	var next int64
+	for _, r := range ranges {
+		if r[0] != next || r[1] < writebackEvery {
+			t.Fatalf("writeback ranges %v: not consecutive from 0 in pieces of at least %d", ranges, writebackEvery)
+		}
+		next = r[0] + r[1]
+	}
+}

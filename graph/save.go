@@ -123,33 +123,34 @@ func stepHook(step string) error {
 }
 
 // hooked returns the writer for f, a new output file written from its
-// start: f, which starts writing back each writebackEvery bytes as they
-// come (startWriteback), through writeHook when that is set.
+// start: f, or f through writeHook when that is set, starting the
+// writeback of each writebackEvery bytes as they come (startWriteback).
 func hooked(f *os.File) io.Writer {
-	w := io.Writer(&writingBack{f: f})
+	var w io.Writer = f
 	if writeHook != nil {
-		return writeHook(w)
+		w = writeHook(f)
 	}
-	return w
+	return &writingBack{w: w, start: func(off, n int64) { startWriteback(f, off, n) }}
 }
 
 // writebackEvery is how many bytes written make writingBack start their
 // writeback.
 const writebackEvery = 8 << 20
 
-// writingBack writes to f and starts the writeback of every
+// writingBack writes to w and starts (start) the writeback of every
 // writebackEvery bytes written, so that the data goes to disk while the
 // rest is encoded, not all in the final fsync.
 type writingBack struct {
-	f                *os.File
+	w                io.Writer
+	start            func(off, n int64)
 	written, flushed int64
 }
 
 func (w *writingBack) Write(b []byte) (int, error) {
-	n, err := w.f.Write(b)
+	n, err := w.w.Write(b)
 	w.written += int64(n)
 	if w.written-w.flushed >= writebackEvery {
-		startWriteback(w.f, w.flushed, w.written-w.flushed)
+		w.start(w.flushed, w.written-w.flushed)
 		w.flushed = w.written
 	}
 	return n, err

@@ -428,7 +428,7 @@ func TestDistinctRows(t *testing.T) {
 	wantOut := []float32{1, 2, 3, 4, 0, 0, negZero, 0, nan, 1}
 	wantOf := []int{0, 1, 0, 2, 3, 4, 1, 4}
 	hashes := map[string]func([]byte) uint64{
-		"maphash": nil,
+		"maphash":     nil,
 		"all collide": func([]byte) uint64 { return 7 },
 	}
 	for name, h := range hashes {
