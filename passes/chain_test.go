@@ -3,8 +3,10 @@ package passes
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -299,6 +301,37 @@ func TestChainCheckSeesVanishedBlocks(t *testing.T) {
 		}
 		if perturb && errs[moved] != nil && !strings.Contains(errs[moved].Error(), "restarted from random values") {
 			t.Errorf("block %d was not checked on a restarted input: %v", moved, errs[moved])
+		}
+	}
+}
+
+// BenchmarkCheckChain times the numerical check alone on directly chained
+// copies of a real dynamo export (MOKOPT_BENCH_COPIES, default 100): many
+// small blocks, whose matrix products are far below a millisecond each.
+func BenchmarkCheckChain(b *testing.B) {
+	n := 100
+	if v, err := strconv.Atoi(os.Getenv("MOKOPT_BENCH_COPIES")); err == nil && v > 0 {
+		n = v
+	}
+	m := chainOf(b, filepath.Join(exportedDir, "qwen3_moe_block_dynamo_batched_mm.onnx"), n, false)
+	wc, _, _ := canonicalView(context.Background(), m)
+	if wc == nil {
+		wc = m
+	}
+	det, err := detectIn(wc, wc.Graph(), DetectOptions{})
+	if err != nil || len(det.Blocks) != n {
+		b.Fatalf("%v: %d blocks, want %d", err, len(det.Blocks), n)
+	}
+	wc.KeepIndex(wc.Graph())
+	for b.Loop() {
+		errs, err := numericCheck(context.Background(), wc, det.Blocks, make([]*moe.Weights, n), nil, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, e := range errs {
+			if e != nil {
+				b.Fatal(e)
+			}
 		}
 	}
 }

@@ -40,7 +40,7 @@ func vanished(x *eval.Tensor) bool {
 // compute and that are neither b.Input nor initializers (shape values
 // computed upstream, say), in the order first read.
 func regionInputs(g *graph.Graph, b *Block) []string {
-	made := map[string]bool{}
+	made := make(map[string]bool, 2*len(b.Region))
 	for _, n := range b.Region {
 		for _, o := range n.Output {
 			made[o] = true

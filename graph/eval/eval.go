@@ -367,7 +367,7 @@ func Run(ctx context.Context, m *graph.Model, feeds map[string]*Tensor, opt Opti
 	}
 	g := m.Proto.GetGraph()
 	opsets := opsetMap(m.Proto.GetOpsetImport())
-	sc := &scope{vals: map[string]*Tensor{}, inits: map[string]*pb.TensorProto{}}
+	sc := &scope{vals: map[string]*Tensor{}, inits: make(map[string]*pb.TensorProto, len(g.GetInitializer()))}
 	for _, t := range g.GetInitializer() {
 		sc.inits[t.GetName()] = t
 	}
@@ -482,7 +482,11 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 		return nil, &graph.InputError{File: r.m.Name(), Msg: err.Error()}
 	}
 	// last use of every value, by position in order.
-	last := map[string]int{}
+	edges := 0
+	for _, n := range order {
+		edges += len(n.Input)
+	}
+	last := make(map[string]int, edges)
 	for i, n := range order {
 		for _, in := range r.inputsOf(n) {
 			if in != "" {

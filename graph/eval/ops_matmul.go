@@ -340,10 +340,14 @@ func kGemm(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 
 // parallelWork is the multiply-adds from which a MatMul's batches (or
 // its rows, when there are fewer batches than threads) are spread over
-// threads: about a tenth of a millisecond of work, far above the cost of
-// handing jobs to goroutines. Every output element is computed the same
-// way whichever thread computes it.
-const parallelWork = 1 << 17
+// threads: a few hundred microseconds of work on one core. Below that,
+// starting and waking goroutines costs about what the other cores save,
+// and more when they are busy anyway, as they are while the numerical
+// check runs beside the rewrite: the check of 100 directly chained blocks,
+// whose products are 8×16×64×64, takes 34 ms at 1<<17 and 20 ms at 1<<20
+// (go test ./passes -bench CheckChain). Every output element is computed
+// the same way whichever thread computes it.
+const parallelWork = 1 << 20
 
 // scale multiplies a numeric tensor by s in place.
 func scale(t *Tensor, s float64) {
