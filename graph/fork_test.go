@@ -5,11 +5,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"unsafe"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // TestFork: a fork equals its model, shares the tensors' bytes but no
@@ -56,6 +59,30 @@ func TestFork(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Forking only reads m: another goroutine reads it meanwhile
+			// (go test -race tells a write apart).
+			stop := make(chan struct{})
+			var readers sync.WaitGroup
+			readers.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						if _, err := proto.Marshal(m.Proto); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}
+			})
+			for range 5 {
+				if _, err := m.Fork(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			close(stop)
+			readers.Wait()
 			f, err := m.Fork()
 			if err != nil {
 				t.Fatal(err)
@@ -197,5 +224,77 @@ func TestMapFork(t *testing.T) {
 	f.Proto.Graph.Node = f.Proto.Graph.Node[:0]
 	if _, err := MapFork(m, f); err == nil {
 		t.Fatal("a fork with other nodes was paired")
+	}
+}
+
+// TestCopyTensorEveryField: copyTensor copies every field of a tensor (set
+// through reflection, so that a field added to TensorProto is covered),
+// with lists and messages of its own and the raw data shared.
+func TestCopyTensorEveryField(t *testing.T) {
+	src := &pb.TensorProto{}
+	r := src.ProtoReflect()
+	fields := r.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			l := r.Mutable(fd).List()
+			e := l.NewElement()
+			setScalars(e.Message())
+			l.Append(e)
+		case fd.IsList():
+			r.Mutable(fd).List().Append(sampleValue(fd))
+		case fd.Message() != nil:
+			setScalars(r.Mutable(fd).Message())
+		default:
+			r.Set(fd, sampleValue(fd))
+		}
+	}
+	src.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 999, protowire.VarintType), 5))
+	c := copyTensor(src)
+	if !proto.Equal(c, src) {
+		t.Fatalf("copy differs:\n%v\nwant\n%v", c, src)
+	}
+	if unsafe.SliceData(c.RawData) != unsafe.SliceData(src.RawData) {
+		t.Fatal("raw data was copied")
+	}
+	if &c.Dims[0] == &src.Dims[0] || c.ExternalData[0] == src.ExternalData[0] || c.Segment == src.Segment {
+		t.Fatal("a list or message is shared")
+	}
+}
+
+// setScalars sets every scalar field of m to a sample value.
+func setScalars(m protoreflect.Message) {
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		if fd := fields.Get(i); !fd.IsList() && fd.Message() == nil {
+			m.Set(fd, sampleValue(fd))
+		}
+	}
+}
+
+// sampleValue is a value of fd's kind other than the default.
+func sampleValue(fd protoreflect.FieldDescriptor) protoreflect.Value {
+	switch fd.Kind() {
+	case protoreflect.StringKind:
+		return protoreflect.ValueOfString("s")
+	case protoreflect.BytesKind:
+		return protoreflect.ValueOfBytes([]byte("bytes"))
+	case protoreflect.EnumKind:
+		return protoreflect.ValueOfEnum(1)
+	case protoreflect.BoolKind:
+		return protoreflect.ValueOfBool(true)
+	case protoreflect.FloatKind:
+		return protoreflect.ValueOfFloat32(1.5)
+	case protoreflect.DoubleKind:
+		return protoreflect.ValueOfFloat64(2.5)
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+		return protoreflect.ValueOfInt32(3)
+	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		return protoreflect.ValueOfInt64(4)
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		return protoreflect.ValueOfUint32(5)
+	default:
+		return protoreflect.ValueOfUint64(6)
 	}
 }

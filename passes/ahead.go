@@ -38,16 +38,30 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	// Forking only reads the model forked, so the forks are taken on other
+	// goroutines while this one canonicalizes and detects: m's, which the
+	// check reads when m is its own canonical form, and else the working
+	// copy's, which it then reads, m's being kept unedited to redo the
+	// rewrite on, the slow way, should the check move a block's input.
+	// Both are done before anything is edited (beforeEdit) and before
+	// RewriteAhead returns. Without a fork (a model that cannot be forked),
+	// the check runs first.
+	mFork := forkAsync(m)
 	wc, res, skipped := canonicalView(ctx, m)
-	// An unedited copy of m to redo the rewrite on, the slow way, should
-	// the check move a block's input: the check's own fork when m is its
-	// own canonical form (the check only reads it), else a fork of m.
-	// Without one (a model that cannot be forked), the check runs first.
+	checkFork := mFork
+	if wc != nil {
+		checkFork = forkAsync(wc)
+	}
+	forksDone := func() {
+		mFork.wait()
+		checkFork.wait()
+	}
+	defer forksDone()
 	var spare *graph.Model
 	ahead := true
 	if wc != nil {
 		var ferr error
-		spare, ferr = m.Fork()
+		spare, ferr = mFork.wait()
 		ahead = ferr == nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -64,11 +78,12 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 		done    = make(chan result, 1)
 	)
 	eo := opt
+	eo.beforeEdit = forksDone
 	eo.checkAhead = func(mm *graph.Model, blocks []*Block, rep *Report) bool {
 		if !ahead {
 			return false
 		}
-		orig, err := mm.Fork()
+		orig, err := checkFork.wait()
 		if err != nil {
 			return false
 		}
@@ -137,6 +152,30 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 		return r, nil, cerr
 	}
 	return rep, collect, nil
+}
+
+// asyncFork is a fork of a model being taken on another goroutine.
+type asyncFork struct {
+	done chan struct{}
+	m    *graph.Model
+	err  error
+}
+
+// forkAsync starts forking m (graph.Model.Fork), which must not be edited
+// until the fork is done (wait).
+func forkAsync(m *graph.Model) *asyncFork {
+	f := &asyncFork{done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		f.m, f.err = m.Fork()
+	}()
+	return f
+}
+
+// wait returns the fork once it is done.
+func (f *asyncFork) wait() (*graph.Model, error) {
+	<-f.done
+	return f.m, f.err
 }
 
 // clone returns a copy of r whose lists are its own.

@@ -63,6 +63,10 @@ type Options struct {
 	// true it has taken their check over (see RewriteAhead) and they count
 	// as passed here.
 	checkAhead func(m *graph.Model, bs []*Block, rep *Report) bool
+	// beforeEdit, when set, is called once detection and the check are
+	// done, before m is first edited (other goroutines may still be
+	// reading m until then).
+	beforeEdit func()
 }
 
 func (o *Options) progress(stage string, done, total int) {
@@ -188,6 +192,9 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	}
 	if len(todo) == 0 {
 		return rep, nil
+	}
+	if opt.beforeEdit != nil {
+		opt.beforeEdit()
 	}
 	opset := m.Opset("")
 	funcs := map[string]bool{}
