@@ -46,11 +46,14 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 	// Both are done before anything is edited (beforeEdit) and before
 	// RewriteAhead returns. Without a fork (a model that cannot be forked),
 	// the check runs first.
-	mFork := forkAsync(m)
+	// The check's fork gets its graph index there too. (Whether m is its
+	// own canonical form is only known once canonicalView returns; the
+	// fork of m is indexed in case it is.)
+	mFork := forkAsync(m, true)
 	wc, res, skipped := canonicalView(ctx, m)
 	checkFork := mFork
 	if wc != nil {
-		checkFork = forkAsync(wc)
+		checkFork = forkAsync(wc, true)
 	}
 	forksDone := func() {
 		mFork.wait()
@@ -162,12 +165,16 @@ type asyncFork struct {
 }
 
 // forkAsync starts forking m (graph.Model.Fork), which must not be edited
-// until the fork is done (wait).
-func forkAsync(m *graph.Model) *asyncFork {
+// until the fork is done (wait); with index, the fork's main graph is
+// indexed too, for its next Graph call.
+func forkAsync(m *graph.Model, index bool) *asyncFork {
 	f := &asyncFork{done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
 		f.m, f.err = m.Fork()
+		if f.err == nil && index {
+			f.m.KeepIndex(f.m.Graph())
+		}
 	}()
 	return f
 }
