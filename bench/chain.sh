@@ -45,9 +45,13 @@ in="$W/chain_$N.onnx"
 
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
+rounds=()
 for ((r = 0; r < REPS; r++)); do
 	once rewrite "$W/mokopt" rewrite "$in" -o "$W/rewritten.onnx"
 	once pysave "$PY" -c 'import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])' "$in" "$W/pysaved.onnx"
+	read -r a _ <"$W/time.rewrite"
+	read -r b _ <"$W/time.pysave"
+	rounds+=("$(ratio "$a" "$b")")
 done
 rw=${BEST_WALL[rewrite]} rw_rss=${BEST_RSS[rewrite]} rw_cpu=${BEST_CPU[rewrite]}
 py=${BEST_WALL[pysave]} py_rss=${BEST_RSS[pysave]} py_cpu=${BEST_CPU[pysave]}
@@ -59,3 +63,7 @@ echo "python onnx load+save:                       wall ${py} s, cpu ${py_cpu} s
 echo "fused nodes / nodes in the output: $held"
 grep -h "numerical check" "$W/err.rewrite" | head -3 || true
 echo "ratio rewrite / (python load+save): wall $(awk "BEGIN{printf \"%.2f\", $rw / $py}"), cpu $(awk "BEGIN{printf \"%.2f\", $rw_cpu / $py_cpu}")"
+# Each round ran both commands back to back: its ratio compares them under
+# the same load of the machine.
+sorted=$(printf '%s\n' "${rounds[@]}" | sort -n)
+echo "per-round wall ratios, sorted: $(echo $sorted) (median $(echo "$sorted" | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'), $(echo "$sorted" | awk '$1 < 1' | wc -l) of ${#rounds[@]} below 1)"

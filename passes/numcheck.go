@@ -653,14 +653,18 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	// output's: when the block's input has another shape and the router's
 	// input (its [T, H] reshape, say) has the output's, the fused node
 	// reads that instead. Failing that, shapes that differ but hold the
-	// same tokens of H values (a trace's static Reshape of [16, 1, H] to
-	// [2, 8, H], fed the pinned shape) are the same rows in row-major
-	// order: compared as they are.
+	// same tokens of H values are the same rows in row-major order, and
+	// are compared as they are, when the model declares the block's input
+	// and output with the same dims: a trace whose static Reshape turns
+	// the [16, 1, H] the check fed its [batch, sequence, H] input into the
+	// [2, 8, H] it was traced with, where the fused node follows the
+	// declared dims. Where the declarations differ, or are missing, the
+	// fused node would change the output's shape.
 	if !slices.Equal(x.Shape, y.Shape) {
 		sameRows := len(x.F32) == len(y.F32) && len(x.Shape) > 0 && len(y.Shape) > 0 && x.Shape[len(x.Shape)-1] == y.Shape[len(y.Shape)-1]
 		if r := vals[b.Router]; r != nil && slices.Equal(r.Shape, y.Shape) {
 			b.Input, x = b.Router, r
-		} else if !sameRows {
+		} else if !sameRows || !sameDeclaredDims(m.Proto.GetGraph(), b.Input, b.Output) {
 			return fmt.Errorf("numerical check: block input shape %v differs from output shape %v: the graph's shapes do not follow its declared input dims (a trace with static shapes inside?); pass inputs like the export's with --check-data (an ONNX test data folder)", x.Shape, y.Shape)
 		}
 	}
@@ -708,6 +712,43 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	}
 	if off > 0 {
 		return fmt.Errorf("numerical check failed: the fused node's semantics differ from the original subgraph by %.3g at element %d, %d of %d tokens off (%s)", worst, at, off, T, where)
+	}
+	return nil
+}
+
+// sameDeclaredDims reports whether gp declares values a and b (as graph
+// inputs, outputs or value infos) with the same dims: the same number,
+// each the same dim_value or the same dim_param.
+func sameDeclaredDims(gp *pb.GraphProto, a, b string) bool {
+	da, db := declaredDims(gp, a), declaredDims(gp, b)
+	if da == nil || db == nil || len(da) != len(db) {
+		return false
+	}
+	for i := range da {
+		x, y := da[i], db[i]
+		_, xv := x.GetValue().(*pb.TensorShapeProto_Dimension_DimValue)
+		_, yv := y.GetValue().(*pb.TensorShapeProto_Dimension_DimValue)
+		switch {
+		case xv && yv && x.GetDimValue() == y.GetDimValue():
+		case x.GetDimParam() != "" && x.GetDimParam() == y.GetDimParam():
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// declaredDims returns the dims gp declares for value v, or nil.
+func declaredDims(gp *pb.GraphProto, v string) []*pb.TensorShapeProto_Dimension {
+	for _, l := range [][]*pb.ValueInfoProto{gp.GetInput(), gp.GetOutput(), gp.GetValueInfo()} {
+		for _, vi := range l {
+			if vi.GetName() == v {
+				if sh := vi.GetType().GetTensorType().GetShape(); sh != nil {
+					return sh.GetDim()
+				}
+				return nil
+			}
+		}
 	}
 	return nil
 }

@@ -283,6 +283,63 @@ func TestSymbolicDimsStaticTrace(t *testing.T) {
 			t.Fatalf("swap %v: check error %v", swap, errs[0])
 		}
 	}
+	// Declared with dims of its own, the output is not said to have the
+	// input's dims: the fused node, whose output has its input's shape,
+	// could change it, and the check says so.
+	m, err := graph.Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := m.Proto.Graph.Output[0].GetType().GetTensorType().GetShape()
+	out.Dim[0] = &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "rows"}}
+	out.Dim[1] = &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "cols"}}
+	det, err := Detect(m)
+	if err != nil || len(det.Blocks) != 1 {
+		t.Fatalf("detect: %v", err)
+	}
+	errs, err := numericCheck(context.Background(), m, det.Blocks, make([]*moe.Weights, 1), nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "differs from output shape") {
+		t.Fatalf("output declared [rows cols 96]: check error %v, want the shapes named", errs[0])
+	}
+}
+
+// TestSameDeclaredDims: values declared with the same dims, each the same
+// number or the same name, agree; any other pair, or a value declared
+// without a shape or not at all, does not.
+func TestSameDeclaredDims(t *testing.T) {
+	vi := func(name string, dims ...any) *pb.ValueInfoProto {
+		sh := &pb.TensorShapeProto{}
+		for _, d := range dims {
+			switch d := d.(type) {
+			case int:
+				sh.Dim = append(sh.Dim, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: int64(d)}})
+			case string:
+				sh.Dim = append(sh.Dim, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: d}})
+			default:
+				sh.Dim = append(sh.Dim, &pb.TensorShapeProto_Dimension{})
+			}
+		}
+		return &pb.ValueInfoProto{Name: proto.String(name), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{Shape: sh}}}}
+	}
+	gp := &pb.GraphProto{
+		Input:     []*pb.ValueInfoProto{vi("x", "batch", "seq", 96)},
+		Output:    []*pb.ValueInfoProto{vi("y", "batch", "seq", 96), vi("static", 2, 8, 96)},
+		ValueInfo: []*pb.ValueInfoProto{vi("z", "batch", "seq", 96), vi("other", "b", "seq", 96), vi("rank2", "batch", 96), vi("unknown", nil, "seq", 96), {Name: proto.String("noshape")}},
+	}
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{
+		{"x", "y", true}, {"x", "z", true}, {"x", "static", false}, {"x", "other", false},
+		{"x", "rank2", false}, {"x", "unknown", false}, {"unknown", "unknown", false}, {"x", "noshape", false}, {"x", "missing", false},
+	} {
+		if got := sameDeclaredDims(gp, c.a, c.b); got != c.want {
+			t.Errorf("sameDeclaredDims(%s, %s) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
 }
 
 // TestNumericCheckPerCopyWeights: in a model of 12 blocks of one structure,
