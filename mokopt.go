@@ -87,11 +87,7 @@ func Load(path string) (*Model, error) {
 // refused with an *InputError naming the tensor, since a stream has no
 // folder to find them in.
 func Read(r io.Reader, name string) (*Model, error) {
-	b, err := graph.ReadModelBytes(r, name)
-	if err != nil {
-		return nil, err
-	}
-	g, err := graph.Parse(b, name)
+	g, err := graph.Read(r, name)
 	if err != nil {
 		return nil, err
 	}

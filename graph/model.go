@@ -10,6 +10,8 @@
 package graph
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -84,12 +86,12 @@ type DeferredData struct {
 }
 
 // Load reads an ONNX model file. External data is not read; it is opened
-// lazily when a tensor's bytes are asked for. The file may be a pipe or a
-// device (as /dev/stdin); at most protobuf's 2 GiB limit is read from it,
-// and a regular file larger than that is refused from its size. A regular
-// file is decoded as it is read, its tensors' bytes read straight into the
-// model (no copy of the whole file is held), with the result Parse gives
-// for the file's bytes.
+// lazily when a tensor's bytes are asked for. The file is decoded as it is
+// read, its tensors' bytes read straight into the model (no copy of the
+// whole file is held), with the result Parse gives for the file's bytes. It
+// may be a pipe or a device (as /dev/stdin), read to its end (see Read); a
+// regular file larger than protobuf's 2 GiB limit is refused from its
+// size.
 func Load(path string) (*Model, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -113,13 +115,17 @@ func Load(path string) (*Model, error) {
 			return nil, err
 		}
 	}
+	if !fi.Mode().IsRegular() {
+		// A pipe or a device: decoded as it is read, to its end.
+		if m, err = Read(f, path); err != nil {
+			return nil, err
+		}
+	}
 	if m == nil {
-		// Not a regular file, or one the streaming decoder left to
-		// proto.Unmarshal (which gives the exact error): read it whole.
-		if fi.Mode().IsRegular() {
-			if _, err := f.Seek(0, io.SeekStart); err != nil {
-				return nil, &InputError{File: path, Msg: "cannot read model", Err: err}
-			}
+		// A file the streaming decoder left to proto.Unmarshal (which
+		// gives the exact error): read it whole.
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return nil, &InputError{File: path, Msg: "cannot read model", Err: err}
 		}
 		b, err := ReadModelBytes(f, path)
 		if err != nil {
@@ -131,6 +137,34 @@ func Load(path string) (*Model, error) {
 	}
 	m.srcID, m.srcOK = fileIDOf(fi)
 	return m, nil
+}
+
+// Read decodes a model from r, a stream (a pipe, standard input) read to
+// its end; name is used in messages. The stream is decoded as it is read,
+// its tensors' bytes read straight into the model, so that the encoding is
+// never held in memory whole; more than protobuf's 2 GiB limit is refused.
+// External data is resolved against name's folder ("." for "-" or "").
+func Read(r io.Reader, name string) (*Model, error) {
+	head := make([]byte, 16)
+	n, err := io.ReadFull(r, head)
+	head = head[:n]
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return nil, &InputError{File: name, Msg: "cannot read model", Err: err}
+	}
+	if err := checkHead(head, n < 16); err != nil {
+		return nil, &InputError{File: name, Msg: "not a valid ONNX protobuf (truncated or corrupt)", Err: err}
+	}
+	mp := &pb.ModelProto{}
+	defer pauseGC()() // as in Parse
+	switch err := unmarshalStream(io.MultiReader(bytes.NewReader(head), r), MaxReadSize, mp); {
+	case errors.Is(err, ErrTooBig):
+		return nil, &InputError{File: name, Msg: fmt.Sprintf("more than %d bytes (protobuf's 2 GiB limit on one message)", MaxReadSize), Err: ErrTooBig}
+	case errors.Is(err, errMalformed):
+		return nil, &InputError{File: name, Msg: "not a valid ONNX protobuf (truncated or corrupt)", Err: err}
+	case err != nil:
+		return nil, &InputError{File: name, Msg: "cannot read model", Err: err}
+	}
+	return newModel(mp, name)
 }
 
 // loadStream decodes the regular file f of size bytes with unmarshalFrom,

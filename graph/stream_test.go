@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -316,6 +317,14 @@ func TestUnmarshalFromMatchesUnmarshal(t *testing.T) {
 			if !proto.Equal(got, want) {
 				t.Fatalf("%s (threshold %d): decoded model differs from proto.Unmarshal's", name, big)
 			}
+			// The same bytes from a stream of unknown size.
+			got = &pb.ModelProto{}
+			if err := unmarshalStream(iotest.OneByteReader(bytes.NewReader(b)), MaxReadSize, got); err != nil {
+				t.Fatalf("%s (threshold %d), streamed: %v", name, big, err)
+			}
+			if !proto.Equal(got, want) {
+				t.Fatalf("%s (threshold %d): model decoded from a stream differs from proto.Unmarshal's", name, big)
+			}
 		}
 		if strings.HasSuffix(name, ".onnx") {
 			m, err := Load(name)
@@ -388,6 +397,14 @@ func FuzzUnmarshalFrom(f *testing.F) {
 		werr := proto.Unmarshal(b, want)
 		got := &pb.ModelProto{}
 		err := unmarshalFrom(bytes.NewReader(b), int64(len(b)), got)
+		sgot := &pb.ModelProto{}
+		serr := unmarshalStream(bytes.NewReader(b), MaxReadSize, sgot)
+		if (serr == nil) != (err == nil) || serr != nil && !errors.Is(serr, errMalformed) {
+			t.Fatalf("from a stream: %v; from a file: %v", serr, err)
+		}
+		if serr == nil && !proto.Equal(sgot, got) {
+			t.Fatal("decoded from a stream, another model than from a file")
+		}
 		if err != nil {
 			if !errors.Is(err, errNotStreamed) {
 				t.Fatalf("error %v, want errNotStreamed", err)
@@ -501,5 +518,55 @@ func TestSaveToFIFO(t *testing.T) {
 		f, _ := os.Open(fifo) // let the blocked open go
 		f.Close()
 		t.Fatal("saving an invalid model opened the pipe")
+	}
+}
+
+// TestRead: a model read from a stream of unknown size (a pipe) is the one
+// its bytes parse to; a stream cut short, holding no model, failing while
+// read, or longer than the limit gets an error saying which, naming the
+// stream.
+func TestRead(t *testing.T) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(streamModels()["full"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		pw.Write(b)
+		pw.Close()
+	}()
+	m, err := Read(pr, "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Parse(b, "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(m.Proto, want.Proto) {
+		t.Fatal("the model read from a pipe differs from the one its bytes parse to")
+	}
+	boom := errors.New("device gone")
+	for _, c := range []struct {
+		name string
+		r    io.Reader
+		msg  string
+		is   error
+	}{
+		{"cut short", bytes.NewReader(b[:len(b)-3]), "not a valid ONNX protobuf", errMalformed},
+		{"no model", bytes.NewReader([]byte{0x0f, 1, 2, 3}), "not a valid ONNX protobuf", nil},
+		{"read error", io.MultiReader(bytes.NewReader(b[:len(b)/2]), iotest.ErrReader(boom)), "cannot read model", boom},
+	} {
+		_, err := Read(c.r, "in")
+		var ie *InputError
+		if !errors.As(err, &ie) || ie.File != "in" || !strings.Contains(err.Error(), c.msg) || c.is != nil && !errors.Is(err, c.is) {
+			t.Errorf("%s: %v, want an input error on %q saying %q", c.name, err, "in", c.msg)
+		}
+	}
+	if err := unmarshalStream(bytes.NewReader(b), int64(len(b)-1), &pb.ModelProto{}); !errors.Is(err, ErrTooBig) {
+		t.Errorf("one byte over the limit: %v, want ErrTooBig", err)
+	}
+	if err := unmarshalStream(bytes.NewReader(b), int64(len(b)), &pb.ModelProto{}); err != nil {
+		t.Errorf("at the limit: %v", err)
 	}
 }

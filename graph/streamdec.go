@@ -3,6 +3,7 @@ package graph
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -36,18 +37,56 @@ func unmarshalFrom(r io.Reader, size int64, m proto.Message) error {
 	return nil
 }
 
-// streamDec is the state of unmarshalFrom.
+// unmarshalStream decodes a ModelProto from r, a stream whose size is not
+// known (a pipe), up to its end, as unmarshalFrom does a file: the
+// encoding is never held in memory whole. A stream longer than limit bytes
+// is refused with ErrTooBig, bad input with an error wrapping errMalformed
+// that says where (a stream cannot be read again: it is not
+// proto.Unmarshal's), and a read error is returned as it is.
+func unmarshalStream(r io.Reader, limit int64, m proto.Message) error {
+	d := &streamDec{r: bufio.NewReaderSize(r, 64<<10), limit: limit}
+	err := d.message(m.ProtoReflect(), -1, 0)
+	switch {
+	case err == nil:
+		return nil
+	case d.tooBig:
+		return ErrTooBig
+	case d.readErr != nil:
+		return d.readErr
+	}
+	return fmt.Errorf("%w near byte %d", errMalformed, d.n)
+}
+
+// errMalformed is wrapped by unmarshalStream's error for input that is no
+// protobuf message (or is cut short).
+var errMalformed = errors.New("malformed or truncated protobuf message")
+
+// streamDec is the state of unmarshalFrom and unmarshalStream.
 type streamDec struct {
 	r    *bufio.Reader
 	n    int64    // bytes consumed
 	pend [][]byte // the gathered small fields of each nesting level
+	// For a stream of unknown size: the most bytes it may hold, whether it
+	// held more, and the read error (not an end) that ended it.
+	limit   int64
+	tooBig  bool
+	readErr error
+}
+
+// failed records a read error err (not an end of input) and returns
+// errNotStreamed.
+func (d *streamDec) failed(err error) error {
+	if err != io.EOF && err != io.ErrUnexpectedEOF && d.readErr == nil {
+		d.readErr = err
+	}
+	return errNotStreamed
 }
 
 // byte reads one byte.
 func (d *streamDec) byte() (byte, error) {
 	c, err := d.r.ReadByte()
 	if err != nil {
-		return 0, errNotStreamed
+		return 0, d.failed(err)
 	}
 	d.n++
 	return c, nil
@@ -74,14 +113,15 @@ func (d *streamDec) varint(raw *[]byte) (uint64, error) {
 func (d *streamDec) read(b []byte, k int) ([]byte, error) {
 	b = append(b, make([]byte, k)...) // no allocation while b has room
 	if _, err := io.ReadFull(d.r, b[len(b)-k:]); err != nil {
-		return b, errNotStreamed
+		return b, d.failed(err)
 	}
 	d.n += int64(k)
 	return b, nil
 }
 
-// message decodes the next n bytes, the fields of m, into m. depth indexes
-// the pending buffer of this level.
+// message decodes the next n bytes, the fields of m, into m; n < 0 reads
+// to the end of the input, which may not pass d.limit. depth indexes the
+// pending buffer of this level.
 func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
 	if depth >= protowire.DefaultRecursionLimit {
 		return errNotStreamed // proto.Unmarshal says it is nested too deeply
@@ -105,8 +145,26 @@ func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
 		return nil
 	}
 	fields := m.Descriptor().Fields()
+	toEnd := n < 0
 	end := d.n + n
-	for d.n < end {
+	if toEnd {
+		end = d.limit + 1 // no field may run past the limit
+	}
+	for {
+		if !toEnd && d.n >= end {
+			break
+		}
+		if toEnd {
+			if d.n > d.limit {
+				d.tooBig = true
+				return errNotStreamed
+			}
+			if _, err := d.r.Peek(1); err == io.EOF {
+				break
+			} else if err != nil {
+				return d.failed(err)
+			}
+		}
 		start := len(pend)
 		tag, err := d.varint(&pend)
 		if err != nil {
@@ -146,7 +204,7 @@ func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
 			case fd.Kind() == protoreflect.BytesKind:
 				b := make([]byte, k) // the tensor's own slice, read into directly
 				if _, err = io.ReadFull(d.r, b); err != nil {
-					return errNotStreamed
+					return d.failed(err)
 				}
 				d.n += int64(k)
 				m.Set(fd, protoreflect.ValueOfBytes(b))
@@ -171,7 +229,7 @@ func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
 			}
 		}
 	}
-	if d.n != end {
+	if !toEnd && d.n != end {
 		return errNotStreamed
 	}
 	return flush()
