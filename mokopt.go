@@ -33,7 +33,6 @@
 package mokopt
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -141,12 +140,7 @@ func Save(ctx context.Context, m *Model, path string, opt SaveOptions) error {
 // (graph.SaveOptions.Ready).
 func save(ctx context.Context, m *Model, path string, opt SaveOptions, ready func() error) error {
 	if path == Stdio {
-		if ready != nil {
-			if err := ready(); err != nil {
-				return err
-			}
-		}
-		return Write(ctx, m, os.Stdout, opt)
+		return write(ctx, m, os.Stdout, opt, ready)
 	}
 	so := graph.SaveOptions{External: opt.External, Context: ctx, Ready: ready}
 	if opt.Progress != nil {
@@ -160,17 +154,87 @@ func save(ctx context.Context, m *Model, path string, opt SaveOptions, ready fun
 // Write writes m as one self-contained model file to w. Deferred weights
 // (lowering's) are computed inline; a model with external data is refused
 // with an error wrapping ErrNeedsSideFile unless opt.External is
-// ExternalInline. Nothing is written to w unless the whole model encodes.
+// ExternalInline. Nothing is written to w unless the whole model encodes:
+// the encoding is held until then, in memory up to 16 MiB and beyond that
+// in an unnamed temporary file (in os.TempDir), so that memory stays
+// bounded for any model.
 func Write(ctx context.Context, m *Model, w io.Writer, opt SaveOptions) error {
-	var buf bytes.Buffer
-	if err := m.g.Encode(&buf, graph.SaveOptions{External: opt.External, Context: ctx}); err != nil {
+	return write(ctx, m, w, opt, nil)
+}
+
+// write is Write, calling ready (when not nil) once the model is encoded
+// and before anything is written to w; an error from it writes nothing.
+func write(ctx context.Context, m *Model, w io.Writer, opt SaveOptions, ready func() error) error {
+	sp := &spool{limit: spoolMemory}
+	defer sp.close()
+	if err := m.g.Encode(sp, graph.SaveOptions{External: opt.External, Context: ctx}); err != nil {
 		return err
+	}
+	if ready != nil {
+		if err := ready(); err != nil {
+			return err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := w.Write(buf.Bytes())
+	return sp.copyTo(w)
+}
+
+// spoolMemory is the most of an encoding Write holds in memory; a
+// variable so that tests can lower it.
+var spoolMemory = 16 << 20
+
+// spool holds what is written to it: in memory up to limit bytes, then in
+// a temporary file, removed from its folder as soon as it is created.
+type spool struct {
+	limit int
+	mem   []byte
+	f     *os.File
+}
+
+func (s *spool) Write(p []byte) (int, error) {
+	if s.f == nil && len(s.mem)+len(p) <= s.limit {
+		s.mem = append(s.mem, p...)
+		return len(p), nil
+	}
+	if s.f == nil {
+		f, err := os.CreateTemp("", "mokopt-spool-*.onnx")
+		if err != nil {
+			return 0, fmt.Errorf("holding the encoding until it is complete: %w", err)
+		}
+		os.Remove(f.Name()) // the open file lives on, nameless
+		s.f = f
+		if _, err := f.Write(s.mem); err != nil {
+			return 0, fmt.Errorf("holding the encoding until it is complete: %w", err)
+		}
+		s.mem = nil
+	}
+	n, err := s.f.Write(p)
+	if err != nil {
+		err = fmt.Errorf("holding the encoding until it is complete: %w", err)
+	}
+	return n, err
+}
+
+// copyTo writes what the spool holds to w.
+func (s *spool) copyTo(w io.Writer) error {
+	if s.f == nil {
+		_, err := w.Write(s.mem)
+		return err
+	}
+	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	_, err := io.Copy(w, s.f)
 	return err
+}
+
+// close frees the spool's temporary file.
+func (s *spool) close() {
+	if s.f != nil {
+		s.f.Close()
+	}
 }
 
 // Progress receives progress events of long work. It is called on the

@@ -120,8 +120,9 @@ func rewriteError(ctx context.Context, m *Model, rep *RewriteReport, err error) 
 // With the numerical check on and Partial off it is faster than Rewrite
 // then Save: m is edited and written while the check runs on another
 // goroutine over an unedited copy (passes.RewriteAhead), and the output is
-// renamed into place only once every block passed; a failed check leaves
-// no output and no temporary file. The check then decides whether the
+// renamed into place (or, for standard output, copied there from where
+// it was held) only once every block passed; a failed check leaves no
+// output and no temporary file. The check then decides whether the
 // output is committed, not what is fused, but for one case: when it moves
 // a block's input (run-time shapes), the rewrite is redone the slow way on
 // an unedited copy, which is written instead.
@@ -129,7 +130,7 @@ func RewriteAndSave(ctx context.Context, m *Model, path string, ropt RewriteOpti
 	if err := errCtx(ctx); err != nil {
 		return nil, err
 	}
-	if ropt.Partial || ropt.SkipCheck || path == Stdio {
+	if ropt.Partial || ropt.SkipCheck {
 		rep, err := Rewrite(ctx, m, ropt)
 		if err != nil {
 			return rep, err

@@ -109,6 +109,41 @@ func TestRewriteAndSave(t *testing.T) {
 					t.Fatal("no progress reported")
 				}
 			}
+			// To standard output, with the weights inline: the bytes of
+			// Rewrite then Write, and nothing at all when the check fails.
+			m := load(t, src)
+			rep, err := mokopt.Rewrite(context.Background(), m, tc.opt)
+			var want bytes.Buffer
+			if err == nil {
+				err = mokopt.Write(context.Background(), m, &want, mokopt.SaveOptions{External: mokopt.ExternalInline})
+			}
+			m.Close()
+			out, err2 := os.CreateTemp(t.TempDir(), "stdout")
+			if err2 != nil {
+				t.Fatal(err2)
+			}
+			old := os.Stdout
+			os.Stdout = out
+			m2 := load(t, src)
+			rep2, err2 := mokopt.RewriteAndSave(context.Background(), m2, mokopt.Stdio, tc.opt, mokopt.SaveOptions{External: mokopt.ExternalInline})
+			os.Stdout = old
+			m2.Close()
+			out.Close()
+			got, _ := os.ReadFile(out.Name())
+			if tc.fail {
+				if err2 == nil || err2.Error() != err.Error() || len(got) != 0 {
+					t.Fatalf("to standard output: %v with %d bytes written, want %v and nothing", err2, len(got), err)
+				}
+				return
+			}
+			if err2 != nil || !bytes.Equal(got, want.Bytes()) {
+				t.Fatalf("to standard output: %v, %d bytes, not the %d of Rewrite then Write", err2, len(got), want.Len())
+			}
+			j1, _ := json.Marshal(rep)
+			j2, _ := json.Marshal(rep2)
+			if !bytes.Equal(j1, j2) {
+				t.Fatalf("to standard output, reports differ:\n%s\n%s", j2, j1)
+			}
 		})
 	}
 }
