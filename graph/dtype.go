@@ -166,3 +166,17 @@ var hostLittleEndian = func() bool {
 	v := uint16(1)
 	return *(*byte)(unsafe.Pointer(&v)) == 1
 }()
+
+// CoarserHalf returns the coarser of the 16-bit float types among have and
+// dt: BFLOAT16 (8 significand bits) over FLOAT16 (11) over anything else,
+// which gives UNDEFINED. Folded over a block's weights, it names the least
+// precise half type they are stored in.
+func CoarserHalf(have, dt pb.TensorProto_DataType) pb.TensorProto_DataType {
+	switch {
+	case have == pb.TensorProto_BFLOAT16 || dt == pb.TensorProto_BFLOAT16:
+		return pb.TensorProto_BFLOAT16
+	case have == pb.TensorProto_FLOAT16 || dt == pb.TensorProto_FLOAT16:
+		return pb.TensorProto_FLOAT16
+	}
+	return pb.TensorProto_UNDEFINED
+}

@@ -90,17 +90,18 @@ func (c *ctx) setIOType(b *Block) error {
 }
 
 // weightHalfType returns the half type (float16 or bfloat16) block b's
-// weights are stored in, or false when they are not.
+// weights are stored in, the coarser one (bfloat16) when they mix both
+// (graph.CoarserHalf, as verify judges a model), or false when there is
+// none.
 func weightHalfType(b *Block) (pb.TensorProto_DataType, bool) {
 	if b.W == nil {
 		return 0, false
 	}
+	found := pb.TensorProto_UNDEFINED
 	for _, t := range b.W.Inits() {
-		if dt := graph.DataType(t); dt == pb.TensorProto_FLOAT16 || dt == pb.TensorProto_BFLOAT16 {
-			return dt, true
-		}
+		found = graph.CoarserHalf(found, graph.DataType(t))
 	}
-	return 0, false
+	return found, found != pb.TensorProto_UNDEFINED
 }
 
 // computeType is the precision block b's original graph computes in: out

@@ -267,3 +267,27 @@ func TestHalfPrecisionCheckCatches(t *testing.T) {
 		}
 	}
 }
+
+// TestWeightHalfType: the half type of a block's weights is the coarser one
+// when they mix float16 and bfloat16, in whatever order they come.
+func TestWeightHalfType(t *testing.T) {
+	ti := func(dt pb.TensorProto_DataType) *pb.TensorProto {
+		return &pb.TensorProto{DataType: proto.Int32(int32(dt))}
+	}
+	for _, c := range []struct {
+		name         string
+		router, down pb.TensorProto_DataType
+		want         pb.TensorProto_DataType
+		ok           bool
+	}{
+		{"float32", pb.TensorProto_FLOAT, pb.TensorProto_FLOAT, 0, false},
+		{"float16", pb.TensorProto_FLOAT, pb.TensorProto_FLOAT16, pb.TensorProto_FLOAT16, true},
+		{"float16 then bfloat16", pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16, pb.TensorProto_BFLOAT16, true},
+		{"bfloat16 then float16", pb.TensorProto_BFLOAT16, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16, true},
+	} {
+		b := &Block{W: &WeightPlan{Router: Proj{Init: ti(c.router)}, Experts: []ExpertProj{{Down: &Proj{Init: ti(c.down)}}}}}
+		if got, ok := weightHalfType(b); got != c.want || ok != c.ok {
+			t.Errorf("%s: %v %v, want %v %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+}

@@ -157,11 +157,7 @@ func halfMode(opt *Options, r *Report, ms ...*graph.Model) {
 // none.
 func halfWeights(m *graph.Model) (pb.TensorProto_DataType, bool) {
 	found := pb.TensorProto_UNDEFINED
-	see := func(dt pb.TensorProto_DataType) {
-		if dt == pb.TensorProto_BFLOAT16 || dt == pb.TensorProto_FLOAT16 && found == pb.TensorProto_UNDEFINED {
-			found = dt
-		}
-	}
+	see := func(dt pb.TensorProto_DataType) { found = graph.CoarserHalf(found, dt) }
 	for _, t := range m.Proto.GetGraph().GetInitializer() {
 		see(graph.DataType(t))
 	}
