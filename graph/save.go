@@ -148,12 +148,27 @@ type writingBack struct {
 
 func (w *writingBack) Write(b []byte) (int, error) {
 	n, err := w.w.Write(b)
-	w.written += int64(n)
+	w.wrote(int64(n))
+	return n, err
+}
+
+// ReadFrom copies r to w's writer as io.Copy does, so that a file-backed
+// reader still reaches the output file's own ReadFrom, where the kernel
+// copies the bytes (copy_file_range), without passing through memory.
+func (w *writingBack) ReadFrom(r io.Reader) (int64, error) {
+	n, err := io.Copy(w.w, r)
+	w.wrote(n)
+	return n, err
+}
+
+// wrote counts n more bytes written and starts the writeback of what has
+// piled up since the last.
+func (w *writingBack) wrote(n int64) {
+	w.written += n
 	if w.written-w.flushed >= writebackEvery {
 		w.start(w.flushed, w.written-w.flushed)
 		w.flushed = w.written
 	}
-	return n, err
 }
 
 // writeChunked writes b in 4 MiB pieces so that a cancellation is noticed
