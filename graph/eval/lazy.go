@@ -1,9 +1,10 @@
 package eval
 
 import (
+	"bytes"
 	"fmt"
+	"hash/maphash"
 	"math"
-	"slices"
 	"sync/atomic"
 
 	"github.com/mokopt/mokopt/graph"
@@ -67,13 +68,14 @@ func (c *OpContext) materialize(t *Tensor) (*Tensor, error) {
 func slabClasses(n, size int, slab func(i int) []float32) ([]int, int) {
 	cls := make([]int, n)
 	first := map[uint64][]int{} // hash -> slabs that opened a class
+	seed := maphash.MakeSeed()
 	next := 0
 	for i := 0; i < n; i++ {
-		s := slab(i)
-		h := hashF32(s)
+		s := f32Bytes(slab(i))
+		h := maphash.Bytes(seed, s)
 		found := -1
 		for _, j := range first[h] {
-			if equalBits(slab(j), s) {
+			if bytes.Equal(f32Bytes(slab(j)), s) {
 				found = cls[j]
 				break
 			}
@@ -86,20 +88,6 @@ func slabClasses(n, size int, slab func(i int) []float32) ([]int, int) {
 		cls[i] = found
 	}
 	return cls, next
-}
-
-// hashF32 is FNV-1a over the float bits.
-func hashF32(s []float32) uint64 {
-	h := uint64(14695981039346656037)
-	for _, v := range s {
-		h ^= uint64(math.Float32bits(v))
-		h *= 1099511628211
-	}
-	return h
-}
-
-func equalBits(a, b []float32) bool {
-	return slices.EqualFunc(a, b, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) })
 }
 
 // String is the summary of a lazy tensor.

@@ -250,3 +250,23 @@ func TestMatMulSharedLeftVectors(t *testing.T) {
 		}
 	}
 }
+
+// TestSlabClasses: slabs equal in every bit share a class, numbered in
+// order of first appearance; -0 and 0 differ, equal NaN bits do not.
+func TestSlabClasses(t *testing.T) {
+	nan := float32(math.NaN())
+	negZero := float32(math.Copysign(0, -1))
+	buf := []float32{
+		1, 2, 3,
+		0, 0, 0,
+		1, 2, 3,
+		negZero, 0, 0,
+		nan, 1, 1,
+		nan, 1, 1,
+		0, 0, 0,
+	}
+	cls, n := slabClasses(7, 3, func(i int) []float32 { return buf[3*i : 3*i+3] })
+	if want := []int{0, 1, 0, 2, 3, 3, 1}; !slices.Equal(cls, want) || n != 4 {
+		t.Fatalf("classes %v (%d), want %v (4)", cls, n, []int{0, 1, 0, 2, 3, 3, 1})
+	}
+}

@@ -83,3 +83,8 @@ func SigmoidSlice(dst, src []float32) {
 		}
 	}
 }
+
+// asmChunk is the most floats one call of the assembly kernels works
+// through (tens of microseconds), so that the goroutine running them can be
+// preempted between calls.
+const asmChunk = 1 << 14
