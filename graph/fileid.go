@@ -240,19 +240,33 @@ func readOpened(f *os.File, path string, limit int64, what string) ([]byte, erro
 // start a ModelProto (a zero tag, as /dev/zero gives) instead of reading
 // it to the limit.
 func ReadModelBytes(r io.Reader, name string) ([]byte, error) {
-	head := make([]byte, 16)
+	head, err := readHead(r, name)
+	if err != nil {
+		return nil, err
+	}
+	if len(head) < headSize {
+		return head, nil
+	}
+	return readLimited(head, r, MaxReadSize, name, "protobuf's 2 GiB limit on one message")
+}
+
+// headSize is how many bytes readHead reads.
+const headSize = 16
+
+// readHead reads the first headSize bytes of a model stream (fewer when it
+// ends before) and checks that they can start a ModelProto, so that a
+// stream that cannot (/dev/zero) is refused at once.
+func readHead(r io.Reader, name string) ([]byte, error) {
+	head := make([]byte, headSize)
 	n, err := io.ReadFull(r, head)
 	head = head[:n]
 	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
 		return nil, &InputError{File: name, Msg: "cannot read model", Err: err}
 	}
-	if err := checkHead(head, n < 16); err != nil {
+	if err := checkHead(head, n < headSize); err != nil {
 		return nil, &InputError{File: name, Msg: "not a valid ONNX protobuf (truncated or corrupt)", Err: err}
 	}
-	if n < 16 {
-		return head, nil
-	}
-	return readLimited(head, r, MaxReadSize, name, "protobuf's 2 GiB limit on one message")
+	return head, nil
 }
 
 // checkHead checks that b starts with a valid protobuf field tag.

@@ -145,14 +145,9 @@ func Load(path string) (*Model, error) {
 // never held in memory whole; more than protobuf's 2 GiB limit is refused.
 // External data is resolved against name's folder ("." for "-" or "").
 func Read(r io.Reader, name string) (*Model, error) {
-	head := make([]byte, 16)
-	n, err := io.ReadFull(r, head)
-	head = head[:n]
-	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
-		return nil, &InputError{File: name, Msg: "cannot read model", Err: err}
-	}
-	if err := checkHead(head, n < 16); err != nil {
-		return nil, &InputError{File: name, Msg: "not a valid ONNX protobuf (truncated or corrupt)", Err: err}
+	head, err := readHead(r, name)
+	if err != nil {
+		return nil, err
 	}
 	mp := &pb.ModelProto{}
 	defer pauseGC()() // as in Parse
