@@ -203,7 +203,7 @@ func (s *spool) Write(p []byte) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("holding the encoding until it is complete: %w", err)
 		}
-		os.Remove(f.Name()) // the open file lives on, nameless
+		os.Remove(f.Name()) // the open file lives on, nameless (close removes it where this fails)
 		s.f = f
 		if _, err := f.Write(s.mem); err != nil {
 			return 0, fmt.Errorf("holding the encoding until it is complete: %w", err)
@@ -234,6 +234,7 @@ func (s *spool) copyTo(w io.Writer) error {
 func (s *spool) close() {
 	if s.f != nil {
 		s.f.Close()
+		os.Remove(s.f.Name()) // gone already where an open file can be removed
 	}
 }
 

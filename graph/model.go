@@ -143,6 +143,8 @@ func Load(path string) (*Model, error) {
 // its end; name is used in messages. The stream is decoded as it is read,
 // its tensors' bytes read straight into the model, so that the encoding is
 // never held in memory whole; more than protobuf's 2 GiB limit is refused.
+// The garbage collector is paused while it reads (see Parse), however slow
+// the stream's writer.
 // External data is resolved against name's folder ("." for "-" or "").
 func Read(r io.Reader, name string) (*Model, error) {
 	head, err := readHead(r, name)

@@ -563,8 +563,15 @@ func TestRead(t *testing.T) {
 			t.Errorf("%s: %v, want an input error on %q saying %q", c.name, err, "in", c.msg)
 		}
 	}
-	if err := unmarshalStream(bytes.NewReader(b), int64(len(b)-1), &pb.ModelProto{}); !errors.Is(err, ErrTooBig) {
-		t.Errorf("one byte over the limit: %v, want ErrTooBig", err)
+	for _, over := range []int{1, 100, len(b) / 2} {
+		if err := unmarshalStream(bytes.NewReader(b), int64(len(b)-over), &pb.ModelProto{}); !errors.Is(err, ErrTooBig) {
+			t.Errorf("%d bytes over the limit: %v, want ErrTooBig", over, err)
+		}
+	}
+	// A stream cut short whose field claims to run past the limit is cut
+	// short, not too big.
+	if err := unmarshalStream(bytes.NewReader(b[:len(b)/4]), int64(len(b)/2), &pb.ModelProto{}); !errors.Is(err, errMalformed) {
+		t.Errorf("cut short before the limit a field claims to pass: %v, want errMalformed", err)
 	}
 	if err := unmarshalStream(bytes.NewReader(b), int64(len(b)), &pb.ModelProto{}); err != nil {
 		t.Errorf("at the limit: %v", err)

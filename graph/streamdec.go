@@ -73,6 +73,22 @@ type streamDec struct {
 	readErr error
 }
 
+// pastLimit is met when a field of a stream of unknown size claims to run
+// past d.limit: the stream is too big if it really holds that many bytes,
+// truncated (or corrupt) if it ends first. It reads on to the limit (as
+// reading the stream whole would have) to tell which.
+func (d *streamDec) pastLimit() {
+	want := d.limit + 1 - d.n
+	got, err := io.CopyN(io.Discard, d.r, want)
+	d.n += got
+	switch {
+	case got == want:
+		d.tooBig = true
+	case err != nil:
+		d.failed(err)
+	}
+}
+
 // failed records a read error err (not an end of input) and returns
 // errNotStreamed.
 func (d *streamDec) failed(err error) error {
@@ -188,6 +204,9 @@ func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
 				return err
 			}
 			if k > uint64(end-d.n) {
+				if toEnd {
+					d.pastLimit()
+				}
 				return errNotStreamed
 			}
 			fd := fields.ByNumber(num)
