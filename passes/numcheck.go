@@ -259,7 +259,7 @@ func distinctRows(x []float32, H int) ([]float32, []int) {
 func distinctRowsBy(x []float32, H int, hash func([]byte) uint64) ([]float32, []int) {
 	T := len(x) / H
 	of := make([]int, T)
-	first := make(map[uint64]int, T)             // row hash -> the first distinct row with it
+	first := make(map[uint64]int, min(T, 16))    // row hash -> the first distinct row with it
 	out := make([]float32, 0, min(len(x), 16*H)) // grown to the distinct rows only
 	row := func(j int) []byte { return unsafeBytes(out[j*H : (j+1)*H]) }
 	for t := range T {
