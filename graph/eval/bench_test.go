@@ -61,3 +61,31 @@ func BenchmarkFullFixtures(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGemvMulti times gemvMultiF32 (rows in cache-sized blocks, every
+// vector per block) against one gemvF32 pass over the matrix per vector, in
+// the same run: a 512×512 expert matrix by 256 tokens, and the 256×64 one
+// of a small block by 32.
+func BenchmarkGemvMulti(b *testing.B) {
+	r := rand.New(rand.NewSource(2))
+	for _, s := range [][3]int{{512, 512, 256}, {256, 64, 32}} {
+		rows, K, nv := s[0], s[1], s[2]
+		a := randF32(r, rows, K).F32
+		bs, cs := make([][]float32, nv), make([][]float32, nv)
+		for v := range bs {
+			bs[v], cs[v] = randF32(r, K).F32, make([]float32, rows)
+		}
+		b.Run(fmt.Sprintf("%dx%dx%d/blocked", rows, K, nv), func(b *testing.B) {
+			for b.Loop() {
+				gemvMultiF32(a, bs, cs, K)
+			}
+		})
+		b.Run(fmt.Sprintf("%dx%dx%d/per-vector", rows, K, nv), func(b *testing.B) {
+			for b.Loop() {
+				for v := range bs {
+					gemvF32(a, bs[v], cs[v], K)
+				}
+			}
+		})
+	}
+}

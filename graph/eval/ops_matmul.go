@@ -52,12 +52,20 @@ func gemvF32(a, b, c []float32, K int) {
 	vec.DotRows(a, K, b, c)
 }
 
-// gemvMultiF32 is gemvF32 for several vectors bs[v] into cs[v], a's rows
-// read once per vector while they are in cache; every element is summed
-// exactly as gemvF32 sums it.
+// gemvMultiF32 is gemvF32 for several vectors bs[v] into cs[v]: a's rows
+// go by blocks of about 16 KiB, each multiplied by every vector while it
+// sits in the first-level cache (a 512×512 matrix by 256 vectors: 3.0–3.2
+// ms against 3.9–4.3 ms for a whole pass over a per vector, go test
+// ./graph/eval -bench GemvMulti), and every element is summed exactly as
+// gemvF32 sums it.
 func gemvMultiF32(a []float32, bs, cs [][]float32, K int) {
-	for v, b := range bs {
-		vec.DotRows(a, K, b, cs[v][:len(cs[0])])
+	rows := len(cs[0])
+	per := max(8, 4096/K)
+	for r := 0; r < rows; r += per {
+		e := min(rows, r+per)
+		for v, b := range bs {
+			vec.DotRows(a[r*K:e*K], K, b, cs[v][r:e])
+		}
 	}
 }
 
