@@ -193,28 +193,29 @@ type spool struct {
 	f     *os.File
 }
 
-func (s *spool) Write(p []byte) (int, error) {
+func (s *spool) Write(p []byte) (n int, err error) {
 	if s.f == nil && len(s.mem)+len(p) <= s.limit {
 		s.mem = append(s.mem, p...)
 		return len(p), nil
 	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("holding the encoding until it is complete: %w", err)
+		}
+	}()
 	if s.f == nil {
 		f, err := os.CreateTemp("", "mokopt-spool-*.onnx")
 		if err != nil {
-			return 0, fmt.Errorf("holding the encoding until it is complete: %w", err)
+			return 0, err
 		}
 		os.Remove(f.Name()) // the open file lives on, nameless (close removes it where this fails)
 		s.f = f
 		if _, err := f.Write(s.mem); err != nil {
-			return 0, fmt.Errorf("holding the encoding until it is complete: %w", err)
+			return 0, err
 		}
 		s.mem = nil
 	}
-	n, err := s.f.Write(p)
-	if err != nil {
-		err = fmt.Errorf("holding the encoding until it is complete: %w", err)
-	}
-	return n, err
+	return s.f.Write(p)
 }
 
 // copyTo writes what the spool holds to w.

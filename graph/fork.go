@@ -49,18 +49,9 @@ func (m *Model) Fork() (*Model, error) {
 		for _, t := range sg.SparseInitializer {
 			gp.SparseInitializer = append(gp.SparseInitializer, cloneSharing(t))
 		}
-		for _, a := range sg.QuantizationAnnotation {
-			gp.QuantizationAnnotation = append(gp.QuantizationAnnotation, proto.Clone(a).(*pb.TensorAnnotation))
-		}
-		for _, p := range sg.MetadataProps {
-			gp.MetadataProps = append(gp.MetadataProps, proto.Clone(p).(*pb.StringStringEntryProto))
-		}
-		for _, v := range sg.Input {
-			gp.Input = append(gp.Input, proto.Clone(v).(*pb.ValueInfoProto))
-		}
-		for _, v := range sg.Output {
-			gp.Output = append(gp.Output, proto.Clone(v).(*pb.ValueInfoProto))
-		}
+		gp.QuantizationAnnotation = cloneEach(sg.QuantizationAnnotation)
+		gp.MetadataProps = cloneEach(sg.MetadataProps)
+		gp.Input, gp.Output = cloneEach(sg.Input), cloneEach(sg.Output)
 		gp.Node = make([]*pb.NodeProto, len(sg.Node))
 		for i, n := range sg.Node {
 			gp.Node[i] = CopyNode(n)
@@ -130,14 +121,22 @@ func copyTensor(t *pb.TensorProto) *pb.TensorProto {
 			c.StringData[i] = slices.Clone(b)
 		}
 	}
-	for _, e := range t.ExternalData {
-		c.ExternalData = append(c.ExternalData, proto.Clone(e).(*pb.StringStringEntryProto))
-	}
-	for _, e := range t.MetadataProps {
-		c.MetadataProps = append(c.MetadataProps, proto.Clone(e).(*pb.StringStringEntryProto))
-	}
+	c.ExternalData, c.MetadataProps = cloneEach(t.ExternalData), cloneEach(t.MetadataProps)
 	keepUnknown(c, t)
 	return c
+}
+
+// cloneEach returns a list of proto.Clone's copies of xs' messages (nil for
+// none).
+func cloneEach[M proto.Message](xs []M) []M {
+	if len(xs) == 0 {
+		return nil
+	}
+	out := make([]M, len(xs))
+	for i, x := range xs {
+		out[i] = proto.Clone(x).(M)
+	}
+	return out
 }
 
 // cloneShare returns a deep copy of m, but for the field skip (nil for

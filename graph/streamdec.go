@@ -166,10 +166,7 @@ func (d *streamDec) message(m protoreflect.Message, n int64, depth int) error {
 	if toEnd {
 		end = d.limit + 1 // no field may run past the limit
 	}
-	for {
-		if !toEnd && d.n >= end {
-			break
-		}
+	for toEnd || d.n < end {
 		if toEnd {
 			if d.n > d.limit {
 				d.tooBig = true

@@ -2,7 +2,6 @@ package graph
 
 import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // WorkingCopy returns a model whose lists a pass may edit without changing
@@ -28,12 +27,7 @@ func (m *Model) WorkingCopy() *Model {
 		DocString:       src.DocString,
 		Functions:       append([]*pb.FunctionProto(nil), src.Functions...),
 	}
-	for _, o := range src.OpsetImport {
-		mp.OpsetImport = append(mp.OpsetImport, proto.Clone(o).(*pb.OperatorSetIdProto))
-	}
-	for _, p := range src.MetadataProps {
-		mp.MetadataProps = append(mp.MetadataProps, proto.Clone(p).(*pb.StringStringEntryProto))
-	}
+	mp.OpsetImport, mp.MetadataProps = cloneEach(src.OpsetImport), cloneEach(src.MetadataProps)
 	if sg := src.Graph; sg != nil {
 		gp := &pb.GraphProto{
 			Name:                   sg.Name,
@@ -50,12 +44,7 @@ func (m *Model) WorkingCopy() *Model {
 				MetadataProps: n.MetadataProps, DeviceConfigurations: n.DeviceConfigurations}
 		}
 		gp.ValueInfo = append([]*pb.ValueInfoProto(nil), sg.ValueInfo...)
-		for _, v := range sg.Input {
-			gp.Input = append(gp.Input, proto.Clone(v).(*pb.ValueInfoProto))
-		}
-		for _, v := range sg.Output {
-			gp.Output = append(gp.Output, proto.Clone(v).(*pb.ValueInfoProto))
-		}
+		gp.Input, gp.Output = cloneEach(sg.Input), cloneEach(sg.Output)
 		mp.Graph = gp
 	}
 	wc := &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labels}

@@ -316,12 +316,11 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 			want[v] = true
 		}
 	}
-	// A tighter garbage-collection target than the default (see
-	// checkGCPercent).
-	// The previous target comes back at the end; the collector then
-	// reclaims the check's garbage when the heap next grows (forcing a
-	// cycle here cost the 500-block chain 20-35 ms of CPU while the output
-	// was being written, for a process about to exit).
+	// A tighter garbage-collection target than the default while the
+	// check runs (see checkGCPercent); the previous one comes back at the
+	// end, and the collector reclaims the check's garbage when the heap
+	// next grows (forcing a cycle here cost the 500-block chain 20-35 ms of
+	// CPU while the output was being written, for a process about to exit).
 	defer debug.SetGCPercent(debug.SetGCPercent(checkGCPercent()))
 	ran := 0
 	distinct := checkTokens(blocks)
