@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -687,6 +688,97 @@ func TestRecursiveFunctionRefused(t *testing.T) {
 		}
 		if l := listDir(t, dir); l != "in.onnx" {
 			t.Errorf("folder: %s", l)
+		}
+	}
+}
+
+// TestMalformedFusedNodes: a fused node outside its contract (no outputs,
+// too many, a missing required input, an attribute out of range, unknown,
+// of the wrong type or not finite) is refused by verify and by lower to
+// every target, naming the node and the problem, never with a panic and
+// never with a lowered model written.
+func TestMalformedFusedNodes(t *testing.T) {
+	dir := t.TempDir()
+	fused := filepath.Join(dir, "f.onnx")
+	if code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", fused, "--no-check"}); code != 0 {
+		t.Fatalf("rewrite: %s", msg)
+	}
+	setInt := func(name string, v int64) func(n *pb.NodeProto) {
+		return func(n *pb.NodeProto) {
+			for _, a := range n.Attribute {
+				if a.GetName() == name {
+					a.I = proto.Int64(v)
+					return
+				}
+			}
+			n.Attribute = append(n.Attribute, graph.IntAttr(name, v))
+		}
+	}
+	for _, c := range []struct {
+		name string
+		edit func(n *pb.NodeProto)
+		want string
+	}{
+		{"no outputs", func(n *pb.NodeProto) { n.Output, n.Input[0] = nil, "moe_out_in" }, "has 0 outputs"},
+		{"unnamed output", func(n *pb.NodeProto) { n.Output[0], n.Input[0] = "", "moe_out_in" }, "the first named"},
+		{"no down input", func(n *pb.NodeProto) { n.Input = n.Input[:3] }, "input down is missing"},
+		{"n_group 0", setInt("n_group", 0), "n_group 0"},
+		{"n_group -1", setInt("n_group", -1), "n_group -1"},
+		{"topk_group 0", setInt("topk_group", 0), "topk_group 0"},
+		{"topk_group over n_group", func(n *pb.NodeProto) { setInt("n_group", 2)(n); setInt("topk_group", 3)(n) }, "topk_group 3"},
+		{"normalize_topk 7", setInt("normalize_topk", 7), `"normalize_topk" is 7`},
+		{"unknown attribute", setInt("capacity_factor", 2), `"capacity_factor" is not in the contract`},
+		{"wrong type", func(n *pb.NodeProto) {
+			for _, a := range n.Attribute {
+				if a.GetName() == "top_k" {
+					a.Type, a.I, a.F = pb.AttributeProto_FLOAT.Enum(), nil, proto.Float32(2)
+				}
+			}
+		}, `"top_k" is FLOAT`},
+		{"NaN scaling", func(n *pb.NodeProto) {
+			for _, a := range n.Attribute {
+				if a.GetName() == "routed_scaling_factor" {
+					a.F = proto.Float32(float32(math.NaN()))
+				}
+			}
+		}, "must be finite"},
+	} {
+		m, err := graph.Load(fused)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range m.Proto.Graph.Node {
+			if n.GetDomain() == "ai.mok" {
+				in := n.Input[0]
+				c.edit(n)
+				if in != n.Input[0] { // the graph's output comes from elsewhere now
+					m.Proto.Graph.Node = append(m.Proto.Graph.Node, graph.NewNode("Identity", "", "id", []string{in}, []string{m.Proto.Graph.Output[0].GetName()}))
+					n.Input[0] = in
+				}
+			}
+		}
+		bad := filepath.Join(dir, "bad.onnx")
+		b, err := proto.Marshal(m.Proto)
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(bad, b, 0o644)
+		out := filepath.Join(dir, "l.onnx")
+		for _, args := range [][]string{
+			{"lower", bad, "-o", out, "--target", "gb300-nvl72", "--ep", "1"},
+			{"lower", bad, "-o", out, "--target", "gb200-nvl72", "--ep", "1", "--strict"},
+			{"lower", bad, "-o", out, "--target", "ort"},
+			{"verify", bad, fused},
+			{"verify", fused, bad},
+		} {
+			code, msg, _ := runCLI(context.Background(), args)
+			if code == 0 || !strings.Contains(msg, c.want) || strings.Contains(msg, "panic") || strings.Contains(msg, "goroutine ") {
+				t.Errorf("%s: %v: exit %d: %s", c.name, args[:3], code, msg)
+			}
+			if fileExists(out) {
+				t.Fatalf("%s: %v wrote a lowered model", c.name, args[:3])
+			}
 		}
 	}
 }
