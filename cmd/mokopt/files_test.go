@@ -782,3 +782,82 @@ func TestMalformedFusedNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestFusedBodyChecked: a fused model whose ai.mok::MoE function body was
+// replaced (by an Identity, or by the body of another top-k) or dropped is
+// refused by verify (either side, and with --data) and by lower to every
+// target, naming the node and the overload: the body is what every other
+// runtime executes, while mokopt's engine runs the node's reference
+// semantics.
+func TestFusedBodyChecked(t *testing.T) {
+	dir := t.TempDir()
+	fused := filepath.Join(dir, "f.onnx")
+	if code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", fused, "--no-check"}); code != 0 {
+		t.Fatalf("rewrite: %s", msg)
+	}
+	for _, c := range []struct {
+		name string
+		edit func(f *pb.FunctionProto) *pb.FunctionProto
+		want string
+	}{
+		{"identity", func(f *pb.FunctionProto) *pb.FunctionProto {
+			f.Node = []*pb.NodeProto{graph.NewNode("Identity", "", "", []string{f.Input[0]}, []string{f.Output[0]})}
+			return f
+		}, "does not compute what the node's attributes mean"},
+		{"another k", func(f *pb.FunctionProto) *pb.FunctionProto {
+			for _, n := range f.Node {
+				if n.GetOpType() == "Constant" {
+					for _, a := range n.Attribute {
+						if a.T != nil && a.T.GetDataType() == int32(pb.TensorProto_INT64) && bytes.Equal(a.T.RawData, []byte{2, 0, 0, 0, 0, 0, 0, 0}) {
+							a.T.RawData = []byte{1, 0, 0, 0, 0, 0, 0, 0}
+						}
+					}
+				}
+			}
+			return f
+		}, "does not compute what the node's attributes mean"},
+		{"dropped", func(f *pb.FunctionProto) *pb.FunctionProto { return nil }, "has no function body"},
+	} {
+		m, err := graph.Load(fused)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kept []*pb.FunctionProto
+		for _, f := range m.Proto.Functions {
+			if f.GetDomain() == "ai.mok" {
+				f = c.edit(f)
+			}
+			if f != nil {
+				kept = append(kept, f)
+			}
+		}
+		m.Proto.Functions = kept
+		bad := filepath.Join(dir, "bad.onnx")
+		b, err := proto.Marshal(m.Proto)
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(bad, b, 0o644)
+		out := filepath.Join(dir, "l.onnx")
+		for _, args := range [][]string{
+			{"verify", exampleModel, bad}, {"verify", bad, exampleModel},
+			{"run", bad, "--data", "../../testdata/example/mixtral_block_dynamo_batched_mm_data"},
+			{"lower", bad, "-o", out, "--target", "gb300-nvl72", "--ep", "1"},
+			{"lower", bad, "-o", out, "--target", "ort"},
+		} {
+			code, msg, _ := runCLI(context.Background(), args)
+			if code != 2 || !strings.Contains(msg, c.want) || !strings.Contains(msg, "softmax_act_topk_norm_swiglu_e8_k2_h64") {
+				t.Errorf("%s: %v: exit %d: %s", c.name, args[:3], code, msg)
+			}
+			if fileExists(out) {
+				t.Fatalf("%s: %v wrote a lowered model", c.name, args[:3])
+			}
+		}
+	}
+	for _, args := range [][]string{{"verify", exampleModel, fused}, {"run", fused, "--data", "../../testdata/example/mixtral_block_dynamo_batched_mm_data"}} {
+		if code, msg, _ := runCLI(context.Background(), args); code != 0 {
+			t.Errorf("%v on the untouched fused model: exit %d: %s", args, code, msg)
+		}
+	}
+}
