@@ -46,7 +46,7 @@ import (
 // Model is a loaded ONNX model. Close it to release the side files of
 // its external data.
 //
-// Inspect, InspectWith, Verify, Run, Diff and PickEP only read a Model:
+// Inspect, InspectWith, Verify, Run and Diff only read a Model:
 // goroutines may call them on one Model at once. Rewrite, Lower, LowerORT,
 // SplitRanks, Save and Write edit it or its index, and need it to
 // themselves; Close must come after every other call.
