@@ -71,7 +71,9 @@ func cloneInline(m *graph.Model) (*graph.Model, error) {
 	mp := proto.Clone(m.Proto).(*pb.ModelProto)
 	src := m.Proto.Graph.Initializer
 	for i, t := range mp.Graph.Initializer {
-		if !graph.IsExternal(t) {
+		// Bytes in a side file, or produced at save time (the fused
+		// weights of a rewrite not yet saved), become raw data.
+		if _, deferred := m.Deferred(src[i]); !deferred && !graph.IsExternal(t) {
 			continue
 		}
 		b, err := m.TensorBytes(src[i])
