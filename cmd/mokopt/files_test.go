@@ -861,3 +861,125 @@ func TestFusedBodyChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestNoRawControlBytes feeds a fused model whose node, output and block
+// names hold ESC, BEL, CR, NUL and a newline followed by a forged line to
+// every command and output format, and checks that nothing printed holds a
+// raw control byte other than newline and tab, and that no printed line
+// starts with the forged text.
+func TestNoRawControlBytes(t *testing.T) {
+	dir := t.TempDir()
+	evil := "x\x1b]0;pwned\x07\x1b[2J\r\x00\nok FORGED all good"
+	m, err := graph.Load(exampleModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := m.Proto.Graph.Output[0].GetName()
+	for _, n := range m.Proto.Graph.Node {
+		n.Name = proto.String(evil + n.GetName())
+		for i, o := range n.Output {
+			if o == out {
+				n.Output[i] = evil
+			}
+		}
+	}
+	m.Proto.Graph.Output[0].Name = proto.String(evil)
+	in := filepath.Join(dir, "in.onnx")
+	b, err := proto.Marshal(m.Proto)
+	m.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(in, b, 0o644)
+	p := func(s string) string { return filepath.Join(dir, s) }
+	// A side file name with control characters, for wrapped OS errors.
+	ext := smallModel()
+	external(ext, "w\x1b[2J\nok FORGED.bin")
+	os.WriteFile(p("ext.onnx"), marshal(t, ext), 0o644)
+	runs := [][]string{
+		{"inspect", in},
+		{"rewrite", in, "-o", p("f.onnx")},
+		{"verify", in, p("f.onnx")},
+		{"verify", p("f.onnx"), in, "--json"},
+		{"lower", p("f.onnx"), "-o", p("l.onnx"), "--target", "gb300-nvl72", "--ep", "1"},
+		{"lower", p("f.onnx"), "-o", p("l.onnx"), "--target", "gb300-nvl72", "--ep", "1", "--partial"},
+		{"lower", p("f.onnx"), "-o", p("o.onnx"), "--target", "ort"},
+		{"diff", in, p("f.onnx")},
+		{"diff", in, p("f.onnx"), "--format", "markdown"},
+		{"diff", in, p("f.onnx"), "--format", "dot"},
+		{"inspect", p("ext.onnx")},
+		{"rewrite", p("ext.onnx"), "-o", p("e.onnx")},
+	}
+	for _, args := range runs {
+		var code int
+		stderr := captureStderr(t, func() {
+			stdout := captureStdout(t, func() { code = execute(args) })
+			checkPrintable(t, args, "stdout", stdout)
+		})
+		checkPrintable(t, args, "stderr", stderr)
+		if args[0] == "rewrite" && args[1] == in && code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+	}
+}
+
+func checkPrintable(t *testing.T, args []string, stream, s string) {
+	t.Helper()
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 && c != '\n' && c != '\t' || c == 0x7f {
+			t.Errorf("%v: %s holds raw byte %#x at %d: %q", args[:2], stream, c, i, s[max(0, i-40):min(len(s), i+40)])
+			return
+		}
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if stream == "stderr" && strings.HasPrefix(line, "ok FORGED") || stream == "stdout" && strings.HasPrefix(strings.TrimLeft(line, " |\"{"), "ok FORGED") {
+			t.Errorf("%v: %s holds a forged line: %q", args[:2], stream, line)
+			return
+		}
+	}
+}
+
+// captureStderr runs f with os.Stderr redirected and returns what it wrote.
+func captureStderr(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	done := make(chan []byte)
+	go func() { b, _ := io.ReadAll(r); done <- b }()
+	f()
+	w.Close()
+	os.Stderr = old
+	return string(<-done)
+}
+
+// TestLongOutputNames: a legal output name of up to 255 bytes is written
+// (the temporary names are shortened), with and without a side file; a
+// rank file name over 255 bytes is refused before any work, exit 2.
+func TestLongOutputNames(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "g.onnx")
+	if code := execute([]string{"gen", "--shape", "batched", "--experts", "8", "--hidden", "64", "--inter", "128", "-o", src}); code != 0 {
+		t.Fatalf("gen: exit %d", code)
+	}
+	for _, n := range []int{230, 245} {
+		out := filepath.Join(dir, strings.Repeat("a", n)+".onnx")
+		if code, msg, _ := runCLI(context.Background(), []string{"rewrite", src, "-o", out}); code != 0 {
+			t.Fatalf("%d-byte name: exit %d: %s", n+5, code, msg)
+		}
+		if !fileExists(out) || !fileExists(out+".data") {
+			t.Fatalf("%d-byte name: output or side file missing: %s", n+5, listDir(t, dir))
+		}
+	}
+	long := filepath.Join(dir, strings.Repeat("b", 245)+".onnx")
+	code, msg, _ := runCLI(context.Background(), []string{"rewrite", src, "-o", long, "--split-ranks", "2"})
+	if code != 2 || !strings.Contains(msg, "more than the 255 a file name may have") {
+		t.Fatalf("rank files over 255 bytes: exit %d: %s", code, msg)
+	}
+	if strings.Contains(listDir(t, dir), "bbbb") {
+		t.Fatalf("something was written: %s", listDir(t, dir))
+	}
+}
