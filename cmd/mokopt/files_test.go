@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -981,5 +982,47 @@ func TestLongOutputNames(t *testing.T) {
 	}
 	if strings.Contains(listDir(t, dir), "bbbb") {
 		t.Fatalf("something was written: %s", listDir(t, dir))
+	}
+}
+
+// TestNaNWeights: an expert weight full of NaN makes the original block
+// compute NaN; the rewrite's check refuses the block rather than pass
+// NaN == NaN (exit 1, nothing written), and verify of a fused copy says
+// that the equal elements are NaN in both models.
+func TestNaNWeights(t *testing.T) {
+	dir := t.TempDir()
+	m, err := graph.Load(exampleModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range m.Proto.Graph.Initializer {
+		if len(w.GetDims()) == 3 {
+			b, err := m.TensorBytes(w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nb := make([]byte, len(b))
+			for i := 0; i < len(nb); i += 4 {
+				binary.LittleEndian.PutUint32(nb[i:], math.Float32bits(float32(math.NaN())))
+			}
+			w.RawData, w.FloatData = nb, nil
+			break
+		}
+	}
+	in := filepath.Join(dir, "nan.onnx")
+	os.WriteFile(in, marshal(t, m.Proto), 0o644)
+	m.Close()
+	out := filepath.Join(dir, "f.onnx")
+	code, msg, _ := runCLI(context.Background(), []string{"rewrite", in, "-o", out})
+	if code != 1 || !strings.Contains(msg, "computes NaN") || fileExists(out) {
+		t.Fatalf("rewrite: exit %d: %s", code, msg)
+	}
+	if code, msg, _ := runCLI(context.Background(), []string{"rewrite", in, "-o", out, "--no-check"}); code != 0 {
+		t.Fatalf("rewrite --no-check: exit %d: %s", code, msg)
+	}
+	var vcode int
+	stdout := captureStdout(t, func() { vcode = execute([]string{"verify", in, out}) })
+	if vcode != 0 || !strings.Contains(stdout, "1024 NaN or infinite in both models") {
+		t.Fatalf("verify: exit %d: %s", vcode, stdout)
 	}
 }

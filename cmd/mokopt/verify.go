@@ -154,8 +154,12 @@ func reportVerify(w io.Writer, rep *verify.Report, err error, asJSON bool) error
 						status, diff.Printable(cs.Name), o.Index, diff.Printable(o.NameA), 100*float64(o.MeanRel), 100*float64(o.RelL2), 100*o.QuantBound, float64(o.MaxAbsErr), float64(o.MaxAbsRef))
 					continue
 				}
-				fmt.Fprintf(w, "%s %s output %d %s: max abs err %.3g, max rel err %.3g, worst at %v (%d of %d elements off)\n",
-					status, diff.Printable(cs.Name), o.Index, diff.Printable(o.NameA), float64(o.MaxAbsErr), float64(o.MaxRelErr), o.WorstMultiIndex, o.Mismatches, o.Elements)
+				nonFinite := ""
+				if o.NonFinite > 0 {
+					nonFinite = fmt.Sprintf("; %d NaN or infinite in both models, equal but proving nothing", o.NonFinite)
+				}
+				fmt.Fprintf(w, "%s %s output %d %s: max abs err %.3g, max rel err %.3g, worst at %v (%d of %d elements off%s)\n",
+					status, diff.Printable(cs.Name), o.Index, diff.Printable(o.NameA), float64(o.MaxAbsErr), float64(o.MaxRelErr), o.WorstMultiIndex, o.Mismatches, o.Elements, nonFinite)
 			}
 			if cs.Message != "" {
 				fmt.Fprintf(w, "%s: %s\n", diff.Printable(cs.Name), diff.Printable(cs.Message))

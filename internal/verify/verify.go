@@ -208,6 +208,9 @@ type OutputCheck struct {
 	Elements int `json:"elements"`
 	// Mismatches counts the elements failing the check.
 	Mismatches int `json:"mismatches"`
+	// NonFinite counts the elements NaN in both models, or the same
+	// infinity: they pass, but say nothing of the computation.
+	NonFinite int `json:"non_finite,omitempty"`
 	// MaxAbsErr is the largest |a-b|.
 	MaxAbsErr Float `json:"max_abs_err"`
 	// MaxRelErr is the largest |a-b|/|b| over elements with b != 0.
@@ -492,7 +495,7 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 		return oc
 	}
 	oc.Elements = b.t.Len()
-	oc.Mismatches = d.Mismatches
+	oc.Mismatches, oc.NonFinite = d.Mismatches, d.NonFinite
 	oc.MaxAbsErr, oc.MaxRelErr = Float(d.MaxAbs), Float(d.MaxRel)
 	oc.MaxAbsRef = Float(peak)
 	if d.Worst >= 0 {
