@@ -209,10 +209,8 @@ func (s *Spec) Validate() error {
 	if s.NGroup > 1 && (s.NumExperts%s.NGroup != 0 || s.TopKGroup < 1 || s.TopKGroup > s.NGroup) {
 		errs = append(errs, fmt.Sprintf("n_group %d / topk_group %d do not fit %d experts", s.NGroup, s.TopKGroup, s.NumExperts))
 	}
-	switch s.Activation {
-	case SwiGLU, SwiGLUClamped, SwiGLUOAI, GELU:
-	default:
-		errs = append(errs, fmt.Sprintf("activation %q", s.Activation))
+	if s.ActivationDef() == nil {
+		errs = append(errs, fmt.Sprintf("activation %q (known: %s)", s.Activation, strings.Join(ActivationNames(), ", ")))
 	}
 	if s.EPSize < 1 || s.NumExperts%s.EPSize != 0 {
 		errs = append(errs, fmt.Sprintf("ep_size %d does not divide %d experts", s.EPSize, s.NumExperts))
