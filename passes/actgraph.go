@@ -43,7 +43,7 @@ type actGraph struct {
 	out    string   // the down projection's input
 	nodes  []*pb.NodeProto
 	consts map[string]*eval.Tensor // constant inputs, reduced to scalars
-	ops    []string                // op types, in topological order, each once
+	ops    []string                // op types computing something, in topological order, each once
 	// scalars are the distinct constant values it reads (candidate
 	// parameters of a parametrised activation).
 	scalars []float64
@@ -130,7 +130,7 @@ func (c *ctx) actSubgraph(out string, ins []string, dtype pb.TensorProto_DataTyp
 			cl = graph.NewNode("Identity", "", n.GetName(), []string{n.Input[0]}, []string{n.Output[0]})
 		}
 		a.nodes = append(a.nodes, cl)
-		if !slices.Contains(a.ops, op) {
+		if op != "Identity" && !actPassThrough[op] && !slices.Contains(a.ops, op) {
 			a.ops = append(a.ops, op)
 		}
 	}
