@@ -21,6 +21,18 @@ type Spelling struct {
 	Opset int64
 	MS    bool
 	Emit  func(b *moe.Builder, g, u string) string
+	// EmitW, when set instead of Emit, also takes the intermediate size
+	// (a contrib op whose bias must have the projection's last dim).
+	EmitW func(b *moe.Builder, g, u string, inter int64) string
+}
+
+// Write appends the spelling's nodes to b (inter is the intermediate size
+// of the projections) and returns its output.
+func (sp Spelling) Write(b *moe.Builder, g, u string, inter int64) string {
+	if sp.EmitW != nil {
+		return sp.EmitW(b, g, u, inter)
+	}
+	return sp.Emit(b, g, u)
 }
 
 // ActCase is an activation of moe.Activations with its parameters and the
@@ -150,7 +162,10 @@ var ActivationCases = []ActCase{
 		{Name: "erf-div", Emit: ungated(geluErfDiv)},
 		{Name: "onnx-gelu", Opset: 20, Emit: ungated(onnxGelu("none"))},
 		{Name: "ms-gelu", MS: true, Emit: ungated(func(b *moe.Builder, x string) string { return msOp(b, "Gelu", []string{x}) })},
-		{Name: "ms-biasgelu", MS: true, Emit: ungated(func(b *moe.Builder, x string) string { return msOp(b, "BiasGelu", []string{x, sc(b, 0)}) })},
+		{Name: "ms-biasgelu", MS: true, EmitW: func(b *moe.Builder, _, u string, inter int64) string {
+			zero := b.Op("Constant", nil, graph.TensorAttr("value", moe.Float32Tensor("", []int64{inter}, make([]float32, inter))))
+			return msOp(b, "BiasGelu", []string{u, zero})
+		}},
 	}},
 	{Act: moe.GELUTanh, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.GELUTanh, moe.ActParams{Alpha: 1})},
@@ -200,10 +215,10 @@ func ActivationCase(act string) *ActCase {
 }
 
 // Respell replaces every SwiGLU expert activation of a model Build wrote
-// (shapes batched, unrolled and dense) by sp: for an ungated activation
-// the gate projection is left unread. It raises the default-domain opset
+// (shapes batched, unrolled and dense; inter is its Config.Inter) by sp:
+// for an ungated activation the gate projection is left unread. It raises the default-domain opset
 // to sp.Opset and imports com.microsoft where sp needs it.
-func Respell(m *graph.Model, sp Spelling) error {
+func Respell(m *graph.Model, sp Spelling, inter int64) error {
 	gp := m.Proto.Graph
 	prod := map[string]*pb.NodeProto{}
 	for _, n := range gp.Node {
@@ -226,7 +241,7 @@ func Respell(m *graph.Model, sp Spelling) error {
 		drop[n], drop[silu], drop[prod[silu.Input[1]]] = true, true, true
 		count++
 		b := &moe.Builder{Prefix: fmt.Sprintf("%s/act%d/", n.Output[0], count)}
-		out := sp.Emit(b, g, u)
+		out := sp.Write(b, g, u, inter)
 		add = append(add, b.Nodes...)
 		add = append(add, graph.NewNode("Identity", "", n.GetName()+"/respelled", []string{out}, n.Output))
 	}

@@ -21,7 +21,7 @@ func respelledBlock(t testing.TB, shape string, sp models.Spelling, seed int64) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := models.Respell(m, sp); err != nil {
+	if err := models.Respell(m, sp, 8); err != nil {
 		t.Fatal(err)
 	}
 	return m
@@ -123,4 +123,3 @@ func TestFuseActivationUnknownRefused(t *testing.T) {
 		t.Fatalf("want a refusal naming the ops, got %v", err)
 	}
 }
-

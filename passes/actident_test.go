@@ -18,6 +18,11 @@ import (
 // when not gated), as canonicalization leaves it, and the model as written
 // when the interpreter runs every op of it (nil otherwise).
 func actModel(t *testing.T, gated bool, opset int64, ms bool, emit func(b *moe.Builder, g, u string) string) (*graph.Model, *graph.Model) {
+	return actModelW(t, gated, opset, ms, func(b *moe.Builder, g, u string, _ int64) string { return emit(b, g, u) })
+}
+
+// actModelW is actModel for a spelling that takes the intermediate size.
+func actModelW(t *testing.T, gated bool, opset int64, ms bool, emit func(b *moe.Builder, g, u string, inter int64) string) (*graph.Model, *graph.Model) {
 	t.Helper()
 	if opset == 0 {
 		opset = 13
@@ -34,7 +39,7 @@ func actModel(t *testing.T, gated bool, opset int64, ms bool, emit func(b *moe.B
 		gp.Input = append(gp.Input, vi("g"))
 	}
 	gp.Input = append(gp.Input, vi("u"))
-	out := emit(b, g, "u")
+	out := emit(b, g, "u", 8)
 	gp.Node = append(b.Nodes, graph.NewNode("Identity", "", "out", []string{out}, []string{"a"}))
 	gp.Output = []*pb.ValueInfoProto{vi("a")}
 	mp := &pb.ModelProto{IrVersion: proto.Int64(10), Graph: gp, OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(opset)}}}
@@ -101,7 +106,7 @@ func TestIdentifyActivation(t *testing.T) {
 		}
 		for _, sp := range cs.Spellings {
 			t.Run(cs.Act+"/"+sp.Name, func(t *testing.T) {
-				m, raw := actModel(t, def.Gated, sp.Opset, sp.MS, sp.Emit)
+				m, raw := actModelW(t, def.Gated, sp.Opset, sp.MS, sp.Write)
 				orders := [][]string{{"u"}}
 				if def.Gated {
 					orders = [][]string{{"g", "u"}, {"u", "g"}}
@@ -186,7 +191,7 @@ func TestIdentifyGELUExactVsTanh(t *testing.T) {
 		def := moe.LookupActivation(pair[0])
 		other := moe.LookupActivation(pair[1])
 		for _, sp := range cs.Spellings {
-			m, _ := actModel(t, def.Gated, sp.Opset, sp.MS, sp.Emit)
+			m, _ := actModelW(t, def.Gated, sp.Opset, sp.MS, sp.Write)
 			ins := []string{"u"}
 			if def.Gated {
 				ins = []string{"g", "u"}
