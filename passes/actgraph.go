@@ -2,6 +2,7 @@ package passes
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -230,4 +231,35 @@ func (a *actGraph) run(c *ctx, xs [][]float32) ([][]float64, []float64, error) {
 		return nil, nil, rejectf("the expert activation (ops: %s) is not elementwise: %d probes did not give %d values", a.opsList(), n, n)
 	}
 	return ins, y.Float64s(), nil
+}
+
+// key describes the subgraph's computation independently of value and
+// node names: ops, attributes, constants and wiring, in topological order,
+// and the probe types. Two subgraphs with one key compute one function.
+func (a *actGraph) key() string {
+	var sb strings.Builder
+	local := map[string]string{}
+	for i, v := range a.ins {
+		local[v] = fmt.Sprintf("i%d", i)
+	}
+	for v, t := range a.consts {
+		local[v] = fmt.Sprintf("c%d:%v:%v", t.DType, t.Float64At(0), t.Shape)
+	}
+	fmt.Fprintf(&sb, "%d/%d;", a.dtype, a.low)
+	for k, n := range a.nodes {
+		fmt.Fprintf(&sb, "%s::%s(", n.GetDomain(), n.GetOpType())
+		for _, in := range n.Input {
+			sb.WriteString(local[in] + ",")
+		}
+		for _, at := range n.Attribute {
+			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(at)
+			fmt.Fprintf(&sb, "%x,", b)
+		}
+		sb.WriteString(");")
+		for j, o := range n.Output {
+			local[o] = fmt.Sprintf("n%d.%d", k, j)
+		}
+	}
+	sb.WriteString("->" + local[a.out])
+	return sb.String()
 }

@@ -127,6 +127,25 @@ func actScore(d *moe.ActivationDef, p moe.ActParams, g, u, y []float64, eps floa
 // tried (the other experts of a block whose first expert was identified),
 // to tell which input is the gate.
 func (c *ctx) identifyAct(a *actGraph, want *actID) (*actID, error) {
+	key := a.key()
+	if id, ok := c.actMemo[key]; ok {
+		if want != nil && (id.def != want.def || id.p != want.p) {
+			return nil, rejectf("expert activation %s (ops: %s) differs from the first expert's %s", id.def.Name, a.opsList(), want.def.Name)
+		}
+		return id, nil
+	}
+	id, err := c.identifyActEval(a, want)
+	if err == nil && want == nil {
+		if c.actMemo == nil {
+			c.actMemo = map[string]*actID{}
+		}
+		c.actMemo[key] = id
+	}
+	return id, err
+}
+
+// identifyActEval is identifyAct without the memo.
+func (c *ctx) identifyActEval(a *actGraph, want *actID) (*actID, error) {
 	gated := len(a.ins) == 2
 	P := actProbes(actProbeBase, a.scalars, a.dtype)
 	var cols [][]float32
