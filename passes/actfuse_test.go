@@ -123,3 +123,53 @@ func TestFuseActivationUnknownRefused(t *testing.T) {
 		t.Fatalf("want a refusal naming the ops, got %v", err)
 	}
 }
+
+// TestSharedExpertActivation: the shared expert's activation is identified
+// the same way: SwiGLU in another spelling is fused as the shared expert;
+// another activation, which the contract's shared expert cannot carry, is
+// refused by name.
+func TestSharedExpertActivation(t *testing.T) {
+	for _, tc := range []struct{ act, spelling, refuse string }{
+		{moe.SwiGLU, "tanh-half", ""},
+		{moe.SwiGLU, "x-over-1-exp", ""},
+		{moe.GeGLU, "erf-div", "shared expert's activation is geglu"},
+		{moe.ReGLU, "max0", "shared expert's activation is reglu"},
+	} {
+		t.Run(tc.act+"/"+tc.spelling, func(t *testing.T) {
+			var sp models.Spelling
+			for _, s := range models.ActivationCase(tc.act).Spellings {
+				if s.Name == tc.spelling {
+					sp = s
+				}
+			}
+			m, err := models.Build(models.Config{Shape: models.ShapeDense, Layers: 1, Experts: 4, TopK: 2, Hidden: 16, Inter: 8, SharedInter: 8, Normalize: true, Tokens: 6})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := models.Respell(m, sp, 8); err != nil {
+				t.Fatal(err)
+			}
+			feeds, err := RandomFeeds(m, 3, 6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := runOut(t, m, feeds, false)
+			rep, err := Rewrite(m, Options{Check: true})
+			if tc.refuse != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.refuse) {
+					t.Fatalf("want a refusal containing %q, got %v", tc.refuse, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Fused) != 1 || rep.Fused[0].Block.Spec.SharedInter != 8 {
+				t.Fatalf("want one block with its shared expert, got %+v", rep.Fused)
+			}
+			if d := maxRelDiff(want, runOut(t, m, feeds, true)); d > 1e-4 {
+				t.Fatalf("fused differs from the original by %.3g", d)
+			}
+		})
+	}
+}
