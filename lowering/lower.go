@@ -290,7 +290,7 @@ func constantWeights(g *graph.Graph, n *pb.NodeProto, s *moe.Spec) []Violation {
 			vs = append(vs, newViolation(CodeWeightsNotConstant, "%s (%q) is computed or fed at run time, not an initializer", moe.InputNames[pos], n.Input[pos]))
 		}
 	}
-	if s.Activation != moe.GELU && (moe.InGate >= len(n.Input) || n.Input[moe.InGate] == "") {
+	if s.Gated() && (moe.InGate >= len(n.Input) || n.Input[moe.InGate] == "") {
 		vs = append(vs, newViolation(CodeBadSpec, "the fused node has no gate weight"))
 	}
 	return vs

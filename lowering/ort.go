@@ -3,7 +3,6 @@ package lowering
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 
 	"github.com/mokopt/mokopt/graph"
@@ -102,8 +101,8 @@ func ORTUnsupported(s *moe.Spec, quant string) []string {
 	if s.WeightsOnInput {
 		why = append(why, "routing weights applied to the expert input (weights_on_input)")
 	}
-	if s.Activation == moe.GELU {
-		why = append(why, "the exact-erf GELU expert (the op's gelu is the tanh approximation)")
+	if _, reason := ortActivation(s); reason != "" {
+		why = append(why, reason)
 	}
 	normalized := s.NormalizeTopK || s.RouterOrder == moe.TopKThenActivation
 	if quant != "" && !normalized {
@@ -291,27 +290,7 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	// op output), which is exact and costs one elementwise pass.
 	xm := x
 
-	// fc1: gate row i at 2i, up row i at 2i+1.
-	fc1 := make([]float32, E*2*I*H)
-	var fc1b []float32
-	if s.ExpertBias {
-		fc1b = make([]float32, E*2*I)
-	}
-	for e := 0; e < E; e++ {
-		for i := 0; i < I; i++ {
-			src := (e*I + i) * H
-			copy(fc1[(e*2*I+2*i)*H:], w.Gate[src:src+H])
-			copy(fc1[(e*2*I+2*i+1)*H:], w.Up[src:src+H])
-			if fc1b != nil {
-				if w.GateB != nil {
-					fc1b[e*2*I+2*i] = w.GateB[e*I+i]
-				}
-				if w.UpB != nil {
-					fc1b[e*2*I+2*i+1] = w.UpB[e*I+i]
-				}
-			}
-		}
-	}
+	a, f, fc1, fc1b := ortFC1(s, &w)
 	scale := s.RoutedScalingFactor
 	if scale == 0 {
 		scale = 1
@@ -333,17 +312,6 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	if s.ExpertBias && fc2b == nil {
 		fc2b = make([]float32, E*H)
 	}
-	a := ortmoe.Attrs{K: s.TopK, Activation: ortmoe.SwiGLU, Fusion: ortmoe.FusionInterleaved,
-		Normalize: s.NormalizeTopK || s.RouterOrder == moe.TopKThenActivation, Alpha: 1, Limit: float32(math.Inf(1))}
-	switch s.Activation {
-	case moe.SwiGLUClamped:
-		a.Limit = s.SwiGLULimit
-	case moe.SwiGLUOAI:
-		a.Alpha, a.Beta = s.SwiGLUAlpha, 1
-		if s.SwiGLULimit > 0 {
-			a.Limit = s.SwiGLULimit
-		}
-	}
 	e64, h64, i64 := int64(E), int64(H), int64(I)
 	opt := func(role string, dims []int64, v []float32) string {
 		if v == nil {
@@ -355,7 +323,7 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	op := ortmoe.OpMoE
 	if bits == 0 {
 		inputs = []string{xm, logits,
-			init("fc1_experts_weights", []int64{e64, 2 * i64, h64}, fc1), opt("fc1_experts_bias", []int64{e64, 2 * i64}, fc1b),
+			init("fc1_experts_weights", []int64{e64, f * i64, h64}, fc1), opt("fc1_experts_bias", []int64{e64, f * i64}, fc1b),
 			init("fc2_experts_weights", []int64{e64, h64, i64}, fc2), opt("fc2_experts_bias", []int64{e64, h64}, fc2b)}
 	} else {
 		op = ortmoe.OpQMoE
@@ -375,7 +343,7 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 			}
 			return name, init(role+"_scales", sd, sc), nil
 		}
-		q1, s1, err := quant("fc1", fc1, 2*I, H)
+		q1, s1, err := quant("fc1", fc1, int(f)*I, H)
 		if err != nil {
 			return nil, err
 		}
@@ -383,7 +351,7 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 		if err != nil {
 			return nil, err
 		}
-		inputs = []string{xm, logits, q1, s1, opt("fc1_experts_bias", []int64{e64, 2 * i64}, fc1b), q2, s2, opt("fc2_experts_bias", []int64{e64, h64}, fc2b)}
+		inputs = []string{xm, logits, q1, s1, opt("fc1_experts_bias", []int64{e64, f * i64}, fc1b), q2, s2, opt("fc2_experts_bias", []int64{e64, h64}, fc2b)}
 	}
 	for len(inputs) > 0 && inputs[len(inputs)-1] == "" {
 		inputs = inputs[:len(inputs)-1]

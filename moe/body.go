@@ -200,24 +200,15 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		return ""
 	}
 	u := proj(in[InUp], opt(InUpBias, s.ExpertBias))
-	var a string
-	switch s.Activation {
-	case GELU:
-		inner := b.Op("Erf", []string{b.Op("Mul", []string{u, b.Scalar(float32(1 / math.Sqrt2))})})
-		a = b.Op("Mul", []string{b.Op("Mul", []string{u, b.Scalar(0.5)}), b.Op("Add", []string{inner, b.Scalar(1)})})
-	default:
-		g := proj(in[InGate], opt(InGateBias, s.ExpertBias))
-		if s.Activation == SwiGLUClamped || (s.Activation == SwiGLUOAI && s.SwiGLULimit > 0) {
-			g = b.Op("Min", []string{g, b.Scalar(s.SwiGLULimit)})
-			u = b.Op("Clip", []string{u, b.Scalar(-s.SwiGLULimit), b.Scalar(s.SwiGLULimit)})
-		}
-		if s.Activation == SwiGLUOAI {
-			glu := b.Op("Mul", []string{g, b.Op("Sigmoid", []string{b.Op("Mul", []string{g, b.Scalar(s.SwiGLUAlpha)})})})
-			a = b.Op("Mul", []string{b.Op("Add", []string{u, b.Scalar(1)}), glu})
-		} else {
-			a = b.Op("Mul", []string{b.Op("Mul", []string{g, b.Op("Sigmoid", []string{g})}), u})
-		}
+	act := s.ActivationDef()
+	if act == nil {
+		return nil, fmt.Errorf("activation %q is not in the activation table", s.Activation)
 	}
+	g := ""
+	if act.Gated {
+		g = proj(in[InGate], opt(InGateBias, s.ExpertBias))
+	}
+	a := act.Body(b, g, u, s.ActParams())
 	d := b.Op("MatMul", []string{a, b.Op("Transpose", []string{in[InDown]}, tr)}) // [E, T, H]
 	if s.ExpertBias {
 		d = b.Op("Add", []string{d, b.Op("Unsqueeze", []string{in[InDownBias], b.Ints(1)})})

@@ -14,7 +14,7 @@ import (
 // DownB [E, H]. Router: RouterW [E, H], RouterB [E], CorrectionBias [E].
 // Shared expert: SharedGate, SharedUp [Is, H], SharedDown [H, Is],
 // SharedGateW [H] (the sigmoid gate's weight row). Absent parts are nil.
-// For the GELU activation Gate is nil.
+// For an ungated activation (GELU, ReLU, ...) Gate is nil.
 type Weights struct {
 	RouterW, RouterB, CorrectionBias []float32
 	Gate, Up, Down                   []float32
@@ -243,23 +243,18 @@ func Logistic(x float32) float32 { return f32.Sigmoid(x) }
 func Dot(a, b []float32) float32 { return f32.Dot(a, b) }
 
 // Activate applies the expert activation to a gate and an up projection
-// (gate is ignored for GELU) and returns the intermediate activation.
+// (gate is ignored for an ungated activation) and returns the intermediate
+// activation: the activation table's reference (see Activations), rounded
+// to float32; SwiGLU in float32 as expertFFN's fast path computes it.
 func Activate(s *Spec, g, u float32) float32 {
-	switch s.Activation {
-	case GELU:
-		return float32(0.5 * float64(u) * (1 + math.Erf(float64(u)/math.Sqrt2)))
-	case SwiGLUClamped:
-		g = min(g, s.SwiGLULimit)
-		u = max(min(u, s.SwiGLULimit), -s.SwiGLULimit)
+	if s.Activation == SwiGLU {
 		return g * Logistic(g) * u
-	case SwiGLUOAI:
-		if s.SwiGLULimit > 0 {
-			g = min(g, s.SwiGLULimit)
-			u = max(min(u, s.SwiGLULimit), -s.SwiGLULimit)
-		}
-		return (u + 1) * g * Logistic(s.SwiGLUAlpha*g)
 	}
-	return g * Logistic(g) * u
+	a := s.ActivationDef()
+	if a == nil {
+		return float32(math.NaN())
+	}
+	return float32(a.Eval(float64(g), float64(u), s.ActParams()))
 }
 
 // expertFFN computes one expert's output for one token into out (length H).
@@ -288,9 +283,14 @@ func expertFFN(s *Spec, w *Weights, e int, xt, out []float32, act []float32) {
 		for i := range I {
 			act[i] = g[i] * act[i] * u[i]
 		}
+	} else if a := s.ActivationDef(); a != nil {
+		p := s.ActParams()
+		for i := range I {
+			act[i] = float32(a.Eval(float64(g[i]), float64(u[i]), p))
+		}
 	} else {
 		for i := range I {
-			act[i] = Activate(s, g[i], u[i])
+			act[i] = float32(math.NaN())
 		}
 	}
 	out = out[:H]
@@ -416,7 +416,7 @@ func CheckWeights(s *Spec, w *Weights) error {
 		{"router_weight", w.RouterW, s.NumExperts * H, true},
 		{"router_bias", w.RouterB, s.NumExperts, false},
 		{"router_correction_bias", w.CorrectionBias, s.NumExperts, false},
-		{"gate", w.Gate, E * I * H, s.Activation != GELU},
+		{"gate", w.Gate, E * I * H, s.Gated()},
 		{"up", w.Up, E * I * H, true},
 		{"down", w.Down, E * H * I, true},
 		{"gate_bias", w.GateB, E * I, false},

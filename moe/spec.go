@@ -217,10 +217,8 @@ func (s *Spec) Validate() error {
 	if s.SwiGLULimit < 0 {
 		errs = append(errs, fmt.Sprintf("swiglu_limit %v (must be >= 0; 0 for none)", s.SwiGLULimit))
 	}
-	switch s.Activation {
-	case SwiGLU, SwiGLUClamped, SwiGLUOAI, GELU:
-	default:
-		errs = append(errs, fmt.Sprintf("activation %q", s.Activation))
+	if s.ActivationDef() == nil {
+		errs = append(errs, fmt.Sprintf("activation %q (known: %s)", s.Activation, strings.Join(ActivationNames(), ", ")))
 	}
 	if s.EPSize < 1 || s.NumExperts%s.EPSize != 0 {
 		errs = append(errs, fmt.Sprintf("ep_size %d does not divide %d experts", s.EPSize, s.NumExperts))

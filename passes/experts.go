@@ -468,8 +468,9 @@ type roleRef struct {
 
 type roleSet struct{ gate, up, down, gateB, upB, downB *roleRef }
 
-// roles assigns gate/up/down to a branch's matmuls and, when analyse is set,
-// reads the activation into the spec.
+// roles assigns gate/up/down to a branch's matmuls by identifying its
+// activation (expertAct): when analyse is set the activation is read into
+// the spec, otherwise the branch must compute the spec's.
 func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) (roleSet, error) {
 	var rs roleSet
 	rs.down = &roleRef{w: l2.w, inOut: l2.inOut}
@@ -481,20 +482,19 @@ func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) (roleSet, err
 	if _, bias := c.afterBias(l2.out); bias != nil {
 		rs.downB = &roleRef{w: bias, isBias: true}
 	}
-	var gv, uv string
+	dt := c.actType(l1[0])
 	if len(l1) == 2 {
 		a, aBias := c.afterBias(l1[0].out)
 		bv, bBias := c.afterBias(l1[1].out)
-		ga, gb := c.exclusiveSigmoid(a, bv), c.exclusiveSigmoid(bv, a)
-		if ga == gb {
-			return roleSet{}, rejectf("cannot tell gate from up projection")
+		id, err := c.expertAct(l2.act, []string{a, bv}, dt, s, analyse)
+		if err != nil {
+			return roleSet{}, err
 		}
 		gi, ui := 0, 1
 		gBias, uBias := aBias, bBias
-		if gb {
+		if id.swap {
 			gi, ui = 1, 0
 			gBias, uBias = bBias, aBias
-			a, bv = bv, a
 		}
 		rs.gate = &roleRef{w: l1[gi].w, inOut: l1[gi].inOut}
 		rs.up = &roleRef{w: l1[ui].w, inOut: l1[ui].inOut}
@@ -504,46 +504,36 @@ func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) (roleSet, err
 		if uBias != nil {
 			rs.upB = &roleRef{w: uBias, isBias: true}
 		}
-		gv, uv = a, bv
-	} else {
-		v, bias := c.afterBias(l1[0].out)
-		parts := c.splitParts(v)
-		if parts == nil {
-			// A plain two-layer MLP: GELU or similar.
-			rs.up = &roleRef{w: l1[0].w, inOut: l1[0].inOut}
-			if bias != nil {
-				rs.upB = &roleRef{w: bias, isBias: true}
-			}
-			if analyse {
-				if err := c.geluCheck(v, l2.act); err != nil {
-					return roleSet{}, err
-				}
-				s.Activation = moe.GELU
-			}
-			return rs, nil
-		}
-		ga, gb := c.exclusiveSigmoid(parts[0].v, parts[1].v), c.exclusiveSigmoid(parts[1].v, parts[0].v)
-		if ga == gb {
-			return roleSet{}, rejectf("cannot tell gate from up in the fused gate_up projection")
-		}
-		g, u := parts[0], parts[1]
-		if gb {
-			g, u = u, g
-		}
-		rs.gate = &roleRef{w: l1[0].w, inOut: l1[0].inOut, part: g.part}
-		rs.up = &roleRef{w: l1[0].w, inOut: l1[0].inOut, part: u.part}
-		if bias != nil {
-			rs.gateB = &roleRef{w: bias, isBias: true, part: g.part}
-			rs.upB = &roleRef{w: bias, isBias: true, part: u.part}
-		}
-		s.GateUpInterleaved = g.part == PartEven || g.part == PartOdd
-		gv, uv = g.v, u.v
+		return rs, nil
 	}
-	if analyse {
-		if err := c.activation(gv, uv, l2.act, s); err != nil {
+	v, bias := c.afterBias(l1[0].out)
+	parts := c.splitParts(v)
+	if parts == nil {
+		// A two-layer MLP without gate: GELU, ReLU or another ungated row.
+		if _, err := c.expertAct(l2.act, []string{v}, dt, s, analyse); err != nil {
 			return roleSet{}, err
 		}
+		rs.up = &roleRef{w: l1[0].w, inOut: l1[0].inOut}
+		if bias != nil {
+			rs.upB = &roleRef{w: bias, isBias: true}
+		}
+		return rs, nil
 	}
+	id, err := c.expertAct(l2.act, []string{parts[0].v, parts[1].v}, dt, s, analyse)
+	if err != nil {
+		return roleSet{}, err
+	}
+	g, u := parts[0], parts[1]
+	if id.swap {
+		g, u = u, g
+	}
+	rs.gate = &roleRef{w: l1[0].w, inOut: l1[0].inOut, part: g.part}
+	rs.up = &roleRef{w: l1[0].w, inOut: l1[0].inOut, part: u.part}
+	if bias != nil {
+		rs.gateB = &roleRef{w: bias, isBias: true, part: g.part}
+		rs.upB = &roleRef{w: bias, isBias: true, part: u.part}
+	}
+	s.GateUpInterleaved = g.part == PartEven || g.part == PartOdd
 	return rs, nil
 }
 
@@ -595,89 +585,6 @@ func (c *ctx) splitParts(v string) []part {
 	return out
 }
 
-// exclusiveSigmoid reports whether a Sigmoid is reachable from v before the
-// path meets a value derived from other.
-func (c *ctx) exclusiveSigmoid(v, other string) bool {
-	otherF := c.reachFrom(other)
-	stack := []string{v}
-	seen := map[string]bool{}
-	for len(stack) > 0 {
-		x := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		if seen[x] {
-			continue
-		}
-		seen[x] = true
-		for _, n := range c.g.Consumers(x) {
-			if otherF.has(n) || !c.inLimit(n) {
-				continue
-			}
-			if n.GetOpType() == "Sigmoid" {
-				return true
-			}
-			stack = append(stack, n.Output...)
-		}
-	}
-	return false
-}
-
-// activation reads clamp limits, the sigmoid's alpha and a +1 on the up path.
-func (c *ctx) activation(g, u, a string, s *moe.Spec) error {
-	s.Activation = moe.SwiGLU
-	nodes := c.backNodes(a, g, u)
-	gF, uF := c.reachFrom(g), c.reachFrom(u)
-	var limit float32
-	plusOne, alpha := false, float32(1)
-	for _, n := range nodes {
-		switch n.GetOpType() {
-		case "Clip":
-			if len(n.Input) > 2 && n.Input[2] != "" {
-				if f, ok := c.scalarFloat(n.Input[2]); ok {
-					limit = f
-				}
-			}
-		case "Min":
-			for _, in := range n.Input {
-				if f, ok := c.scalarFloat(in); ok {
-					limit = f
-				}
-			}
-		case "Mul":
-			for _, in := range n.Input {
-				if f, ok := c.scalarFloat(in); ok && gF.has(n) && !uF.has(n) {
-					alpha = f
-				}
-			}
-		case "Add":
-			for _, in := range n.Input {
-				if f, ok := c.scalarFloat(in); ok && f == 1 && uF.has(n) && !gF.has(n) {
-					plusOne = true
-				}
-			}
-		case "Erf", "Tanh", "Gelu":
-			return rejectf("unsupported expert activation (%s in a gated MLP)", n.GetOpType())
-		}
-	}
-	s.SwiGLUAlpha, s.SwiGLULimit = alpha, limit
-	switch {
-	case plusOne || alpha != 1:
-		s.Activation = moe.SwiGLUOAI
-	case limit != 0:
-		s.Activation = moe.SwiGLUClamped
-	}
-	return nil
-}
-
-// geluCheck requires a GELU (Erf form or a Gelu op) between up and down.
-func (c *ctx) geluCheck(v, a string) error {
-	for _, n := range c.backNodes(a, v) {
-		if n.GetOpType() == "Erf" || n.GetOpType() == "Gelu" {
-			return nil
-		}
-	}
-	return rejectf("two-layer expert MLP without a recognised activation (only exact GELU is supported)")
-}
-
 // sharedExpert reads an (optionally sigmoid-gated) SwiGLU shared expert.
 func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) error {
 	nodes := c.backNodes(v, x0)
@@ -725,8 +632,11 @@ func (c *ctx) sharedExpert(v, x0 string, s *moe.Spec, plan *WeightPlan) error {
 	if err != nil {
 		return err
 	}
-	if tmp.Activation != moe.SwiGLU || rs.gateB != nil || rs.upB != nil || rs.downB != nil {
-		return rejectf("shared expert is not a plain SwiGLU MLP")
+	if tmp.Activation != moe.SwiGLU {
+		return rejectf("shared expert's activation is %s; ai.mok::MoE's shared expert is SwiGLU only", tmp.Activation)
+	}
+	if rs.gateB != nil || rs.upB != nil || rs.downB != nil {
+		return rejectf("shared expert has biases; ai.mok::MoE's shared expert is a SwiGLU MLP without biases")
 	}
 	plan.SharedGate = &Proj{Init: rs.gate.w.t, Expert: -1, InOut: rs.gate.inOut, Part: rs.gate.part}
 	plan.SharedUp = &Proj{Init: rs.up.w.t, Expert: -1, InOut: rs.up.inOut, Part: rs.up.part}

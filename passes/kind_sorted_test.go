@@ -31,7 +31,7 @@ type sortedOpts struct {
 	unsortWeighted   bool   // with unsort: weight by the sorted weights before putting back
 	tokGather        string // "const" or "range": the pairs' tokens gathered by the permutation from token_of_pair
 	breakTok         bool   // with tokGather "const": each pair given the next pair's token
-	halveUp          bool   // the up half scaled by 0.5 (no activation mokopt reads: only the numerical check can tell)
+	halveUp          bool   // the up half scaled by 0.5: silu(g)·u/2, which no activation of the table computes
 	perPair          bool   // first projections put back in pair order between the projections
 	bias             bool   // an output bias after the scatter
 	gatesPerGroup    bool   // weight each expert's group before joining the groups
@@ -501,7 +501,7 @@ func TestSortedRefused(t *testing.T) {
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
 		{"counts of twos", "not a one-hot of the top-k indices", func(o *sortedOpts) { o.breakOnes = true }},
 		{"pairs given the next pair's token", "does not give the pairs' tokens", func(o *sortedOpts) { o.tokGather, o.breakTok = "const", true }},
-		{"up half scaled", "numerical check", func(o *sortedOpts) { o.halveUp = true }},
+		{"up half scaled", "expert activation not recognised (ops: Mul, Sigmoid)", func(o *sortedOpts) { o.halveUp = true }},
 		{"groups sliced at constant rows", "slices the sorted rows at constant bounds", func(o *sortedOpts) { o.sliceGroups = "traced" }},
 		{"per-pair outputs", "before the experts' down projections", func(o *sortedOpts) { o.perPair = true }},
 		{"split by constant sizes", "a trace baked in the group sizes", func(o *sortedOpts) { o.breakSplit = "const" }},

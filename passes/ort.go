@@ -97,9 +97,11 @@ func (c *ctx) ort(n *pb.NodeProto) (*Block, error) {
 	if a.SparseMixer { // Phi-3.5's sparse mixer is ai.mok::MoE's sparsemixer router
 		s.RouterActivation, s.RouterOrder, s.SparseMixerThreshold = moe.SparseMixer, moe.TopKThenActivation, ortmoe.SparseMixerThreshold
 	}
-	switch {
-	case a.Activation == ortmoe.Silu && c.present(n, a, 3):
-		s.Activation = moe.SwiGLU
+	switch fc3 := c.present(n, a, 3); {
+	case fc3 && ortGatedActs[a.Activation] != "":
+		s.Activation = ortGatedActs[a.Activation]
+	case !fc3 && ortUngatedActs[a.Activation] != "":
+		s.Activation = ortUngatedActs[a.Activation]
 	case a.Activation == ortmoe.SwiGLU:
 		limit := a.Limit
 		if limit >= 1e38 {
@@ -119,10 +121,8 @@ func (c *ctx) ort(n *pb.NodeProto) (*Block, error) {
 			return nil, rejectf("%s: swiglu with swiglu_fusion 0 needs fc3_experts_weights", label)
 		}
 		s.GateUpInterleaved = a.Fusion == ortmoe.FusionInterleaved
-	case a.Activation == ortmoe.Gelu:
-		return nil, rejectf("%s: activation_type gelu is ONNX Runtime's tanh approximation; ai.mok::MoE's gelu is the exact erf GELU", label)
 	default:
-		return nil, rejectf("%s: activation_type %q (with fc3 %v) has no ai.mok::MoE form (it has silu with fc3, and swiglu)", label, a.Activation, c.present(n, a, 3))
+		return nil, rejectf("%s: activation_type %q (with fc3 %v) has no ai.mok::MoE form (it has relu, gelu, silu and identity without fc3; relu, gelu and silu with fc3; and swiglu)", label, a.Activation, c.present(n, a, 3))
 	}
 	var plan *WeightPlan
 	if a.Quantized {
@@ -243,6 +243,7 @@ func (c *ctx) ortFloatPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int)
 		}
 	}
 	addBiases(plan, s, b1, upBias, b2, gatePart, upPart)
+	ungate(plan, s)
 	return plan, nil
 }
 
@@ -401,5 +402,6 @@ func (c *ctx) ortQuantPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int)
 		}
 	}
 	addBiases(plan, s, src.tensor(ortmoe.QFC1Bias), upBias, src.tensor(ortmoe.QFC2Bias), gatePart, upPart)
+	ungate(plan, s)
 	return plan, nil
 }

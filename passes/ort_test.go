@@ -13,14 +13,10 @@ import (
 )
 
 // ortRefusals are the ortmoe.Cases that have no ai.mok::MoE form, with a
-// word the refusal must name.
+// word the refusal must name (relu, gelu, silu and identity without fc3
+// are the ungated relu, gelu_tanh, silu and identity activations).
 var ortRefusals = map[string]string{
-	"silu_k3":        "silu",
-	"relu_k1":        "relu",
-	"gelu_bias":      "tanh approximation",
-	"identity":       "identity",
-	"swiglu_alpha2":  "activation_alpha 2",
-	"qmoe_int8_relu": "relu",
+	"swiglu_alpha2": "activation_alpha 2",
 }
 
 func ortFeeds(H int, seed uint64) map[string]*eval.Tensor {

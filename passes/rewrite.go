@@ -312,6 +312,7 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTens
 		g.AddInitializer(moe.Float32TensorOwned(n, ft.dims, v))
 		in[slot[ft.role]] = n
 	}
+	zeroBiases(g, b, in)
 	for len(in) > 0 && in[len(in)-1] == "" {
 		in = in[:len(in)-1]
 	}

@@ -92,6 +92,7 @@ func (c *ctx) worker() *ctx {
 	w := *c
 	w.mk = &marks{at: make([]uint32, len(c.topo))}
 	w.anc, w.ancRoot, w.lim, w.limBuf, w.limSet, w.idxDeps = nil, 0, nil, nil, nil, nil
+	w.actMemo = nil
 	w.after, w.wmm, w.ancAdded, w.ancStack = memo{}, memo{}, nil, nil
 	w.rankMemo = nil
 	return &w

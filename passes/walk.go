@@ -63,6 +63,9 @@ type ctx struct {
 	// limBuf backs lim; limSet lists the positions set in it.
 	limBuf []bool
 	limSet []int32
+	// actMemo holds identified expert activations by subgraph key (see
+	// identifyAct); each worker has its own.
+	actMemo map[string]*actID
 }
 
 // through walks back from v over noise ops and returns the first value not

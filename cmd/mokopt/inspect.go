@@ -127,7 +127,7 @@ func printBlocks(w io.Writer, det *passes.Detection) {
 		fmt.Fprintf(w, "    router: %s\n", router)
 		printEP(w, b)
 		act := s.Activation
-		if s.Activation != moe.SwiGLU && s.Activation != moe.GELU {
+		if d := s.ActivationDef(); d != nil && (d.Alpha || d.Limit != moe.LimitNone) {
 			act += fmt.Sprintf(" (alpha %g, limit %g)", s.SwiGLUAlpha, s.SwiGLULimit)
 		}
 		if s.GateUpInterleaved {

@@ -1,0 +1,265 @@
+package models
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+// Spelling is one way a graph may write an expert activation: Emit appends
+// nodes to b computing it from the gate projection g ("" for an ungated
+// activation) and the up projection u and returns the result. Opset is the
+// default-domain opset its ops need (0: 13); MS is set when it uses
+// com.microsoft contrib ops.
+type Spelling struct {
+	Name  string
+	Opset int64
+	MS    bool
+	Emit  func(b *moe.Builder, g, u string) string
+	// EmitW, when set instead of Emit, also takes the intermediate size
+	// (a contrib op whose bias must have the projection's last dim).
+	EmitW func(b *moe.Builder, g, u string, inter int64) string
+}
+
+// Write appends the spelling's nodes to b (inter is the intermediate size
+// of the projections) and returns its output.
+func (sp Spelling) Write(b *moe.Builder, g, u string, inter int64) string {
+	if sp.EmitW != nil {
+		return sp.EmitW(b, g, u, inter)
+	}
+	return sp.Emit(b, g, u)
+}
+
+// ActCase is an activation of moe.Activations with its parameters and the
+// spellings it must be identified from.
+type ActCase struct {
+	Act       string
+	Params    moe.ActParams
+	Spellings []Spelling
+}
+
+func op(b *moe.Builder, o string, in ...string) string { return b.Op(o, in) }
+func sc(b *moe.Builder, f float64) string              { return b.Scalar(float32(f)) }
+func msOp(b *moe.Builder, o string, in []string, attrs ...*pb.AttributeProto) string {
+	out := b.Op(o, in, attrs...)
+	b.Nodes[len(b.Nodes)-1].Domain = proto.String("com.microsoft")
+	return out
+}
+
+// Hand-written pieces the spellings share.
+func sigmoidDivExp(b *moe.Builder, x string) string {
+	return op(b, "Div", sc(b, 1), op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", x))))
+}
+func siluTanh(b *moe.Builder, x string) string { // x·0.5·(1 + tanh(x/2))
+	t := op(b, "Tanh", op(b, "Div", x, sc(b, 2)))
+	return op(b, "Mul", op(b, "Mul", x, sc(b, 0.5)), op(b, "Add", t, sc(b, 1)))
+}
+func geluErfDiv(b *moe.Builder, x string) string { // x·0.5·(1 + erf(x/√2)), associated differently from the body
+	e := op(b, "Erf", op(b, "Div", x, sc(b, math.Sqrt2)))
+	return op(b, "Mul", op(b, "Mul", x, op(b, "Add", sc(b, 1), e)), sc(b, 0.5))
+}
+func geluTanhPow(b *moe.Builder, x string) string {
+	c := op(b, "Mul", sc(b, 0.044715), op(b, "Pow", x, sc(b, 3)))
+	t := op(b, "Tanh", op(b, "Mul", sc(b, math.Sqrt(2/math.Pi)), op(b, "Add", x, c)))
+	return op(b, "Mul", op(b, "Mul", sc(b, 0.5), x), op(b, "Add", sc(b, 1), t))
+}
+func geluTanhSigmoid(b *moe.Builder, x string) string { // 0.5(1+tanh z) = σ(2z)
+	z := op(b, "Mul", op(b, "Add", x, op(b, "Mul", op(b, "Mul", op(b, "Mul", x, x), x), sc(b, 0.044715))), sc(b, 2*math.Sqrt(2/math.Pi)))
+	return op(b, "Mul", x, op(b, "Sigmoid", z))
+}
+func onnxGelu(approx string) func(b *moe.Builder, x string) string {
+	return func(b *moe.Builder, x string) string {
+		return b.Op("Gelu", []string{x}, graph.StringAttr("approximate", approx))
+	}
+}
+
+// gatedBy turns an ungated spelling f of the gate's function into a gated
+// one, f(g)·u (or u·f(g) with upFirst).
+func gatedBy(name string, upFirst bool, f func(b *moe.Builder, x string) string) func(b *moe.Builder, g, u string) string {
+	return func(b *moe.Builder, g, u string) string {
+		if upFirst {
+			return op(b, "Mul", u, f(b, g))
+		}
+		return op(b, "Mul", f(b, g), u)
+	}
+}
+func ungated(f func(b *moe.Builder, x string) string) func(b *moe.Builder, g, u string) string {
+	return func(b *moe.Builder, _, u string) string { return f(b, u) }
+}
+func body(name string, p moe.ActParams) func(b *moe.Builder, g, u string) string {
+	return func(b *moe.Builder, g, u string) string { return moe.LookupActivation(name).Body(b, g, u, p) }
+}
+
+// ActivationCases lists, for every row of moe.Activations, parameters and
+// several spellings (the function body's own, hand-written algebraic
+// variants, fused contrib ops). Adding an activation adds one case here.
+var ActivationCases = []ActCase{
+	{Act: moe.SwiGLU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.SwiGLU, moe.ActParams{Alpha: 1})},
+		{Name: "div-exp", Emit: gatedBy("", false, func(b *moe.Builder, x string) string { return op(b, "Mul", x, sigmoidDivExp(b, x)) })},
+		{Name: "x-over-1-exp", Emit: func(b *moe.Builder, g, u string) string {
+			return op(b, "Div", op(b, "Mul", g, u), op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", g))))
+		}},
+		{Name: "tanh-half", Emit: gatedBy("", true, siluTanh)},
+		{Name: "quickgelu-alpha1", MS: true, Emit: gatedBy("", false, func(b *moe.Builder, x string) string {
+			return msOp(b, "QuickGelu", []string{x}, graph.FloatAttr("alpha", 1))
+		})},
+	}},
+	{Act: moe.SwiGLUClamped, Params: moe.ActParams{Alpha: 1, Limit: 7}, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.SwiGLUClamped, moe.ActParams{Alpha: 1, Limit: 7})},
+		{Name: "max-min", Emit: func(b *moe.Builder, g, u string) string {
+			g = op(b, "Min", g, sc(b, 7))
+			u = op(b, "Max", op(b, "Min", u, sc(b, 7)), sc(b, -7))
+			return op(b, "Mul", u, op(b, "Div", g, op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", g)))))
+		}},
+	}},
+	{Act: moe.SwiGLUOAI, Params: moe.ActParams{Alpha: 1.702, Limit: 7}, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.SwiGLUOAI, moe.ActParams{Alpha: 1.702, Limit: 7})},
+		{Name: "gpt-oss", Emit: func(b *moe.Builder, g, u string) string {
+			g = b.Op("Clip", []string{g, "", sc(b, 7)})
+			u = op(b, "Clip", u, sc(b, -7), sc(b, 7))
+			glu := op(b, "Mul", g, op(b, "Sigmoid", op(b, "Mul", g, sc(b, 1.702))))
+			return op(b, "Mul", op(b, "Add", u, sc(b, 1)), glu)
+		}},
+	}},
+	{Act: moe.GeGLU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.GeGLU, moe.ActParams{Alpha: 1})},
+		{Name: "erf-div", Emit: gatedBy("", true, geluErfDiv)},
+		{Name: "onnx-gelu", Opset: 20, Emit: gatedBy("", false, onnxGelu("none"))},
+		{Name: "ms-gelu", MS: true, Emit: gatedBy("", false, func(b *moe.Builder, x string) string { return msOp(b, "Gelu", []string{x}) })},
+	}},
+	{Act: moe.GeGLUTanh, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.GeGLUTanh, moe.ActParams{Alpha: 1})},
+		{Name: "pow", Emit: gatedBy("", false, geluTanhPow)},
+		{Name: "ms-fastgelu", MS: true, Emit: gatedBy("", true, func(b *moe.Builder, x string) string { return msOp(b, "FastGelu", []string{x}) })},
+	}},
+	{Act: moe.ReGLU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.ReGLU, moe.ActParams{Alpha: 1})},
+		{Name: "max0", Emit: gatedBy("", true, func(b *moe.Builder, x string) string { return op(b, "Max", x, sc(b, 0)) })},
+	}},
+	{Act: moe.Identity, Spellings: []Spelling{
+		{Name: "none", Emit: body(moe.Identity, moe.ActParams{Alpha: 1})},
+		{Name: "identity-op", Emit: ungated(func(b *moe.Builder, x string) string { return op(b, "Identity", x) })},
+	}},
+	{Act: moe.ReLU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.ReLU, moe.ActParams{Alpha: 1})},
+		{Name: "max0", Emit: ungated(func(b *moe.Builder, x string) string { return op(b, "Max", x, sc(b, 0)) })},
+		{Name: "where", Emit: ungated(func(b *moe.Builder, x string) string {
+			return op(b, "Where", op(b, "Greater", x, sc(b, 0)), x, sc(b, 0))
+		})},
+	}},
+	{Act: moe.ReLU2, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.ReLU2, moe.ActParams{Alpha: 1})},
+		{Name: "pow2", Emit: ungated(func(b *moe.Builder, x string) string { return op(b, "Pow", op(b, "Relu", x), sc(b, 2)) })},
+	}},
+	{Act: moe.GELU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.GELU, moe.ActParams{Alpha: 1})},
+		{Name: "erf-div", Emit: ungated(geluErfDiv)},
+		{Name: "onnx-gelu", Opset: 20, Emit: ungated(onnxGelu("none"))},
+		{Name: "ms-gelu", MS: true, Emit: ungated(func(b *moe.Builder, x string) string { return msOp(b, "Gelu", []string{x}) })},
+		{Name: "ms-biasgelu", MS: true, EmitW: func(b *moe.Builder, _, u string, inter int64) string {
+			zero := b.Op("Constant", nil, graph.TensorAttr("value", moe.Float32Tensor("", []int64{inter}, make([]float32, inter))))
+			return msOp(b, "BiasGelu", []string{u, zero})
+		}},
+	}},
+	{Act: moe.GELUTanh, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.GELUTanh, moe.ActParams{Alpha: 1})},
+		{Name: "pow", Emit: ungated(geluTanhPow)},
+		{Name: "sigmoid", Emit: ungated(geluTanhSigmoid)},
+		{Name: "onnx-gelu-tanh", Opset: 20, Emit: ungated(onnxGelu("tanh"))},
+		{Name: "ms-fastgelu", MS: true, Emit: ungated(func(b *moe.Builder, x string) string { return msOp(b, "FastGelu", []string{x}) })},
+	}},
+	{Act: moe.SiLU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.SiLU, moe.ActParams{Alpha: 1})},
+		{Name: "div-exp", Emit: ungated(func(b *moe.Builder, x string) string {
+			return op(b, "Div", x, op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", x))))
+		})},
+		{Name: "tanh-half", Emit: ungated(siluTanh)},
+	}},
+	{Act: moe.QuickGELU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.QuickGELU, moe.ActParams{Alpha: 1})},
+		{Name: "ms-quickgelu", MS: true, Emit: ungated(func(b *moe.Builder, x string) string { return msOp(b, "QuickGelu", []string{x}) })},
+		{Name: "div-exp", Emit: ungated(func(b *moe.Builder, x string) string {
+			return op(b, "Div", x, op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Mul", x, sc(b, -1.702)))))
+		})},
+	}},
+	{Act: moe.Mish, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.Mish, moe.ActParams{Alpha: 1})},
+		{Name: "log-exp", Emit: ungated(func(b *moe.Builder, x string) string {
+			return op(b, "Mul", x, op(b, "Tanh", op(b, "Log", op(b, "Add", op(b, "Exp", x), sc(b, 1)))))
+		})},
+		{Name: "mish-op", Opset: 18, Emit: ungated(func(b *moe.Builder, x string) string { return op(b, "Mish", x) })},
+	}},
+	{Act: moe.SELU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.SELU, moe.ActParams{Alpha: 1})},
+		{Name: "by-hand", Emit: ungated(func(b *moe.Builder, x string) string {
+			neg := op(b, "Min", sc(b, 0), op(b, "Mul", sc(b, 1.6732632423543772), op(b, "Sub", op(b, "Exp", x), sc(b, 1))))
+			return op(b, "Mul", sc(b, 1.0507009873554805), op(b, "Add", op(b, "Max", x, sc(b, 0)), neg))
+		})},
+	}},
+}
+
+// ActivationCase returns the case of activation act, or nil.
+func ActivationCase(act string) *ActCase {
+	for i := range ActivationCases {
+		if ActivationCases[i].Act == act {
+			return &ActivationCases[i]
+		}
+	}
+	return nil
+}
+
+// Respell replaces every SwiGLU expert activation of a model Build wrote
+// (shapes batched, unrolled and dense; inter is its Config.Inter) by sp:
+// for an ungated activation the gate projection is left unread. It raises the default-domain opset
+// to sp.Opset and imports com.microsoft where sp needs it.
+func Respell(m *graph.Model, sp Spelling, inter int64) error {
+	gp := m.Proto.Graph
+	prod := map[string]*pb.NodeProto{}
+	for _, n := range gp.Node {
+		for _, o := range n.Output {
+			prod[o] = n
+		}
+	}
+	drop := map[*pb.NodeProto]bool{}
+	var add []*pb.NodeProto
+	count := 0
+	for _, n := range gp.Node {
+		if n.GetOpType() != "Mul" || !strings.HasSuffix(n.Output[0], "act") {
+			continue
+		}
+		silu := prod[n.Input[0]]
+		if silu == nil || silu.GetOpType() != "Mul" || prod[silu.Input[1]] == nil || prod[silu.Input[1]].GetOpType() != "Sigmoid" {
+			return fmt.Errorf("node %q is not the builder's SwiGLU", n.GetName())
+		}
+		g, u := silu.Input[0], n.Input[1]
+		drop[n], drop[silu], drop[prod[silu.Input[1]]] = true, true, true
+		count++
+		b := &moe.Builder{Prefix: fmt.Sprintf("%s/act%d/", n.Output[0], count)}
+		out := sp.Write(b, g, u, inter)
+		add = append(add, b.Nodes...)
+		add = append(add, graph.NewNode("Identity", "", n.GetName()+"/respelled", []string{out}, n.Output))
+	}
+	if count == 0 {
+		return fmt.Errorf("no SwiGLU activation found to respell")
+	}
+	var keep []*pb.NodeProto
+	for _, n := range gp.Node {
+		if !drop[n] {
+			keep = append(keep, n)
+		}
+	}
+	gp.Node = append(keep, add...)
+	if sp.Opset > m.Opset("") {
+		m.SetOpset("", sp.Opset)
+	}
+	if sp.MS {
+		m.SetOpset("com.microsoft", 1)
+	}
+	return m.Graph().Sort()
+}

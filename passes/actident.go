@@ -1,0 +1,257 @@
+package passes
+
+import (
+	"math"
+	"slices"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
+)
+
+// An expert's activation is identified by what it computes: the elementwise
+// subgraph between the first-layer projection(s) and the down projection
+// (actSubgraph) is evaluated on probe values and compared with every row
+// of moe.Activations. Spellings do not matter; a function no row computes
+// is refused naming its ops.
+
+// actID is an identified activation: its table row, its parameters and,
+// for a gated one, whether the subgraph's second input is the gate.
+type actID struct {
+	def   *moe.ActivationDef
+	p     moe.ActParams
+	swap  bool
+	score float64 // the largest error in units of the tolerance (≤ 1)
+}
+
+// actProbeBase are the magnitudes probed (each with both signs, and 0):
+// a subnormal, near zero, the range where the exact and tanh GELU differ
+// most (|x| 1.5..3.5, by up to ~2e-4), the tails, and large values.
+var actProbeBase = []float64{1e-40, 1e-30, 1e-6, 1e-3, 0.1, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.25, 2.5,
+	2.75, 3, 3.25, 3.5, 4, 4.5, 5, 6, 8, 10, 15, 20, 30, 50, 100, 1000}
+
+// actProbeOther are the magnitudes probed for the other input of a gated
+// activation while one input runs over actProbeBase.
+var actProbeOther = []float64{1e-30, 1e-3, 0.5, 1, 2.5, 3, 30, 1000}
+
+// actProbes returns 0, ±mags and, around each scalar constant s the
+// subgraph reads (a clamp limit, say), ±s/2, ±s, ±1.5s. In float16, whose
+// largest value is 65504, magnitudes stay at most 100, so that products
+// of two probes do not overflow.
+func actProbes(mags, scalars []float64, dt pb.TensorProto_DataType) []float32 {
+	vals := []float64{0}
+	add := func(m float64) {
+		if dt != pb.TensorProto_FLOAT16 || m <= 100 {
+			vals = append(vals, m, -m)
+		}
+	}
+	for _, m := range mags {
+		add(m)
+	}
+	for _, s := range scalars {
+		if s = math.Abs(s); s > 1e-3 && s < 1e4 {
+			add(s / 2)
+			add(s)
+			add(1.5 * s)
+		}
+	}
+	out := make([]float32, len(vals))
+	for i, v := range vals {
+		out[i] = float32(v)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// actParamCands lists the parameters to try for row d: alpha and limit
+// candidates are the subgraph's scalar constants.
+func actParamCands(d *moe.ActivationDef, scalars []float64) []moe.ActParams {
+	alphas := []float32{1}
+	if d.Alpha {
+		for _, s := range scalars {
+			if s != 0 && s != 1 {
+				alphas = append(alphas, float32(s))
+			}
+		}
+	}
+	var limits []float32
+	if d.Limit != moe.LimitRequired {
+		limits = append(limits, 0)
+	}
+	if d.Limit != moe.LimitNone {
+		for _, s := range scalars {
+			if l := float32(math.Abs(s)); l != 0 && !slices.Contains(limits, l) {
+				limits = append(limits, l)
+			}
+		}
+	}
+	var out []moe.ActParams
+	for _, a := range alphas {
+		for _, l := range limits {
+			out = append(out, moe.ActParams{Alpha: a, Limit: l})
+		}
+	}
+	return out
+}
+
+// actScore compares row d (parameters p; gate and up as given) with the
+// evaluated outputs y: the largest error in units of the tolerance, or
+// +Inf as soon as one probe is outside it.
+func actScore(d *moe.ActivationDef, p moe.ActParams, g, u, y []float64, eps float64) float64 {
+	rtol, atol := max(d.RTol, 16*eps), max(d.ATol, 16*eps)
+	worst := 0.0
+	for i := range y {
+		gi := 0.0
+		if g != nil {
+			gi = g[i]
+		}
+		want := d.Eval(gi, u[i], p)
+		got := y[i]
+		if math.IsNaN(want) || math.IsInf(want, 0) || math.IsNaN(got) || math.IsInf(got, 0) {
+			if want == got || math.IsNaN(want) && math.IsNaN(got) {
+				continue
+			}
+			return math.Inf(1)
+		}
+		tol := rtol*math.Abs(want) + atol*(1+math.Abs(gi))*(1+math.Abs(u[i]))
+		e := math.Abs(got-want) / tol
+		if e > 1 {
+			return math.Inf(1)
+		}
+		worst = max(worst, e)
+	}
+	return worst
+}
+
+// identifyAct evaluates the activation subgraph on probes and returns the
+// table row it computes. With want, only want's row and parameters are
+// tried (the other experts of a block whose first expert was identified),
+// to tell which input is the gate.
+func (c *ctx) identifyAct(a *actGraph, want *actID) (*actID, error) {
+	key := a.key()
+	if id, ok := c.actMemo[key]; ok {
+		if want != nil && (id.def != want.def || id.p != want.p) {
+			return nil, rejectf("expert activation %s (ops: %s) differs from the first expert's %s", id.def.Name, a.opsList(), want.def.Name)
+		}
+		return id, nil
+	}
+	id, err := c.identifyActEval(a, want)
+	if err == nil && want == nil {
+		if c.actMemo == nil {
+			c.actMemo = map[string]*actID{}
+		}
+		c.actMemo[key] = id
+	}
+	return id, err
+}
+
+// identifyActEval is identifyAct without the memo.
+func (c *ctx) identifyActEval(a *actGraph, want *actID) (*actID, error) {
+	gated := len(a.ins) == 2
+	P := actProbes(actProbeBase, a.scalars, a.dtype)
+	var cols [][]float32
+	if gated {
+		Q := actProbes(actProbeOther, a.scalars, a.dtype)
+		x0 := make([]float32, 0, 2*len(P)*len(Q))
+		x1 := make([]float32, 0, 2*len(P)*len(Q))
+		for _, p := range P {
+			for _, q := range Q {
+				x0, x1 = append(x0, p, q), append(x1, q, p)
+			}
+		}
+		cols = [][]float32{x0, x1}
+	} else {
+		cols = [][]float32{P}
+	}
+	ins, y, err := a.run(c, cols)
+	if err != nil {
+		return nil, err
+	}
+	eps := floatEps(a.low)
+	var fits []*actID
+	try := func(d *moe.ActivationDef, p moe.ActParams) {
+		for _, swap := range []bool{false, true} {
+			if swap && !gated {
+				break
+			}
+			g, u := ins[0], []float64(nil)
+			switch {
+			case !gated:
+				g, u = nil, ins[0]
+			case swap:
+				g, u = ins[1], ins[0]
+			default:
+				u = ins[1]
+			}
+			if sc := actScore(d, p, g, u, y, eps); !math.IsInf(sc, 1) {
+				fits = append(fits, &actID{def: d, p: p, swap: swap, score: sc})
+			}
+		}
+	}
+	if want != nil {
+		try(want.def, want.p)
+	} else {
+		for i := range moe.Activations {
+			d := &moe.Activations[i]
+			if d.Gated != gated {
+				continue
+			}
+			for _, p := range actParamCands(d, a.scalars) {
+				try(d, p)
+			}
+		}
+	}
+	var best *actID
+	for _, f := range fits {
+		if best == nil || f.score < best.score {
+			best = f
+		}
+	}
+	switch {
+	case best == nil && want != nil:
+		return nil, rejectf("expert activation (ops: %s) differs from the first expert's %s", a.opsList(), want.def.Name)
+	case best == nil:
+		return nil, rejectf("expert activation not recognised (ops: %s)", a.opsList())
+	}
+	for _, f := range fits {
+		if f.def == best.def && f.swap != best.swap {
+			return nil, rejectf("cannot tell gate from up: the expert activation %s (ops: %s) fits both assignments of the two projections", best.def.Name, a.opsList())
+		}
+	}
+	return best, nil
+}
+
+// expertAct identifies the activation between first-layer values ins and
+// the down projection's input out. With analyse it is written into s;
+// otherwise it must be s's (another expert of the same block).
+func (c *ctx) expertAct(out string, ins []string, dt pb.TensorProto_DataType, s *moe.Spec, analyse bool) (*actID, error) {
+	a, err := c.actSubgraph(out, ins, dt)
+	if err != nil {
+		return nil, err
+	}
+	var want *actID
+	if !analyse {
+		if d := s.ActivationDef(); d != nil {
+			want = &actID{def: d, p: s.ActParams()}
+		}
+	}
+	id, err := c.identifyAct(a, want)
+	if err != nil {
+		return nil, err
+	}
+	if analyse {
+		s.Activation, s.SwiGLUAlpha, s.SwiGLULimit = id.def.Name, id.p.Alpha, id.p.Limit
+	}
+	return id, nil
+}
+
+// actType is the element type the activation's probes are fed in: that of
+// the first-layer projection's output, else of its activation input, else
+// float32.
+func (c *ctx) actType(e *emm) pb.TensorProto_DataType {
+	for _, v := range []string{e.out, e.act} {
+		if dt := c.elemType(v); dt == pb.TensorProto_FLOAT || dt == pb.TensorProto_FLOAT16 || dt == pb.TensorProto_BFLOAT16 || dt == pb.TensorProto_DOUBLE {
+			return dt
+		}
+	}
+	return pb.TensorProto_FLOAT
+}
