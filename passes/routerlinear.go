@@ -25,7 +25,11 @@ import (
 // activation, order, correction bias and groups are left to evaluation.
 func (c *ctx) routerByStructure(tk *pb.NodeProto) (*routerInfo, error) {
 	isMM := func(n *pb.NodeProto) bool { return n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm" }
-	cone := c.backwardTo(tk.Input[0], isMM)
+	// A Shape or Size reads its input's shape, not its values: scores
+	// made from a router's shape alone do not depend on the hidden state.
+	cone := c.backwardTo(tk.Input[0], func(n *pb.NodeProto) bool {
+		return isMM(n) || n.GetOpType() == "Shape" || n.GetOpType() == "Size"
+	})
 	var lins, computed []*pb.NodeProto
 	for n := range cone {
 		if !isMM(n) {
