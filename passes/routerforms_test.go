@@ -3,6 +3,7 @@ package passes
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -78,9 +79,9 @@ type routerForm struct {
 	form  func(r *routerSurgery, k int) (w, idx string)
 	// want: the spec read, or the refusal's substring
 	act, order string
-	norm       bool
+	norm, corr bool
 	scale      float32
-	refused    string
+	refused    string // alternatives separated by |
 }
 
 func routerForms() []routerForm {
@@ -140,6 +141,17 @@ func routerForms() []routerForm {
 				n := r.node("Div", []string{v, r.sum(v)})
 				return r.node("Div", []string{n, r.float(0.4)}), i
 			}},
+		{name: "correction bias, sigmoid written out", k: 2, act: moe.Sigmoid, order: moe.ActivationThenTopK, norm: true, scale: 1, corr: true,
+			form: func(r *routerSurgery, k int) (string, string) {
+				one := r.float(1)
+				s := r.node("Reciprocal", []string{r.node("Add", []string{r.node("Exp", []string{r.node("Neg", []string{r.logits})}), one})})
+				r.n++
+				bias := fmt.Sprintf("rf_b%d", r.n)
+				r.g.Initializer = append(r.g.Initializer, moe.Float32Tensor(bias, []int64{E}, []float32{0.5, -0.3, 0.1, 0.9, -0.7, 0.2, 0, 0.4}))
+				_, i := r.topk(r.node("Add", []string{s, bias}), k, 1)
+				w := r.node("GatherElements", []string{s, i}, graph.IntAttr("axis", 1))
+				return r.node("Div", []string{w, r.node("Add", []string{r.sum(w), r.float(1e-20)})}), i
+			}},
 		{name: "constant temperature", k: 2, act: moe.Softmax, order: moe.ActivationThenTopK, scale: 1,
 			form: func(r *routerSurgery, k int) (string, string) {
 				return r.topk(r.softmax(r.node("Div", []string{r.logits, r.float(0.7)})), k, 1)
@@ -154,7 +166,7 @@ func routerForms() []routerForm {
 				p := r.node("Slice", []string{r.softmax(r.logits), r.ints(0), r.ints(E), r.ints(-1)})
 				return r.topk(p, k, 1)
 			}},
-		{name: "null experts", k: 2, extra: 2, refused: "null experts",
+		{name: "null experts", k: 2, extra: 2, refused: "null experts|router outputs without expert weights",
 			form: func(r *routerSurgery, k int) (string, string) {
 				v, i := r.topk(r.softmax(r.logits), k, 1)
 				real := r.node("Cast", []string{r.node("Less", []string{i, r.ints(E)})}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
@@ -171,11 +183,11 @@ func routerForms() []routerForm {
 	}
 }
 
-// withRouterForm builds a one-block batched model (E=8) whose router
-// post-processing is f's.
-func withRouterForm(t *testing.T, f routerForm) *graph.Model {
+// withRouterForm builds a one-block synthetic model (E=8) of the given
+// shape whose router post-processing is f's.
+func withRouterForm(t *testing.T, f routerForm, shape string) *graph.Model {
 	t.Helper()
-	cfg := models.Config{Shape: models.ShapeBatched, Layers: 1, Experts: 8, TopK: f.k, Hidden: 16, Inter: 8, Seed: 7}
+	cfg := models.Config{Shape: shape, Layers: 1, Experts: 8, TopK: f.k, Hidden: 16, Inter: 8, Seed: 7}
 	m, err := models.Build(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -188,10 +200,11 @@ func withRouterForm(t *testing.T, f routerForm) *graph.Model {
 			tk = n
 		case "Softmax":
 			act = n
-		case "Gemm":
-			if gemm == nil {
-				gemm = n
-			}
+		}
+	}
+	for _, n := range g.Node {
+		if act != nil && n.GetOpType() == "Gemm" && n.Output[0] == act.Input[0] {
+			gemm = n
 		}
 	}
 	if tk == nil || act == nil || gemm == nil {
@@ -251,13 +264,25 @@ func extendRouter(t *testing.T, g *pb.GraphProto, name string, extra int) {
 // random inputs); or refuses it naming what the router computes that the
 // contract cannot express.
 func TestRouterForms(t *testing.T) {
-	for _, f := range routerForms() {
-		t.Run(f.name, func(t *testing.T) {
-			orig := withRouterForm(t, f)
-			m := withRouterForm(t, f)
+	for _, shape := range []string{models.ShapeBatched, models.ShapeUnrolled, models.ShapeDense} {
+		for _, f := range routerForms() {
+			if shape == models.ShapeDense && f.extra > 0 {
+				continue // its zeros take the logits' shape: no valid original
+			}
+			t.Run(shape+"/"+f.name, func(t *testing.T) { checkRouterForm(t, f, shape) })
+		}
+	}
+}
+
+// checkRouterForm is one row of TestRouterForms.
+func checkRouterForm(t *testing.T, f routerForm, shape string) {
+	{
+		{
+			orig := withRouterForm(t, f, shape)
+			m := withRouterForm(t, f, shape)
 			rep, err := Rewrite(m, Options{Check: true})
 			if f.refused != "" {
-				if err == nil || !errors.Is(err, ErrNotFused) || !strings.Contains(err.Error(), f.refused) {
+				if err == nil || !errors.Is(err, ErrNotFused) || !slices.ContainsFunc(strings.Split(f.refused, "|"), func(s string) bool { return strings.Contains(err.Error(), s) }) {
 					t.Fatalf("want a refusal containing %q, got %v", f.refused, err)
 				}
 				return
@@ -269,10 +294,10 @@ func TestRouterForms(t *testing.T) {
 				t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
 			}
 			s := rep.Fused[0].Block.Spec
-			if s.RouterActivation != f.act || s.RouterOrder != f.order || s.NormalizeTopK != f.norm || s.RoutedScalingFactor != f.scale || s.NumExperts != 8 {
-				t.Fatalf("spec %s %s norm=%v scale=%g E=%d, want %s %s norm=%v scale=%g E=8", s.RouterActivation, s.RouterOrder, s.NormalizeTopK, s.RoutedScalingFactor, s.NumExperts, f.act, f.order, f.norm, f.scale)
+			if s.RouterActivation != f.act || s.RouterOrder != f.order || s.NormalizeTopK != f.norm || s.RoutedScalingFactor != f.scale || s.NumExperts != 8 || s.CorrectionBias != f.corr {
+				t.Fatalf("spec %s %s norm=%v scale=%g E=%d corr=%v, want %s %s norm=%v scale=%g E=8 corr=%v", s.RouterActivation, s.RouterOrder, s.NormalizeTopK, s.RoutedScalingFactor, s.NumExperts, s.CorrectionBias, f.act, f.order, f.norm, f.scale, f.corr)
 			}
 			sameOnRandomInputs(t, orig, m, 3)
-		})
+		}
 	}
 }

@@ -176,9 +176,10 @@ func mustBytes(c *ctx, t *pb.TensorProto) []byte {
 // steps a router may take before its activation — an Add or Sub of a
 // constant vector (a bias), a Mul or Div by a constant scalar (a
 // temperature) and a Slice of the last axis (router outputs that are not
-// experts) — each the only consumer of the value before it, and folds them
-// into a derived router weight and bias (exactly: the same products, up to
-// float32 rounding of the scaled weight).
+// experts) — each the only consumer of the value before it but for
+// Shape/Size reads, and folds them into a derived router weight and bias
+// (exactly: the same products, up to float32 rounding of the scaled
+// weight).
 func (c *ctx) foldRouter(ri *routerInfo, f *routerFold, cone map[*pb.NodeProto]bool) error {
 	d := ri.w.GetDims()
 	f.width = int(d[0])
@@ -189,7 +190,14 @@ func (c *ctx) foldRouter(ri *routerInfo, f *routerFold, cone map[*pb.NodeProto]b
 		return rejectf("router bias has %d values for %d router outputs", len(f.bias), f.width)
 	}
 	for steps := 0; steps < 16; steps++ {
-		cons := c.g.Consumers(f.logits)
+		// Other consumers may read the logits' shape (a routing matrix
+		// of zeros like them), never their values.
+		var cons []*pb.NodeProto
+		for _, n := range c.g.Consumers(f.logits) {
+			if op := n.GetOpType(); op != "Shape" && op != "Size" {
+				cons = append(cons, n)
+			}
+		}
 		if len(cons) != 1 || c.g.IsOutput(f.logits) || !cone[cons[0]] {
 			break
 		}
