@@ -31,7 +31,10 @@ type refRouting struct {
 
 // routerCandidates lists the contract's routers for the block's TopK with
 // their reference routings on run's probe logits.
-func (c *ctx) routerCandidates(tk *pb.NodeProto, ri *routerInfo, run *routingRun, postBias []float32) ([]routerCand, []*refRouting) {
+//
+// The references are computed lazily, by the function returned: the
+// first candidate usually matches.
+func (c *ctx) routerCandidates(tk *pb.NodeProto, ri *routerInfo, run *routingRun, postBias []float32) ([]routerCand, func(int) *refRouting) {
 	acts, orders := []string{moe.Softmax, moe.Sigmoid}, []string{moe.ActivationThenTopK, moe.TopKThenActivation}
 	if ri.act == moe.Sigmoid {
 		acts = []string{moe.Sigmoid, moe.Softmax}
@@ -62,10 +65,13 @@ func (c *ctx) routerCandidates(tk *pb.NodeProto, ri *routerInfo, run *routingRun
 		}
 	}
 	refs := make([]*refRouting, len(cands))
-	for i, cd := range cands {
-		refs[i] = c.reference(cd, run, postBias)
+	ref := func(i int) *refRouting {
+		if refs[i] == nil {
+			refs[i] = c.reference(cands[i], run, postBias)
+		}
+		return refs[i]
 	}
-	return cands, refs
+	return cands, ref
 }
 
 // corrCandidates lists the correction biases to try: none, and each
@@ -150,14 +156,15 @@ func (c *ctx) reference(cd routerCand, run *routingRun, postBias []float32) *ref
 		return &refRouting{}
 	}
 	ids, ws := moe.Route(&s, w, run.logits, run.T)
-	gaps := moe.RouteGaps(&s, w, run.logits, run.T)
 	r := &refRouting{ids: ids, w: ws, skip: make([]bool, run.T), idxOK: true}
-	tie := 1e-6
 	if run.half {
-		tie = 2e-2
+		// Rounded logits can tie; float32 probes have no ties.
+		for t, g := range moe.RouteGaps(&s, w, run.logits, run.T) {
+			r.skip[t] = g < 2e-2
+		}
 	}
 	for t := 0; t < run.T; t++ {
-		if r.skip[t] = gaps[t] < tie; r.skip[t] {
+		if r.skip[t] {
 			continue
 		}
 		got := slices.Clone(run.idx[t*run.k : (t+1)*run.k])
@@ -179,12 +186,12 @@ func (c *ctx) reference(cd routerCand, run *routingRun, postBias []float32) *ref
 // or scattered into a [.., E] routing matrix) up to a constant positive
 // scale, and returns the scale.
 func (run *routingRun) matches(ref *refRouting, t *eval.Tensor) (float32, bool) {
-	if ref == nil || !ref.idxOK || t == nil || t.F32 == nil || len(t.Shape) == 0 {
+	if ref == nil || !ref.idxOK || !run.fits(t) {
 		return 0, false
 	}
 	var got, want []float32
 	switch {
-	case len(t.F32) == run.T*run.k && (t.Shape[len(t.Shape)-1] == run.k || len(t.Shape) == 1):
+	case run.aligned(t):
 		for tok := 0; tok < run.T; tok++ {
 			if ref.skip[tok] {
 				continue
@@ -209,6 +216,20 @@ func (run *routingRun) matches(ref *refRouting, t *eval.Tensor) (float32, bool) 
 		return 0, false
 	}
 	return fitScale(got, want, run.half)
+}
+
+// aligned reports whether t holds one value per token and choice.
+func (run *routingRun) aligned(t *eval.Tensor) bool {
+	return len(t.F32) == run.T*run.k && (t.Shape[len(t.Shape)-1] == run.k || len(t.Shape) == 1)
+}
+
+// fits reports whether t could hold routing weights: float values, one
+// per token and choice or one per token and expert.
+func (run *routingRun) fits(t *eval.Tensor) bool {
+	if t == nil || t.F32 == nil || len(t.Shape) == 0 {
+		return false
+	}
+	return run.aligned(t) || len(t.F32) == run.T*run.E && t.Shape[len(t.Shape)-1] == run.E
 }
 
 // weightOf is the reference weight of expert e for token t (0 when not
@@ -261,11 +282,12 @@ func fitScale(got, want []float32, half bool) (float32, bool) {
 }
 
 // explain says what the router computes that no candidate expresses.
-func (run *routingRun) explain(cands []routerCand, refs []*refRouting) string {
+func (run *routingRun) explain(cands []routerCand, ref func(int) *refRouting) string {
 	if run.E != run.W {
 		return fmt.Sprintf("the router's linear layer has %d outputs but the TopK ranks %d scores made from them in a way no router of ai.mok::MoE reproduces (for example a softmax over all %d outputs, those that are no expert's included, before the top-k over %d)", run.W, run.E, run.W, run.E)
 	}
-	for i, r := range refs {
+	for i := range cands {
+		r := ref(i)
 		if r.idxOK && run.rawLogits(r) {
 			return "no router activation: the weights applied to the experts' outputs are the router logits themselves (times a constant), not their softmax or sigmoid, which ai.mok::MoE cannot express"
 		}

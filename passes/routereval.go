@@ -72,20 +72,20 @@ func (c *ctx) routerByEval(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) (bool,
 		}
 		return true, rejectf("the router's post-processing cannot be evaluated: %v", err)
 	}
-	cands, refs := c.routerCandidates(tk, ri, run, postBias)
+	cands, ref := c.routerCandidates(tk, ri, run, postBias)
 	for _, v := range slices.Backward(run.order) {
-		if !run.dep[v] {
+		if !run.dep[v] || !run.fits(run.vals[v]) {
 			continue
 		}
 		for i, cd := range cands {
-			if scale, ok := run.matches(refs[i], run.vals[v]); ok {
+			if scale, ok := run.matches(ref(i), run.vals[v]); ok {
 				cd.spec.RoutedScalingFactor = scale
 				c.adoptRouter(ri, s, cd, run, postBias)
 				return true, nil
 			}
 		}
 	}
-	return true, rejectf("%s", run.explain(cands, refs))
+	return true, rejectf("%s", run.explain(cands, ref))
 }
 
 // gemmHasBias reports whether n is a Gemm with a bias input.
@@ -93,12 +93,36 @@ func gemmHasBias(n *pb.NodeProto) bool {
 	return n.GetOpType() == "Gemm" && len(n.Input) > 2 && n.Input[2] != ""
 }
 
+// picksOneExpert reports whether n takes one constant slice of a routing
+// value (a Gather by a constant scalar index, as an unrolled block picks
+// each expert's mask): per-expert dispatch, not the routing map.
+func (c *ctx) picksOneExpert(n *pb.NodeProto) bool {
+	if n.GetOpType() != "Gather" || len(n.Input) < 2 {
+		return false
+	}
+	t := c.g.Initializer(n.Input[1])
+	if t == nil {
+		if p := c.g.Producer(n.Input[1]); p != nil && p.GetOpType() == "Constant" {
+			t = graph.AttrTensor(p, "value")
+		}
+	}
+	return t != nil && len(t.GetDims()) == 0
+}
+
+// maxRoutingHops bounds how far after the TopK the routing subgraph is
+// evaluated.
+const maxRoutingHops = 6
+
 // routingClosure lists, in topological order, the nodes (within the block
 // bound) computed from the logits and constants alone, with the constants
 // they read; it says which value first reads something else when the
 // TopK is not among them.
 func (c *ctx) routingClosure(tk *pb.NodeProto, logits string) ([]*pb.NodeProto, []*pb.TensorProto, error) {
 	have := map[string]bool{logits: true}
+	// hops: how many nodes after the TopK a value is (0: not after it);
+	// the routing weights lie within a few, the dispatch beyond them is
+	// not evaluated.
+	hops := map[string]int{}
 	var nodes []*pb.NodeProto
 	var inits []*pb.TensorProto
 	seenInit := map[string]bool{}
@@ -129,7 +153,16 @@ func (c *ctx) routingClosure(tk *pb.NodeProto, logits string) ([]*pb.NodeProto, 
 			}
 			ok = false
 		}
-		if !ok {
+		h := 0
+		for _, in := range n.Input {
+			if hops[in] > 0 {
+				h = max(h, hops[in]+1)
+			}
+		}
+		if n == tk {
+			h = 1
+		}
+		if !ok || h > maxRoutingHops || h > 0 && c.picksOneExpert(n) {
 			continue
 		}
 		for _, p := range consts {
@@ -140,6 +173,7 @@ func (c *ctx) routingClosure(tk *pb.NodeProto, logits string) ([]*pb.NodeProto, 
 		nodes = append(nodes, n)
 		for _, o := range n.Output {
 			have[o] = true
+			hops[o] = h
 		}
 	}
 	if !slices.Contains(nodes, tk) {
@@ -266,7 +300,7 @@ func (run *routingRun) readTopK(tk *pb.NodeProto) error {
 // probeShapes are the shapes to try for the probe logits, W wide: the
 // logits' declared shape when it is static; the router input's, or a graph
 // input's of the router's hidden size, with W for its last dim (a traced
-// export bakes its token count into shape constants); 64 tokens in the
+// export bakes its token count into shape constants); 16 tokens in the
 // logits' rank.
 func (c *ctx) probeShapes(logits, x string, W, H int) [][]int {
 	r := c.rankOf(logits)
@@ -306,7 +340,7 @@ func (c *ctx) probeShapes(logits, x string, W, H int) [][]int {
 			add(append(slices.Clone(dims[:len(dims)-1]), W))
 		}
 	}
-	def := []int{64, W}
+	def := []int{16, W}
 	for len(def) < max(r, 2) {
 		def = append([]int{1}, def...)
 	}
