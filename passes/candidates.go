@@ -32,6 +32,28 @@ func (c *ctx) feedsExpertCompute(tk *pb.NodeProto) bool {
 	return false
 }
 
+// meetsStackedExperts reports whether a TopK's outputs, without crossing
+// a MatMul or Gemm, meet the output of one whose constant weight is a stack
+// of expert matrices ([E, in, out]): the TopK weights experts' outputs (as
+// a dense block's routing matrix does), so it is an MoE candidate even when
+// its scores come from no router linear (a refusal then says so).
+func (c *ctx) meetsStackedExperts(tk *pb.NodeProto) bool {
+	for _, n := range c.routingNodes(tk.Output...) {
+		for _, in := range n.Input {
+			p := c.producerOp(in)
+			if p == nil || p.GetOpType() != "MatMul" && p.GetOpType() != "Gemm" || len(p.Input) < 2 {
+				continue
+			}
+			for _, w := range p.Input[:2] {
+				if t := c.matmulWeight(w); t != nil && len(t.t.GetDims()) == 3 && t.sel == selNone {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // routerlessExperts reports expert-like compute that no block claimed: a
 // MatMul or Gemm whose weight is a slice of a stacked [E, ...] initializer
 // chosen by data-dependent indices. Such a block routes tokens without a

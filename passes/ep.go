@@ -494,18 +494,42 @@ func shardCheckNote(blocks []*Block) string {
 }
 
 // checkStacked refuses stacked expert weights that do not hold one matrix
-// per routed expert (for example one EP rank's E/EP experts behind
-// collectives the op table does not name).
-func checkStacked(rs roleSet, E int) error {
+// per routed expert, naming the cause the graph supports: router outputs
+// without expert weights (null experts, or outputs that are not experts)
+// and, only when the graph holds ops of another domain that could be
+// collectives, one EP rank's E/EP experts behind collectives the op table
+// does not name.
+func (c *ctx) checkStacked(rs roleSet, E int) error {
 	for _, r := range []*roleRef{rs.gate, rs.up, rs.down} {
 		if r == nil {
 			continue
 		}
-		if d := r.w.t.GetDims(); len(d) == 3 && int(d[0]) != E {
-			return rejectf("stacked expert weight %q holds %d experts but the router scores %d (one rank of an expert-parallel model whose collectives are not in the EP op table? see --ep-ops)", r.w.t.GetName(), d[0], E)
+		d := r.w.t.GetDims()
+		if len(d) != 3 || int(d[0]) == E {
+			continue
 		}
+		name, n := r.w.t.GetName(), int(d[0])
+		if n > E {
+			return rejectf("stacked expert weight %q holds %d experts but the router scores only %d", name, n, E)
+		}
+		msg := fmt.Sprintf("the router scores %d experts but stacked expert weight %q holds %d: router outputs %d..%d have no expert weights (null experts, which contribute nothing, or router outputs that are not experts), which ai.mok::MoE cannot express", E, name, n, n, E-1)
+		if op := c.foreignOp(); op != "" {
+			msg += fmt.Sprintf("; or this is one rank of an expert-parallel model whose collectives (such as %s) are not in the EP op table (see --ep-ops)", op)
+		}
+		return rejectf("%s", msg)
 	}
 	return nil
+}
+
+// foreignOp names one op of the graph outside the default and ai.mok
+// domains (a possible collective), or returns "".
+func (c *ctx) foreignOp() string {
+	for _, n := range c.topo {
+		if d := n.GetDomain(); d != "" && d != "ai.onnx" && d != moe.Domain {
+			return d + "::" + n.GetOpType()
+		}
+	}
+	return ""
 }
 
 // claimEPLocal marks, for a TopK whose EP block could not be read, the

@@ -365,7 +365,7 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 			return "", err
 		}
 		if br.stacked {
-			if err := checkStacked(roles, E); err != nil {
+			if err := c.checkStacked(roles, E); err != nil {
 				return "", err
 			}
 		}

@@ -25,11 +25,26 @@ type routerInfo struct {
 	topkGroup  int
 	groupMax   bool   // groups scored by their best expert, not the two best
 	scores     string // value of activated scores (act_then_topk)
+	// generic: found by structure (routerByStructure), its semantics left to
+	// evaluation; logits is then the value holding the folded logits.
+	generic bool
+	logits  string
 }
 
 // router walks back from the selection TopK to the router linear, or says
 // why the TopK is not fed by one.
 func (c *ctx) router(tk *pb.NodeProto) (*routerInfo, error) {
+	ri, err := c.routerWalk(tk)
+	if err != nil {
+		// A router the walk does not read is found by structure; what it
+		// computes is decided by evaluation (routerByEval).
+		return c.routerByStructure(tk)
+	}
+	return ri, nil
+}
+
+// routerWalk is router's op walk over the spellings it knows.
+func (c *ctx) routerWalk(tk *pb.NodeProto) (*routerInfo, error) {
 	ri := &routerInfo{order: moe.TopKThenActivation, nGroup: 1, topkGroup: 1}
 	v := tk.Input[0]
 	for steps := 0; steps < 32; steps++ {
@@ -225,6 +240,9 @@ func (c *ctx) producerPastCasts(v string) *pb.NodeProto {
 // the activation from the nodes between the top-k values and the experts,
 // or says why they cannot be read.
 func (c *ctx) routerPost(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) error {
+	if done, err := c.routerByEval(tk, ri, s); done || err != nil {
+		return err
+	}
 	seeds := []string{tk.Output[0]}
 	// With a correction bias the weights are the unbiased scores gathered by the indices.
 	if ri.scores != "" {

@@ -105,7 +105,7 @@ func (c *ctx) detectTopK(n *pb.NodeProto) *topKResult {
 		err = c.applySharding(b)
 	}
 	if err != nil {
-		return &topKResult{err: err, candidate: c.routerFed(n) || c.feedsExpertCompute(n)}
+		return &topKResult{err: err, candidate: c.routerFed(n) || c.feedsExpertCompute(n) || c.meetsStackedExperts(n)}
 	}
 	return &topKResult{b: b}
 }

@@ -61,6 +61,7 @@ func Rules() []Rule {
 		FastGelu,
 		ContribGelu,
 		SplitSqueezeToGather,
+		TopKOfNeg,
 		FoldConstants,
 		DropDead,
 	}
