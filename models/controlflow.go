@@ -39,7 +39,7 @@ var WrapKinds = []string{WrapIfThen, WrapIfElse, WrapLoop, WrapLoopIf, WrapScan,
 
 // Names of the wrapped model's inputs besides the hidden states.
 const (
-	// CondInput is the If condition (bool scalar) of the If kinds and of
+	// CondInput is the If condition (bool [1]) of the If kinds and of
 	// WrapLoopIf.
 	CondInput = "cond"
 	// WrappedInput is the hidden states input of the wrapped model.
@@ -67,6 +67,7 @@ func WrapControlFlow(block *graph.Model, how string) (*graph.Model, error) {
 	x := renamed(in, WrappedInput)
 	y := renamed(out, WrappedOutput)
 	cond := boolInput(CondInput)
+	cond.Type.GetTensorType().Shape.Dim = []*pb.TensorShapeProto_Dimension{{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 1}}}
 	body := func(name string, inputs []*pb.ValueInfoProto) *pb.GraphProto {
 		return &pb.GraphProto{Name: proto.String(name), Node: copyNodes(bg.Node), ValueInfo: slices.Clone(bg.ValueInfo), Input: inputs,
 			Output: []*pb.ValueInfoProto{proto.Clone(out).(*pb.ValueInfoProto)}}

@@ -37,7 +37,7 @@ func wrapFeeds(t *testing.T, m *graph.Model, cond bool) (map[string]*eval.Tensor
 		}
 		for _, v := range m.Proto.Graph.Input {
 			if v.GetName() == models.CondInput {
-				feeds[v.GetName()] = eval.NewBool(nil, []bool{cond})
+				feeds[v.GetName()] = eval.NewBool([]int{1}, []bool{cond})
 			}
 		}
 		want, rerr := eval.Run(context.Background(), m, feeds, eval.Options{})
