@@ -15,6 +15,9 @@ const (
 	WrapIfThen = "if_then"
 	// WrapIfElse: y = If(cond, then: x, else: block(x)).
 	WrapIfElse = "if_else"
+	// WrapIfBoth: y = If(cond, then: block(x), else: block(x)), the two
+	// branches reading the same weights (two blocks, one per branch).
+	WrapIfBoth = "if_both"
 	// WrapLoop: a Loop of two iterations whose body applies the block to
 	// the carried hidden state, the weights read from the main graph.
 	WrapLoop = "loop"
@@ -35,7 +38,7 @@ const (
 )
 
 // WrapKinds lists every WrapControlFlow kind.
-var WrapKinds = []string{WrapIfThen, WrapIfElse, WrapLoop, WrapLoopIf, WrapScan, WrapFunctionInIf}
+var WrapKinds = []string{WrapIfThen, WrapIfElse, WrapIfBoth, WrapLoop, WrapLoopIf, WrapScan, WrapFunctionInIf}
 
 // Names of the wrapped model's inputs besides the hidden states.
 const (
@@ -79,7 +82,7 @@ func WrapControlFlow(block *graph.Model, how string) (*graph.Model, error) {
 			Output: []*pb.ValueInfoProto{o}}
 	}
 	switch how {
-	case WrapIfThen, WrapIfElse, WrapFunctionInIf:
+	case WrapIfThen, WrapIfElse, WrapIfBoth, WrapFunctionInIf:
 		// The branch reads the hidden states under the block's own name.
 		main.Input = []*pb.ValueInfoProto{proto.Clone(in).(*pb.ValueInfoProto), cond}
 		moe := body("moe_branch", nil)
@@ -91,8 +94,11 @@ func WrapControlFlow(block *graph.Model, how string) (*graph.Model, error) {
 		}
 		other := identity("plain_branch", in.GetName(), in)
 		then, els := moe, other
-		if how == WrapIfElse {
+		switch how {
+		case WrapIfElse:
 			then, els = other, moe
+		case WrapIfBoth:
+			els = body("moe_else_branch", nil)
 		}
 		main.Node = []*pb.NodeProto{graph.NewNode("If", "", "moe_if", []string{CondInput}, []string{WrappedOutput},
 			graphAttr("then_branch", then), graphAttr("else_branch", els))}

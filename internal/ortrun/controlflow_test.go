@@ -44,7 +44,11 @@ func TestControlFlowAgainstORT(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(rep.Fused) != 1 || rep.Fused[0].Block.Scope == "" {
+				blocks := 1
+				if how == models.WrapIfBoth {
+					blocks = 2
+				}
+				if len(rep.Fused) != blocks || rep.Fused[0].Block.Scope == "" {
 					t.Fatalf("fused %d (report %+v)", len(rep.Fused), rep)
 				}
 				dir := t.TempDir()
