@@ -21,6 +21,10 @@ const (
 	// WrapLoop: a Loop of two iterations whose body applies the block to
 	// the carried hidden state, the weights read from the main graph.
 	WrapLoop = "loop"
+	// WrapLoopComputed: WrapLoop whose body reads its matrix weights as
+	// values the main graph computes from the initializers (each
+	// transposed there twice), not as the initializers themselves.
+	WrapLoopComputed = "loop_computed_weights"
 	// WrapLoopIf: WrapLoop whose body runs the block inside an If on a
 	// main-graph flag (a subgraph two levels down).
 	WrapLoopIf = "loop_if"
@@ -38,7 +42,7 @@ const (
 )
 
 // WrapKinds lists every WrapControlFlow kind.
-var WrapKinds = []string{WrapIfThen, WrapIfElse, WrapIfBoth, WrapLoop, WrapLoopIf, WrapScan, WrapFunctionInIf}
+var WrapKinds = []string{WrapIfThen, WrapIfElse, WrapIfBoth, WrapLoop, WrapLoopComputed, WrapLoopIf, WrapScan, WrapFunctionInIf}
 
 // Names of the wrapped model's inputs besides the hidden states.
 const (
@@ -115,7 +119,7 @@ func WrapControlFlow(block *graph.Model, how string) (*graph.Model, error) {
 		mp.OpsetImport = append(mp.OpsetImport, &pb.OperatorSetIdProto{Domain: proto.String(f.GetDomain()), Version: proto.Int64(1)})
 		main.Node = []*pb.NodeProto{call}
 		main.Output = []*pb.ValueInfoProto{y}
-	case WrapLoop, WrapLoopIf:
+	case WrapLoop, WrapLoopComputed, WrapLoopIf:
 		main.Input = []*pb.ValueInfoProto{x}
 		if how == WrapLoopIf {
 			main.Input = append(main.Input, cond)
@@ -134,6 +138,9 @@ func WrapControlFlow(block *graph.Model, how string) (*graph.Model, error) {
 		b.Node = append(b.Node, graph.NewNode("Identity", "", "keep_going", []string{"cond_in"}, []string{"cond_out"}))
 		b.Output = append([]*pb.ValueInfoProto{boolInput("cond_out")}, b.Output...)
 		main.Node = []*pb.NodeProto{graph.NewNode("Loop", "", "moe_loop", []string{"loop_trips", "loop_keep", WrappedInput}, []string{WrappedOutput}, graphAttr("body", b))}
+		if how == WrapLoopComputed {
+			main.Node = append(computedWeights(bg, b), main.Node...)
+		}
 		main.Output = []*pb.ValueInfoProto{y}
 	case WrapScan:
 		main.Input = []*pb.ValueInfoProto{stacked(in, WrappedInput, ScanSteps)}
@@ -152,6 +159,37 @@ func WrapControlFlow(block *graph.Model, how string) (*graph.Model, error) {
 		return nil, fmt.Errorf("wrapping %s: %w", block.Name(), err)
 	}
 	return graph.Parse(b, block.Name()+"#"+how)
+}
+
+// computedWeights makes the body b read each float initializer of bg of
+// rank 2 or more as W_outer = Transpose(Transpose(W)), swapping the last
+// two axes twice, and returns the main-graph nodes that compute them.
+func computedWeights(bg, b *pb.GraphProto) []*pb.NodeProto {
+	var ns []*pb.NodeProto
+	rename := map[string]string{}
+	for _, t := range bg.Initializer {
+		r := len(t.GetDims())
+		if r < 2 || t.GetDataType() != int32(pb.TensorProto_FLOAT) {
+			continue
+		}
+		perm := make([]int64, r)
+		for i := range perm {
+			perm[i] = int64(i)
+		}
+		perm[r-2], perm[r-1] = perm[r-1], perm[r-2]
+		v := t.GetName()
+		rename[v] = v + "_outer"
+		ns = append(ns, graph.NewNode("Transpose", "", v+"_t1", []string{v}, []string{v + "_t"}, graph.IntsAttr("perm", perm...)),
+			graph.NewNode("Transpose", "", v+"_t2", []string{v + "_t"}, []string{v + "_outer"}, graph.IntsAttr("perm", perm...)))
+	}
+	for _, n := range b.Node {
+		for i, v := range n.Input {
+			if r, ok := rename[v]; ok {
+				n.Input[i] = r
+			}
+		}
+	}
+	return ns
 }
 
 // asFunction returns a function local::MoEBlock whose body is bg's nodes,

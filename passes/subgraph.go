@@ -111,8 +111,14 @@ func standalone(pm *graph.Model, pg *graph.Graph, s scopeSite, bind map[string]*
 	}
 	outer := map[*pb.TensorProto]bool{}
 	declared := declaredValues(pg.P)
-	for _, v := range graph.FreeVars(g) {
-		if t := pg.Initializer(v); t != nil {
+	free := graph.FreeVars(g)
+	consts := constOuter(pm, pg, free)
+	for _, v := range free {
+		t := pg.Initializer(v)
+		if t == nil {
+			t = consts[v]
+		}
+		if t != nil {
 			gp.Initializer = append(gp.Initializer, t)
 			outer[t] = true
 			continue
@@ -135,6 +141,88 @@ func standalone(pm *graph.Model, pg *graph.Graph, s scopeSite, bind map[string]*
 		sm.Proto.IrVersion = proto.Int64(pm.Proto.GetIrVersion())
 	}
 	return sm, outer
+}
+
+// maxConstOuter bounds the bytes of the outer computed constants one
+// scope model takes (see constOuter).
+const maxConstOuter = 1 << 30
+
+// constOuter computes those of the values vs that pg computes from
+// initializers and Constant nodes alone (a weight transposed, sliced or
+// cast in the main graph before a subgraph reads it), as initializers of
+// the same names: in a scope model they are constants, as weights must
+// be. Values that depend on a graph input, and a set that fails to run or
+// exceeds maxConstOuter bytes, are left out.
+func constOuter(pm *graph.Model, pg *graph.Graph, vs []string) map[string]*pb.TensorProto {
+	memo := map[string]bool{}
+	var isConst func(v string, depth int) bool
+	isConst = func(v string, depth int) bool {
+		if c, ok := memo[v]; ok {
+			return c
+		}
+		memo[v] = false
+		p := pg.Producer(v)
+		switch {
+		case v == "":
+			memo[v] = true
+		case pg.Initializer(v) != nil:
+			memo[v] = !pg.IsInput(v)
+		case p == nil || depth > 64 || len(graph.NodeInputs(p)) != len(p.Input) || strings.HasPrefix(p.GetOpType(), "Random") ||
+			p.GetOpType() == "Multinomial" || p.GetOpType() == "Bernoulli":
+			// a graph input, too deep, a node with subgraphs, or random
+		default:
+			c := true
+			for _, in := range p.Input {
+				c = c && isConst(in, depth+1)
+			}
+			memo[v] = c
+		}
+		return memo[v]
+	}
+	var outs []string
+	for _, v := range vs {
+		if pg.Initializer(v) == nil && pg.Producer(v) != nil && isConst(v, 0) {
+			outs = append(outs, v)
+		}
+	}
+	if len(outs) == 0 {
+		return nil
+	}
+	sub := &pb.GraphProto{Name: proto.String("outer_constants")}
+	seen := map[*pb.NodeProto]bool{}
+	var add func(v string)
+	add = func(v string) {
+		if t := pg.Initializer(v); t != nil {
+			if !slices.Contains(sub.Initializer, t) {
+				sub.Initializer = append(sub.Initializer, t)
+			}
+			return
+		}
+		p := pg.Producer(v)
+		if p == nil || seen[p] {
+			return
+		}
+		seen[p] = true
+		for _, in := range p.Input {
+			add(in)
+		}
+		sub.Node = append(sub.Node, p)
+	}
+	for _, v := range outs {
+		add(v)
+		sub.Output = append(sub.Output, &pb.ValueInfoProto{Name: proto.String(v)})
+	}
+	vals, err := eval.Run(context.Background(), pm.WithGraph(sub), nil, eval.Options{MemLimit: maxConstOuter, Kernels: evalKernels()})
+	if err != nil {
+		return nil
+	}
+	out := map[string]*pb.TensorProto{}
+	for _, v := range outs {
+		if t, err := eval.ToProto(vals[v], v); err == nil {
+			out[v] = t
+		}
+	}
+	return out
 }
 
 // declaredValues maps the names gp declares a type for (inputs, outputs,

@@ -103,6 +103,9 @@ func rewriteScoped(m *graph.Model, opt Options, env *scopeEnv, pending []NearMis
 			env.captured[t] = true
 		}
 	}
+	if len(subs) > 0 {
+		pruneDead(m, env)
+	}
 	return rep, nil
 }
 
@@ -326,6 +329,29 @@ func dropUnused(m *graph.Model, captured map[*pb.TensorProto]bool, calledBefore 
 		k := funcKey(f.GetDomain(), f.GetName(), f.GetOverload())
 		return f.GetDomain() != moe.Domain && calledBefore[k] && !calls[k]
 	})
+}
+
+// pruneDead removes the nodes of m's main graph that no longer feed a
+// graph output once fused subgraphs were put back (an outer computation
+// only a replaced block read), and marks the initializers they read as
+// captured, for dropUnused.
+func pruneDead(m *graph.Model, env *scopeEnv) {
+	mg := m.Graph()
+	live := liveNodes(mg)
+	dead := map[*pb.NodeProto]bool{}
+	for _, n := range mg.P.Node {
+		if !live[n] {
+			dead[n] = true
+			for _, v := range n.Input {
+				if t := mg.Initializer(v); t != nil {
+					env.captured[t] = true
+				}
+			}
+		}
+	}
+	if len(dead) > 0 {
+		mg.RemoveNodes(dead)
+	}
 }
 
 // modelCalls lists the ops m's nodes call, every scope and function body.

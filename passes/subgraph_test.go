@@ -80,7 +80,8 @@ func maxRelDiff(a, b *eval.Tensor) float64 {
 
 // TestRewriteControlFlow: an exported block wrapped in an If branch (then
 // and else), a Loop body (the weights captured from the main graph, the
-// block run once per iteration), an If inside a Loop body, a Scan body,
+// block run once per iteration; or, transposed twice, computed from them
+// in the main graph), an If inside a Loop body, a Scan body,
 // and a model-local function called from an If branch, is fused in place,
 // checked on the values the subgraph sees, and the rewritten model, run by
 // the interpreter (through the fused node's kernel and through its
@@ -141,7 +142,8 @@ func scopeOf(det *Detection) string {
 }
 
 // checkFusedInSubgraph fails unless m's main graph holds no fused node and
-// no TopK, the subgraphs hold blocks fused nodes, and its function and
+// only the control-flow nodes (what computed weights for the block is
+// gone with it), no graph holds a TopK, the subgraphs hold blocks fused nodes, and its function and
 // provenance are at the model level.
 func checkFusedInSubgraph(t *testing.T, m *graph.Model, blocks int) {
 	t.Helper()
@@ -164,6 +166,11 @@ func checkFusedInSubgraph(t *testing.T, m *graph.Model, blocks int) {
 		}
 	}
 	walk(m.Proto.Graph, 0)
+	for _, n := range m.Proto.Graph.Node {
+		if len(scopeSites(&pb.GraphProto{Node: []*pb.NodeProto{n}})) == 0 {
+			t.Errorf("node %s (%s) left in the main graph", graph.NodeLabel(n), n.GetOpType())
+		}
+	}
 	if len(fused) != blocks {
 		t.Fatalf("%d fused nodes, want %d", len(fused), blocks)
 	}
