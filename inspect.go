@@ -62,6 +62,9 @@ type BlockSummary struct {
 	// Placement is where an EP block multiplies the routing weights
 	// (before_combine, after_combine, or sharding for annotations).
 	Placement string `json:"placement,omitempty"`
+	// Scope says where the block lives when not in the main graph (e.g.
+	// `If node "cond"'s then_branch`; nested subgraphs joined by " > ").
+	Scope string `json:"scope,omitempty"`
 }
 
 // InspectOptions control InspectWith.
@@ -101,7 +104,7 @@ func InspectWith(ctx context.Context, m *Model, opt InspectOptions) (*Inspection
 		in.MoE.NearMisses = []Candidate{}
 	}
 	for _, b := range det.Blocks {
-		in.MoE.Blocks = append(in.MoE.Blocks, BlockSummary{Name: b.Name, Kind: b.Kind, Input: b.Input, Output: b.Output, Nodes: b.Nodes, Spec: b.Spec, Placement: b.Placement})
+		in.MoE.Blocks = append(in.MoE.Blocks, BlockSummary{Name: b.Name, Kind: b.Kind, Input: b.Input, Output: b.Output, Nodes: b.Nodes, Spec: b.Spec, Placement: b.Placement, Scope: b.Scope})
 	}
 	return in, nil
 }

@@ -309,6 +309,11 @@ func nodeInputs(n *pb.NodeProto) (ins []string, sub bool) {
 	return append(append([]string(nil), n.Input...), caps...), sub
 }
 
+// FreeVars lists the values subgraph g uses without defining them (its
+// own and its nested subgraphs' reads of enclosing scopes), in order of
+// first use.
+func FreeVars(g *pb.GraphProto) []string { return freeVars(g) }
+
 // freeVars lists the values a subgraph uses without defining them.
 func freeVars(g *pb.GraphProto) []string {
 	defined := map[string]bool{}

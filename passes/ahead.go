@@ -34,6 +34,15 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 	if !opt.Check || opt.Partial {
 		return nil, nil, fmt.Errorf("RewriteAhead needs Check on and Partial off")
 	}
+	if hasScopes(m) {
+		// Blocks in subgraphs are checked on values the model gives them
+		// when it runs: checked first, then edited.
+		rep, err := rewriteScopes(m, opt)
+		if err != nil {
+			return rep, nil, err
+		}
+		return rep, func() (*Report, *graph.Model, error) { return rep, nil, nil }, nil
+	}
 	ctx := opt.Context
 	if ctx == nil {
 		ctx = context.Background()

@@ -398,11 +398,10 @@ func liveNodes(g *graph.Graph) map[*pb.NodeProto]bool {
 
 func funcKey(domain, name, overload string) string { return domain + "\x00" + name + "\x00" + overload }
 
-// calledFunctions lists the (domain, op, overload) keys the nodes call.
+// calledFunctions lists the (domain, op, overload) keys the nodes call,
+// and those their subgraphs' nodes call, at any depth.
 func calledFunctions(ns []*pb.NodeProto) map[string]bool {
 	out := map[string]bool{}
-	for _, n := range ns {
-		out[funcKey(n.GetDomain(), n.GetOpType(), n.GetOverload())] = true
-	}
+	usesOf(&pb.GraphProto{Node: ns}, map[string]bool{}, out)
 	return out
 }

@@ -32,6 +32,10 @@ type Block struct {
 	// (before_combine or after_combine), or "sharding" for a global block
 	// whose EP size comes from sharding annotations; empty otherwise.
 	Placement string `json:"placement,omitempty"`
+	// Scope says where the block lives when not in the main graph: the
+	// subgraph (e.g. `If node "cond"'s then_branch`), outermost first,
+	// nested ones joined by " > ".
+	Scope string `json:"scope,omitempty"`
 
 	// Router is the value fed to the router linear (may be a reshaped Input).
 	Router string          `json:"-"`
@@ -61,6 +65,9 @@ type NearMiss struct {
 	// capacities a capacity-limited router was read to have.
 	Class    string  `json:"class,omitempty"`
 	Capacity []int64 `json:"capacity,omitempty"`
+	// Scope says where the candidate lives when not in the main graph (a
+	// subgraph or a model-local function), as Block.Scope does.
+	Scope string `json:"scope,omitempty"`
 }
 
 // Detection is the detector's result for a model.
@@ -87,14 +94,16 @@ type DetectOptions struct {
 	EPTable *ep.Table
 }
 
-// Detect finds every MoE block in m's main graph. It never edits the model.
+// Detect finds every MoE block of m: in its main graph and in its
+// subgraphs (If branches, Loop and Scan bodies) at any depth. It never
+// edits the model.
 func Detect(m *graph.Model) (*Detection, error) { return DetectWith(m, DetectOptions{}) }
 
 // DetectWith is Detect with options.
 // Detection runs on a canonical working copy of m (see package canon) when
 // canonicalization changes anything; the blocks then name its values.
 func DetectWith(m *graph.Model, opt DetectOptions) (*Detection, error) {
-	return detectCanonical(m, opt)
+	return detectScopes(m, opt, true)
 }
 
 // detectedHook, set by tests only, edits each block detectIn found.

@@ -105,6 +105,12 @@ func randomFeeds(m *graph.Model, seed uint64, dynDim int, memLimit int64, pin bo
 			t := eval.NewInt64(shape, x)
 			t.DType = dt
 			feeds[v.GetName()] = t
+		case pb.TensorProto_BOOL: // an If condition, say
+			x := make([]bool, n)
+			for i := range x {
+				x[i] = rng.IntN(2) == 1
+			}
+			feeds[v.GetName()] = eval.NewBool(shape, x)
 		default:
 			return nil, fmt.Errorf("graph input %q has type %s, which random inputs do not cover", v.GetName(), dt)
 		}

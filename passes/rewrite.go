@@ -63,6 +63,10 @@ type Options struct {
 	// true it has taken their check over (see RewriteAhead) and they count
 	// as passed here.
 	checkAhead func(m *graph.Model, bs []*Block, rep *Report) bool
+	// pending holds refusals found elsewhere (in subgraphs, see
+	// rewriteScoped), reported with this graph's: with Partial off, any
+	// of them keeps the graph unedited.
+	pending *Report
 	// beforeEdit, when set, is called once detection and the check are
 	// done, before m is first edited (other goroutines may still be
 	// reading m until then).
@@ -111,7 +115,7 @@ var ErrNotFused = errors.New("MoE candidates could not be fused")
 // candidate fuses. Detection runs on a canonical working copy of m (see
 // package canon) and the fused nodes are spliced into m, which keeps
 // everything else as it was.
-func Rewrite(m *graph.Model, opt Options) (*Report, error) { return rewriteCanonical(m, opt) }
+func Rewrite(m *graph.Model, opt Options) (*Report, error) { return rewriteScopes(m, opt) }
 
 // rewriteIn is Rewrite on m as it is, without canonicalization.
 func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
@@ -126,6 +130,10 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{NearMiss: det.NearMiss}
+	if opt.pending != nil {
+		rep.NearMiss = append(rep.NearMiss, opt.pending.NearMiss...)
+		rep.Refused = append(rep.Refused, opt.pending.Refused...)
+	}
 	for _, b := range det.Blocks {
 		if b.TracedExperts > 0 {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s: restored from a trace that computed only %d of %d experts per input: the fused node runs all %d experts from the stacked weights, so its outputs differ from the original graph's wherever the original dropped tokens", b.Name, b.TracedExperts, b.Spec.NumExperts, b.Spec.NumExperts))

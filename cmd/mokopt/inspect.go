@@ -99,6 +99,9 @@ func printBlocks(w io.Writer, det *passes.Detection) {
 	for _, b := range det.Blocks {
 		s := b.Spec
 		fmt.Fprintf(w, "  %s (%s, %d nodes): E=%d k=%d H=%d I=%d\n", p(b.Name), p(b.Kind), b.Nodes, s.NumExperts, s.TopK, s.Hidden, s.Inter)
+		if b.Scope != "" {
+			fmt.Fprintf(w, "    in %s\n", p(b.Scope))
+		}
 		router := s.RouterActivation + ", " + s.RouterOrder
 		if s.NormalizeTopK {
 			router += ", renormalised"

@@ -156,6 +156,9 @@ func printRewrite(w, errw io.Writer, in, out string, rep *passes.Report) {
 		s := f.Block.Spec
 		fmt.Fprintf(w, "  %s (%s): %d nodes, %d initializers -> ai.mok::MoE [%s] E=%d k=%d H=%d I=%d\n",
 			f.Node, f.Block.Kind, f.NodesRemoved, f.InitsRemoved, f.Variant, s.NumExperts, s.TopK, s.Hidden, s.Inter)
+		if f.Block.Scope != "" {
+			fmt.Fprintf(w, "    in %s\n", f.Block.Scope)
+		}
 	}
 	for _, n := range rep.NearMiss {
 		fmt.Fprintf(w, "  not fused %s: %s\n", n.Node, n.Reason)

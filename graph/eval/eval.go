@@ -63,6 +63,15 @@ type Options struct {
 	// fresh values this way (the numerical check, where a graph's
 	// activations vanished). Lazy views are not offered.
 	Replace func(name string, t *Tensor) *Tensor
+	// OnSubgraph, when set, is called on the run's goroutine each time a
+	// subgraph (an If branch, a Loop or Scan body) is about to run, and
+	// once for each branch an If does not take, with the values the
+	// subgraph reads from outside: its formal inputs and the values of
+	// enclosing scopes it uses that are not initializers, by name. A
+	// caller binds a subgraph's free values this way (the numerical check
+	// of a block inside one). The tensors are the run's; nothing may
+	// change them.
+	OnSubgraph func(g *pb.GraphProto, vals map[string]*Tensor)
 }
 
 // DefaultMaxNodeRuns is the node evaluations a run may make unless
@@ -714,9 +723,56 @@ func (c *OpContext) runSubgraph(g *pb.GraphProto, inputs []*Tensor) ([]*Tensor, 
 		}
 	}
 	defer sc.release(c.r)
+	if err := c.reportSubgraph(g, sc); err != nil {
+		return nil, err
+	}
 	var outs []string
 	for _, v := range g.GetOutput() {
 		outs = append(outs, v.GetName())
 	}
 	return c.r.runNodes(sc, g.GetNode(), c.opsets, outs, func(string) bool { return false })
+}
+
+// reportSubgraph calls Options.OnSubgraph, when set, with g's formal
+// inputs (bound in sc) and the values of enclosing scopes g reads that are
+// not initializers.
+func (c *OpContext) reportSubgraph(g *pb.GraphProto, sc *scope) error {
+	if c.r == nil || c.r.opt.OnSubgraph == nil {
+		return nil
+	}
+	vals := map[string]*Tensor{}
+	for _, v := range g.GetInput() {
+		if t, ok := sc.vals[v.GetName()]; ok {
+			vals[v.GetName()] = t
+		}
+	}
+	for _, name := range c.r.freeVars(g) {
+		if sc.outerInit(name) {
+			continue
+		}
+		t, err := sc.lookup(c.r, name)
+		if err != nil {
+			continue // the subgraph reports it when it reads it
+		}
+		if t, err = c.r.materialize(t, nil); err != nil {
+			return err
+		}
+		vals[name] = t
+	}
+	c.r.opt.OnSubgraph(g, vals)
+	return nil
+}
+
+// outerInit reports whether name resolves, from sc, to an initializer of
+// sc or an enclosing scope that no value of a nearer scope shadows.
+func (s *scope) outerInit(name string) bool {
+	for sc := s; sc != nil; sc = sc.parent {
+		if _, ok := sc.vals[name]; ok {
+			return false
+		}
+		if _, ok := sc.inits[name]; ok {
+			return true
+		}
+	}
+	return false
 }

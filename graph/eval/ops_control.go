@@ -26,6 +26,17 @@ func kIf(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 	if a == nil || a.G == nil {
 		return nil, errf("If has no %s", branch)
 	}
+	if c.r != nil && c.r.opt.OnSubgraph != nil {
+		other := "then_branch"
+		if branch == other {
+			other = "else_branch"
+		}
+		if b := graph.Attr(n, other); b != nil && b.G != nil {
+			if err := c.reportSubgraph(b.G, &scope{parent: c.sc, vals: map[string]*Tensor{}}); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return c.runSubgraph(a.G, nil)
 }
 

@@ -160,8 +160,10 @@ func toORT(t *eval.Tensor) (ort.Value, error) {
 		return ort.NewTensor(shape, append([]float32(nil), t.F32...))
 	case pb.TensorProto_INT64:
 		return ort.NewTensor(shape, append([]int64(nil), t.I64...))
+	case pb.TensorProto_BOOL: // an If condition, say
+		return ort.NewTensor(shape, append([]bool(nil), t.Bool...))
 	}
-	return nil, fmt.Errorf("unsupported input type %s (want FLOAT or INT64)", t.DType)
+	return nil, fmt.Errorf("unsupported input type %s (want FLOAT, INT64 or BOOL)", t.DType)
 }
 
 func fromORT(v ort.Value) (*eval.Tensor, error) {
