@@ -241,12 +241,16 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 	} else {
 		b.Nodes = append(b.Nodes, graph.NewNode("Reshape", "", "", []string{y, b.Op("Shape", []string{in[InHidden]})}, []string{"output"}))
 	}
+	outs := []string{OutputNames[OutY]}
+	if s.RouterLogits {
+		outs = append(outs, logitsOutput(b, logits))
+	}
 	f := &pb.FunctionProto{
 		Name:        proto.String(OpType),
 		Domain:      proto.String(Domain),
 		Overload:    proto.String(s.Variant()),
 		Input:       append([]string(nil), in[:]...),
-		Output:      []string{"output"},
+		Output:      outs,
 		Attribute:   append([]string(nil), attrNames...),
 		Node:        b.Nodes,
 		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(opset)}},
