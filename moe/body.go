@@ -132,6 +132,10 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		linIn = append(linIn, in[InRouterB])
 	}
 	logits := b.Op("Gemm", linIn, graph.IntAttr("transB", 1))
+	outs := []string{OutputNames[OutY]}
+	if s.RouterLogits { // the optional second output (logits.go)
+		outs = append(outs, logitsOutput(b, logits))
+	}
 	k := b.Ints(int64(s.TopK))
 	activate := func(v string) string {
 		if s.RouterActivation == Softmax {
@@ -240,10 +244,6 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		b.Nodes = append(b.Nodes, graph.NewNode("Cast", "", "", []string{out}, []string{"output"}, graph.IntAttr("to", int64(s.IOElemType()))))
 	} else {
 		b.Nodes = append(b.Nodes, graph.NewNode("Reshape", "", "", []string{y, b.Op("Shape", []string{in[InHidden]})}, []string{"output"}))
-	}
-	outs := []string{OutputNames[OutY]}
-	if s.RouterLogits {
-		outs = append(outs, logitsOutput(b, logits))
 	}
 	f := &pb.FunctionProto{
 		Name:        proto.String(OpType),

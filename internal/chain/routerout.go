@@ -23,6 +23,10 @@ type RouterOutputs struct {
 	// fraction of chosen slots that went to expert e (a one-hot of the
 	// selection's ids, averaged), P_e the mean probability of e.
 	BalanceLoss bool
+	// OwnTopK makes the balance loss choose its experts with a TopK of
+	// its own over the probabilities, as transformers'
+	// load_balancing_loss_func does, instead of reading the selection's.
+	OwnTopK bool
 }
 
 // WithRouterOutputs returns m with the router values opt names as further
@@ -87,7 +91,12 @@ func WithRouterOutputs(m *graph.Model, opt RouterOutputs) (*pb.ModelProto, error
 	if opt.BalanceLoss {
 		depth := e.init(&pb.TensorProto{DataType: proto.Int32(int32(pb.TensorProto_INT64)), RawData: le64(E)})
 		onOff := e.init(&pb.TensorProto{Dims: []int64{2}, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), RawData: append(le32(0), le32(1)...)})
-		hot := e.node("OneHot", "", tk.Output[1], depth, onOff) // [T, k, E]
+		ids := tk.Output[1]
+		if opt.OwnTopK {
+			ids = e.name()
+			e.gp.Node = append(e.gp.Node, graph.NewNode("TopK", "", ids+"/TopK", []string{probs, tk.Input[1]}, []string{e.name(), ids}, graph.IntAttr("axis", -1)))
+		}
+		hot := e.node("OneHot", "", ids, depth, onOff) // [T, k, E]
 		f := e.reduce("ReduceMean", e.reduce("ReduceSum", hot, 1), 0)
 		loss("balance_loss", e.node("Mul", "", e.reduce("ReduceSum", e.node("Mul", "", f, meanP), 0), e.scalar(float32(E))))
 	}

@@ -52,6 +52,8 @@ func Cases() []Case {
 		{Name: "router logits with a router bias as a model output", Build: routerOut(fixture("gpt_oss_block_dynamo_batched_mm"), chain.RouterOutputs{Logits: true}), Experts: []int{8}, Logits: 1},
 		{Name: "aux loss from the router probabilities", Build: routerOut(exported("qwen3_moe_block_torchscript"), chain.RouterOutputs{ProbLoss: true}), Experts: []int{8}, Logits: 1},
 		{Name: "load-balancing loss from the chosen experts, and the logits", Build: routerOut(fixture("mixtral_block_dynamo_batched_mm"), chain.RouterOutputs{Logits: true, BalanceLoss: true}), Experts: []int{8}, Logits: 1},
+		{Name: "router logits of a block with a shared expert", Build: routerOut(fixture("qwen2_moe_block_dynamo_batched_mm"), chain.RouterOutputs{Logits: true}), Experts: []int{8}, Shared: 1, Logits: 1},
+		{Name: "load-balancing loss with a top-k of its own", Build: routerOut(qwen3, chain.RouterOutputs{BalanceLoss: true, OwnTopK: true}), Experts: []int{8}, Logits: 1, Left: []string{"TopK"}},
 		{Name: "two MoE blocks summed, each with its router logits", Build: parallel(true, false, routerOut(qwen3, chain.RouterOutputs{Logits: true}), routerOut(synth(16, models.ShapeBatched), chain.RouterOutputs{BalanceLoss: true})), Experts: []int{8, 16}, Logits: 2},
 	}
 }
