@@ -88,4 +88,3 @@ func sameOutputs(t *testing.T, what string, got, want map[string]*eval.Tensor) {
 		}
 	}
 }
-
