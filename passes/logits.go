@@ -3,7 +3,6 @@ package passes
 import (
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -88,32 +87,45 @@ func (c *ctx) logitsValue(ri *routerInfo) string {
 
 // readBeside reports whether z, or a value b's region computes from it,
 // is a graph output or read by a node outside the region (b's output
-// aside). The region limit detection sets is in force (see analyze).
+// aside). The region limit detection sets is in force (see analyze). One
+// pass over the region's edges finds the values read outside it (most
+// blocks have none); only their producers are asked whether they depend
+// on z.
 func (c *ctx) readBeside(b *Block, z string) bool {
 	d := c.d
 	zj := c.g.ValueID(z)
 	if zj < 0 || len(b.regionPos) != len(b.Region) {
 		return false
 	}
-	in := func(p int32) bool { _, ok := slices.BinarySearch(b.regionPos, p); return ok }
-	out := c.g.ValueID(b.Output)
-	fromZ := c.reachFrom(z)
+	mk := c.mk
+	ep := mk.next()
 	for _, p := range b.regionPos {
-		if p != d.prod[zj] && !fromZ.hasPos(p) {
-			continue
-		}
+		mk.at[p] = ep
+	}
+	out := c.g.ValueID(b.Output)
+	var escaping []int32 // producers of values read outside the region
+	for _, p := range b.regionPos {
 		for _, j := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
 			if j < 0 || j == out {
 				continue
 			}
-			if d.isOut[j] {
-				return true
-			}
+			esc := d.isOut[j]
 			for _, q := range d.consumers(j) {
-				if !in(q) {
-					return true
-				}
+				esc = esc || mk.at[q] != ep
 			}
+			if esc {
+				escaping = append(escaping, p)
+				break
+			}
+		}
+	}
+	if len(escaping) == 0 {
+		return false
+	}
+	fromZ := c.reachFrom(z)
+	for _, p := range escaping {
+		if p == d.prod[zj] || fromZ.hasPos(p) {
+			return true
 		}
 	}
 	return false
