@@ -31,11 +31,14 @@ type RouterOutputs struct {
 
 // WithRouterOutputs returns m with the router values opt names as further
 // graph outputs: what a model with output_router_logits, or an auxiliary
-// loss computed next to the block, exports. m must hold one selection: a
-// TopK fed (through shape ops, a Softmax or Sigmoid, a bias Add) by a
-// MatMul or Gemm with a constant weight; its input must be [T, E]. The
-// added nodes read the block's own values, so the router's values are
-// used twice. m is not edited.
+// loss computed next to its blocks, exports. Every selection of m (a TopK
+// fed, through shape ops, a Softmax or Sigmoid and a bias Add, by a MatMul
+// or Gemm with a constant weight, whose input is [T, E]) contributes: its
+// logits are an output of their own ("router_logits", or
+// "router_logits.<i>" for the i-th of several in node order), and the
+// losses of all selections are summed into one output each, as
+// transformers sums them over layers. The added nodes read the blocks' own
+// values, so the router's values are used twice. m is not edited.
 func WithRouterOutputs(m *graph.Model, opt RouterOutputs) (*pb.ModelProto, error) {
 	mp := proto.Clone(m.Proto).(*pb.ModelProto)
 	gp := mp.GetGraph()
@@ -50,12 +53,7 @@ func WithRouterOutputs(m *graph.Model, opt RouterOutputs) (*pb.ModelProto, error
 		gp.Initializer[i] = &pb.TensorProto{Name: t.Name, Dims: t.GetDims(), DataType: t.DataType, RawData: b}
 	}
 	g := graph.NewGraph(gp)
-	tk, logits, err := selection(g)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", m.Name(), err)
-	}
-	probs := tk.Input[0]
-	E, err := experts(g, tk)
+	sels, err := selections(g)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", m.Name(), err)
 	}
@@ -66,27 +64,39 @@ func WithRouterOutputs(m *graph.Model, opt RouterOutputs) (*pb.ModelProto, error
 		}
 	}
 	e := &edit{gp: gp, opset: opset}
-	out := func(name, v string) {
-		e.node("Identity", name, v)
-		gp.Output = append(gp.Output, &pb.ValueInfoProto{Name: proto.String(name), Type: floatType()})
+	var aux, balance []string
+	for i, sel := range sels {
+		E, err := experts(g, sel.tk)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", m.Name(), err)
+		}
+		if opt.Logits {
+			name := "router_logits"
+			if len(sels) > 1 {
+				name = fmt.Sprintf("router_logits.%d", i)
+			}
+			e.node("Identity", name, sel.logits)
+			gp.Output = append(gp.Output, &pb.ValueInfoProto{Name: proto.String(name), Type: floatType()})
+		}
+		a, bl := e.losses(sel.tk, E, opt)
+		aux, balance = append(aux, a...), append(balance, bl...)
 	}
-	// A loss is a one-element vector: ONNX Runtime's Go binding reads no
-	// rank-0 outputs.
-	loss := func(name, v string) {
-		one := e.init(&pb.TensorProto{Dims: []int64{1}, DataType: proto.Int32(int32(pb.TensorProto_INT64)), RawData: le64(1)})
-		e.gp.Node = append(e.gp.Node, graph.NewNode("Reshape", "", name+"/Reshape", []string{v, one}, []string{name}))
-		gp.Output = append(gp.Output, &pb.ValueInfoProto{Name: proto.String(name), Type: floatType()})
-	}
-	if opt.Logits {
-		out("router_logits", logits)
-	}
+	e.loss("aux_loss", aux)
+	e.loss("balance_loss", balance)
+	return mp, nil
+}
+
+// losses appends the losses opt asks for of the selection tk among E
+// experts and returns their values (none, or one each).
+func (e *edit) losses(tk *pb.NodeProto, E int64, opt RouterOutputs) (aux, balance []string) {
+	probs := tk.Input[0]
 	meanP := ""
 	if opt.ProbLoss || opt.BalanceLoss {
 		meanP = e.reduce("ReduceMean", probs, 0) // [E]
 	}
 	if opt.ProbLoss {
 		sq := e.node("Mul", "", meanP, meanP)
-		loss("aux_loss", e.node("Mul", "", e.reduce("ReduceSum", sq, 0), e.scalar(float32(E))))
+		aux = append(aux, e.node("Mul", "", e.reduce("ReduceSum", sq, 0), e.scalar(float32(E))))
 	}
 	if opt.BalanceLoss {
 		depth := e.init(&pb.TensorProto{DataType: proto.Int32(int32(pb.TensorProto_INT64)), RawData: le64(E)})
@@ -98,30 +108,47 @@ func WithRouterOutputs(m *graph.Model, opt RouterOutputs) (*pb.ModelProto, error
 		}
 		hot := e.node("OneHot", "", ids, depth, onOff) // [T, k, E]
 		f := e.reduce("ReduceMean", e.reduce("ReduceSum", hot, 1), 0)
-		loss("balance_loss", e.node("Mul", "", e.reduce("ReduceSum", e.node("Mul", "", f, meanP), 0), e.scalar(float32(E))))
+		balance = append(balance, e.node("Mul", "", e.reduce("ReduceSum", e.node("Mul", "", f, meanP), 0), e.scalar(float32(E))))
 	}
-	return mp, nil
+	return aux, balance
 }
 
-// selection returns g's one selection TopK and its router's logits.
-func selection(g *graph.Graph) (*pb.NodeProto, string, error) {
-	var found *pb.NodeProto
-	logits := ""
+// loss makes the sum of vals (none: nothing) the graph output name, a
+// one-element vector: ONNX Runtime's Go binding reads no rank-0 outputs.
+func (e *edit) loss(name string, vals []string) {
+	if len(vals) == 0 {
+		return
+	}
+	sum := vals[0]
+	for _, v := range vals[1:] {
+		sum = e.node("Add", "", sum, v)
+	}
+	one := e.init(&pb.TensorProto{Dims: []int64{1}, DataType: proto.Int32(int32(pb.TensorProto_INT64)), RawData: le64(1)})
+	e.gp.Node = append(e.gp.Node, graph.NewNode("Reshape", "", name+"/Reshape", []string{sum, one}, []string{name}))
+	e.gp.Output = append(e.gp.Output, &pb.ValueInfoProto{Name: proto.String(name), Type: floatType()})
+}
+
+// sel is one selection and its router's logits.
+type sel struct {
+	tk     *pb.NodeProto
+	logits string
+}
+
+// selections returns g's selections in node order.
+func selections(g *graph.Graph) ([]sel, error) {
+	var out []sel
 	for _, n := range g.P.Node {
 		if n.GetOpType() != "TopK" {
 			continue
 		}
 		if z := routerLogits(g, n.Input[0]); z != "" {
-			if found != nil {
-				return nil, "", fmt.Errorf("two router selections (%q and %q)", graph.NodeLabel(found), graph.NodeLabel(n))
-			}
-			found, logits = n, z
+			out = append(out, sel{n, z})
 		}
 	}
-	if found == nil {
-		return nil, "", fmt.Errorf("no TopK fed by a router linear")
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no TopK fed by a router linear")
 	}
-	return found, logits, nil
+	return out, nil
 }
 
 // routerLogits follows v back through shape ops, one Softmax or Sigmoid

@@ -54,6 +54,8 @@ func Cases() []Case {
 		{Name: "load-balancing loss from the chosen experts, and the logits", Build: routerOut(fixture("mixtral_block_dynamo_batched_mm"), chain.RouterOutputs{Logits: true, BalanceLoss: true}), Experts: []int{8}, Logits: 1},
 		{Name: "router logits of a block with a shared expert", Build: routerOut(fixture("qwen2_moe_block_dynamo_batched_mm"), chain.RouterOutputs{Logits: true}), Experts: []int{8}, Shared: 1, Logits: 1},
 		{Name: "load-balancing loss with a top-k of its own", Build: routerOut(qwen3, chain.RouterOutputs{BalanceLoss: true, OwnTopK: true}), Experts: []int{8}, Logits: 1, Left: []string{"TopK"}},
+		{Name: "two layers, each with its logits, a balance loss summed over layers", Build: routerOut(layers(2, models.ShapeBatched), chain.RouterOutputs{Logits: true, BalanceLoss: true}), Experts: []int{8, 8}, Logits: 2},
+		{Name: "three chained real blocks, losses from top-ks of their own summed", Build: routerOut(chained(qwen3, 3), chain.RouterOutputs{ProbLoss: true, BalanceLoss: true, OwnTopK: true}), Experts: []int{8, 8, 8}, Logits: 3},
 		{Name: "two MoE blocks summed, each with its router logits", Build: parallel(true, false, routerOut(qwen3, chain.RouterOutputs{Logits: true}), routerOut(synth(16, models.ShapeBatched), chain.RouterOutputs{BalanceLoss: true})), Experts: []int{8, 16}, Logits: 2},
 	}
 }
@@ -72,6 +74,29 @@ func load(dir, name string) source {
 func synth(E int, shape string) source {
 	return func() (*graph.Model, error) {
 		return models.Build(models.Config{Shape: shape, Layers: 1, Experts: E, TopK: 2, Hidden: 64, Inter: 32, Normalize: true, Seed: int64(E)})
+	}
+}
+
+// layers is a synthetic model of n layers (h = h + MoE(h)), E 8, H 64.
+func layers(n int, shape string) source {
+	return func() (*graph.Model, error) {
+		return models.Build(models.Config{Shape: shape, Layers: n, Experts: 8, TopK: 2, Hidden: 64, Inter: 32, Normalize: true, Seed: 3})
+	}
+}
+
+// chained is n directly chained copies of src's block, each with weights
+// of its own (chain.Compose).
+func chained(src source, n int) source {
+	return func() (*graph.Model, error) {
+		m, err := src()
+		if err != nil {
+			return nil, err
+		}
+		mp, err := chain.Compose(m, n, chain.Options{Perturb: true})
+		if err != nil {
+			return nil, err
+		}
+		return parse(mp, fmt.Sprintf("%s x%d", m.Name(), n))
 	}
 }
 
