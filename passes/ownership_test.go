@@ -45,13 +45,14 @@ func TestOwnership(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			rtol, atol := tc.Tolerance()
 			for _, body := range []bool{false, true} {
 				got, err := eval.Run(context.Background(), m, feeds, eval.Options{Kernels: evalKernels(), PreferFunctions: body})
 				if err != nil {
 					t.Fatal(err)
 				}
 				for name, w := range want {
-					d, err := eval.Compare(got[name], w, 1e-4, 1e-5)
+					d, err := eval.Compare(got[name], w, rtol, atol)
 					if err != nil || !d.OK() {
 						t.Errorf("function body %v: output %q differs from the original's: %+v %v", body, name, d, err)
 					}

@@ -33,6 +33,20 @@ type Case struct {
 	// Left lists op types that must stay in the rewritten graph (a dense
 	// branch left alone).
 	Left []string
+	// Half: the model's I/O is float16 or bfloat16; outputs agree to that
+	// precision (Tolerance), and ONNX Runtime's Go harness, which feeds
+	// float32 and int64 only, does not run it.
+	Half bool
+}
+
+// Tolerance returns the relative and absolute tolerance of the case's
+// outputs against the original's: 1e-4 and 1e-5, or 1e-2 and 1e-3 for
+// half-precision I/O.
+func (c Case) Tolerance() (rtol, atol float64) {
+	if c.Half {
+		return 1e-2, 1e-3
+	}
+	return 1e-4, 1e-5
 }
 
 // Cases returns the composite cases.
@@ -53,6 +67,7 @@ func Cases() []Case {
 		{Name: "aux loss from the router probabilities", Build: routerOut(exported("qwen3_moe_block_torchscript"), chain.RouterOutputs{ProbLoss: true}), Experts: []int{8}, Logits: 1},
 		{Name: "load-balancing loss from the chosen experts, and the logits", Build: routerOut(fixture("mixtral_block_dynamo_batched_mm"), chain.RouterOutputs{Logits: true, BalanceLoss: true}), Experts: []int{8}, Logits: 1},
 		{Name: "router logits of a block with a shared expert", Build: routerOut(fixture("qwen2_moe_block_dynamo_batched_mm"), chain.RouterOutputs{Logits: true}), Experts: []int{8}, Shared: 1, Logits: 1},
+		{Name: "float16 block with a balance loss: logits in float16 stay in the graph", Build: routerOut(load("exported_half", "qwen3_moe_block_dynamo_float16"), chain.RouterOutputs{Logits: true, BalanceLoss: true}), Experts: []int{8}, Left: []string{"TopK"}, Half: true},
 		{Name: "load-balancing loss with a top-k of its own", Build: routerOut(qwen3, chain.RouterOutputs{BalanceLoss: true, OwnTopK: true}), Experts: []int{8}, Logits: 1, Left: []string{"TopK"}},
 		{Name: "two layers, each with its logits, a balance loss summed over layers", Build: routerOut(layers(2, models.ShapeBatched), chain.RouterOutputs{Logits: true, BalanceLoss: true}), Experts: []int{8, 8}, Logits: 2},
 		{Name: "three chained real blocks, losses from top-ks of their own summed", Build: routerOut(chained(qwen3, 3), chain.RouterOutputs{ProbLoss: true, BalanceLoss: true, OwnTopK: true}), Experts: []int{8, 8, 8}, Logits: 3},

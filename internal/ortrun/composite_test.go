@@ -26,6 +26,9 @@ func TestCompositeAgainstORT(t *testing.T) {
 	needORT(t)
 	for _, tc := range composite.Cases() {
 		t.Run(tc.Name, func(t *testing.T) {
+			if tc.Half {
+				t.Skip("half-precision inputs: the harness feeds float32 and int64 only")
+			}
 			orig, err := tc.Build()
 			if err != nil {
 				t.Fatal(err)
