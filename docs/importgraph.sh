@@ -16,7 +16,7 @@ layers='
 4 internal/ep internal/verify passes/internal/canon
 5 passes internal/diff
 6 lowering models
-7 .
+7 . internal/composite
 8 cmd/mokopt internal/ortrun bench/loadsave bench/chain bench/stack tools/scrubpaths
 '
 set -euo pipefail

@@ -22,6 +22,9 @@ type decomposition struct {
 	ids, weights string
 	// shared is the shared expert's output [T, H] (gate applied), "" if none.
 	shared string
+	// logits is the router Gemm's output [T, E], the fused node's
+	// optional router_logits output.
+	logits string
 }
 
 // decompose builds the fused node's body and locates the values a lowering
@@ -48,6 +51,7 @@ func decompose(s *moe.Spec, opset int64) (*decomposition, error) {
 			break
 		}
 	}
+	d.logits = logits
 	for _, n := range f.Node {
 		if n.GetOpType() != "ScatterElements" || len(n.Input) != 3 {
 			continue

@@ -321,7 +321,12 @@ func emit(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *Block, outside b
 	if outside {
 		outs = append(outs, d.shared)
 	}
-	nodes, err := d.extract(actual, prefix, map[string]string{d.ids: blk.TopKExperts, d.weights: blk.RouterWeights}, outs...)
+	rename := map[string]string{d.ids: blk.TopKExperts, d.weights: blk.RouterWeights}
+	if s.RouterLogits { // the optional router_logits output: the router Gemm's, beside the kernel
+		outs = append(outs, d.logits)
+		rename[d.logits] = n.Output[moe.OutRouterLogits]
+	}
+	nodes, err := d.extract(actual, prefix, rename, outs...)
 	if err != nil {
 		return nil, "", err
 	}

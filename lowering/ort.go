@@ -281,6 +281,9 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 		gemmIn = append(gemmIn, init("router_bias", []int64{int64(E)}, w.RouterB))
 	}
 	logits := b.Op("Gemm", gemmIn, graph.IntAttr("transB", 1))
+	if s.RouterLogits { // the optional router_logits output, which the op lacks: the Gemm's, kept beside it
+		b.Nodes = append(b.Nodes, graph.NewNode("Identity", "", prefix+"/router_logits", []string{logits}, []string{n.Output[moe.OutRouterLogits]}))
+	}
 	// ONNX Runtime 1.30's CPU kernel may run in place on its input
 	// (MayInplace(0, 0)), and in place it loses rows of the routed output
 	// when normalize_routing_weights is 0 (measured: qwen2_moe_full's block

@@ -132,6 +132,10 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		linIn = append(linIn, in[InRouterB])
 	}
 	logits := b.Op("Gemm", linIn, graph.IntAttr("transB", 1))
+	outs := []string{OutputNames[OutY]}
+	if s.RouterLogits { // the optional second output (logits.go)
+		outs = append(outs, logitsOutput(b, logits))
+	}
 	k := b.Ints(int64(s.TopK))
 	activate := func(v string) string {
 		if s.RouterActivation == Softmax {
@@ -237,7 +241,7 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		Domain:      proto.String(Domain),
 		Overload:    proto.String(s.Overload()),
 		Input:       append([]string(nil), in[:]...),
-		Output:      []string{"output"},
+		Output:      outs,
 		Attribute:   append([]string(nil), attrNames...),
 		Node:        b.Nodes,
 		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(opset)}},

@@ -82,7 +82,15 @@ func evalKernel(c *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.
 	if x.DType == pb.TensorProto_FLOAT16 || x.DType == pb.TensorProto_BFLOAT16 {
 		dt = x.DType // the output has the input's type (half-precision I/O)
 	}
-	return []*eval.Tensor{eval.NewFloatAs(dt, x.Shape, y)}, nil
+	outs := []*eval.Tensor{eval.NewFloatAs(dt, x.Shape, y)}
+	if s.RouterLogits { // the optional second output (logits.go)
+		z, err := RouterLogits(s, &w, x.F32, T)
+		if err != nil {
+			return nil, err
+		}
+		outs = append(outs, eval.NewFloat32([]int{T, s.NumExperts}, z))
+	}
+	return outs, nil
 }
 
 // shardPart is what one EP rank contributes to gatherShards.

@@ -10,7 +10,7 @@ import (
 )
 
 // MaxOutputs is the number of outputs a fused node may have.
-const MaxOutputs = 1
+const MaxOutputs = NumOutputs
 
 // attrTypes is every attribute of the fused node's contract with its type.
 var attrTypes = map[string]pb.AttributeProto_AttributeType{

@@ -131,6 +131,10 @@ type Spec struct {
 	// block computes in float32 with float32 weights between a cast in and
 	// a cast out.
 	IOType string `json:"io_type,omitempty"`
+	// RouterLogits says the node has its optional second output,
+	// router_logits (see RouterLogits). It is read from the node's
+	// outputs, not written as an attribute.
+	RouterLogits bool `json:"router_logits,omitempty"`
 }
 
 // Half-precision block I/O types (Spec.IOType).
@@ -304,6 +308,9 @@ func (s *Spec) Variant() string {
 	case IOBFloat16:
 		parts = append(parts, "bf16io")
 	}
+	if s.RouterLogits {
+		parts = append(parts, "logits")
+	}
 	return strings.Join(parts, "_")
 }
 
@@ -400,6 +407,7 @@ func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
 		s.GroupScore = gs
 	}
 	s.IOType = graph.AttrString(n, "io_type", "")
+	s.RouterLogits = len(n.Output) > OutRouterLogits && n.Output[OutRouterLogits] != ""
 	has := func(pos int) bool { return pos < len(n.Input) && n.Input[pos] != "" }
 	s.RouterBias = has(InRouterB)
 	s.CorrectionBias = has(InCorrectionBias)

@@ -56,6 +56,9 @@ func (c *ctx) analyze(tk *pb.NodeProto) (*Block, error) {
 	x0 := c.inputBoundary(ri.x)
 	y := c.postDominator(tk, ri.linear)
 	if y == "" {
+		y = c.combineBeside(tk, ri.linear) // sides.go
+	}
+	if y == "" {
 		return nil, rejectf("no single value combines the experts' outputs after the router")
 	}
 	// Extend through shape noise, a cast back to a half-precision input's
@@ -91,7 +94,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) (*Block, error) {
 			if other == y {
 				other = n.Input[1]
 			}
-			if p := c.g.Producer(other); p != nil && xDeps.has(p) && c.hasWeightMatMul(other, x0) {
+			if p := c.g.Producer(other); p != nil && xDeps.has(p) && c.sharedBranch(other, x0) { // ownership.go
 				sharedVal = other
 				y = n.Output[0]
 				continue
@@ -136,6 +139,8 @@ func (c *ctx) analyze(tk *pb.NodeProto) (*Block, error) {
 	}
 	b.W = plan
 	b.Spec = s
+	c.exposeLogits(b, ri) // logits.go
+	s = b.Spec
 	if err := s.Validate(); err != nil {
 		return nil, rejectf("%v", err)
 	}

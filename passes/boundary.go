@@ -19,20 +19,28 @@ import (
 // candidate that fails costs its own block's nodes, not the rest of the
 // model.
 func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
-	// The combine point comes after expert compute: a MatMul/Gemm with a
-	// constant weight other than the router.
-	anc := c.ancestors(tk.Input[0]) // an earlier layer's experts are not ours
-	d := c.d
-	router := int32(-1)
+	return c.postDominatorBeside(tk, routerLinear, nil)
+}
+
+// routerPos returns the topological position of the router linear, or -1.
+func (c *ctx) routerPos(routerLinear *pb.NodeProto) int32 {
 	if routerLinear != nil {
 		if p, ok := c.posOf(routerLinear); ok {
-			router = p
+			return p
 		}
 	}
+	return -1
+}
+
+// afterExpertFunc returns afterExpert(p): node p is reached from the
+// output of a MatMul/Gemm with a constant weight other than the router at
+// position router, where the combine point of the selection whose router
+// input has the ancestors anc comes. An ancestor of the router input
+// never is (the matmul would be one too). Answers are kept in c.after.
+func (c *ctx) afterExpertFunc(anc []bool, router int32) func(p int32) bool {
+	d := c.d
 	after := &c.after
 	after.reset(len(c.topo))
-	// afterExpert(p): node p is reached from the output of such a matmul.
-	// An ancestor of the router input never is (the matmul would be one too).
 	var afterExpert func(p int32) bool
 	afterExpert = func(p int32) bool {
 		if known, yes := after.get(p); known {
@@ -53,6 +61,19 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 		}
 		return false
 	}
+	return afterExpert
+}
+
+// postDominatorBeside is postDominator where the nodes for which side
+// holds do not count (nil: none): computations beside the block that read
+// its router's values and never meet its experts (see routerSides). Their
+// edges neither keep a value open nor are walked, and a value that is a
+// graph output keeps itself open only when it comes after expert compute.
+func (c *ctx) postDominatorBeside(tk, routerLinear *pb.NodeProto, side []bool) string {
+	anc := c.ancestors(tk.Input[0]) // an earlier layer's experts are not ours
+	d := c.d
+	router := c.routerPos(routerLinear)
+	afterExpert := c.afterExpertFunc(anc, router)
 	// pending[v]: consumers of derived value v not yet visited.
 	pending := map[int32]int32{}
 	mk := c.mk
@@ -63,14 +84,21 @@ func (c *ctx) postDominator(tk, routerLinear *pb.NodeProto) string {
 			return
 		}
 		n := d.consOff[j+1] - d.consOff[j]
-		if d.isOut[j] {
+		if side != nil {
+			for _, p := range d.consumers(j) {
+				if side[p] {
+					n--
+				}
+			}
+		}
+		if d.isOut[j] && (side == nil || d.prod[j] >= 0 && afterExpert(d.prod[j])) {
 			n++ // never closes
 		}
 		if n > 0 {
 			pending[j] = n
 		}
 		for _, p := range d.consumers(j) {
-			if mk.at[p] != ep {
+			if mk.at[p] != ep && (side == nil || !side[p]) {
 				mk.at[p] = ep
 				h.Push(p)
 			}

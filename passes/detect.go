@@ -50,6 +50,11 @@ type Block struct {
 	// contributions of experts past the first TracedExperts hit.
 	TracedExperts int `json:"traced_experts,omitempty"`
 
+	// RouterLogits, when set, names the value of the router's logits that
+	// the fused node's optional second output takes over: values computed
+	// from them are also read outside the block (see logits.go).
+	RouterLogits string `json:"router_logits,omitempty"`
+
 	// regionPos holds the topological positions of Region's nodes, when
 	// detection found them by position (nil otherwise).
 	regionPos []int32
@@ -204,6 +209,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 		det.Blocks = append(det.Blocks, r.b)
 	}
 	c.dropOverlaps(det)
+	c.dropSideSelections(det, missed) // logits.go
 	// Expert compute selected by a TopK that was reported already is not
 	// routerless: only what no TopK reaches is reported by routerlessExperts.
 	covered := claimed

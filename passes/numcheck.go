@@ -316,7 +316,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 	g := m.Graph()
 	m.KeepIndex(g) // the check only reads the graph: one index serves it all
 	for i, b := range blocks {
-		want[b.Input], want[b.Router], want[b.Output] = true, true, true
+		want[b.Input], want[b.Router], want[b.Output], want[b.RouterLogits] = true, true, true, b.RouterLogits != ""
 		ext[i] = regionInputs(g, b)
 		for _, v := range ext[i] {
 			want[v] = true
@@ -497,7 +497,7 @@ func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*
 			continue
 		}
 		e.vals[i] = map[string]*eval.Tensor{}
-		for _, v := range []string{b.Input, b.Router, b.Output} {
+		for _, v := range checkedValues(b) {
 			if _, dup := e.vals[i][v]; !dup {
 				e.vals[i][v] = nil
 				e.need[v] = append(e.need[v], i)
@@ -721,7 +721,7 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	if off > 0 {
 		return fmt.Errorf("numerical check failed: the fused node's semantics differ from the original subgraph by %.3g at element %d, %d of %d tokens off (%s)", worst, at, off, T, where)
 	}
-	return nil
+	return checkLogits(b, vals, w, x.F32, T, where)
 }
 
 // sameDeclaredDims reports whether gp declares values a and b (as graph

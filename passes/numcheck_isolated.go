@@ -98,7 +98,10 @@ func isolatedVals(ctx context.Context, m *graph.Model, g *graph.Graph, b *Block,
 	for _, v := range append([]string{b.Input}, ext...) {
 		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: proto.String(v)}) // typed by its feed
 	}
-	for _, v := range []string{b.Output, b.Router} {
+	for _, v := range []string{b.Output, b.Router, b.RouterLogits} {
+		if v == "" {
+			continue
+		}
 		if v != b.Input && !slices.ContainsFunc(gp.Output, func(o *pb.ValueInfoProto) bool { return o.GetName() == v }) {
 			gp.Output = append(gp.Output, &pb.ValueInfoProto{Name: proto.String(v)})
 		}
@@ -108,8 +111,10 @@ func isolatedVals(ctx context.Context, m *graph.Model, g *graph.Graph, b *Block,
 		return nil, err
 	}
 	res := map[string]*eval.Tensor{b.Input: feeds[b.Input], b.Output: out[b.Output]}
-	if r, ok := out[b.Router]; ok {
-		res[b.Router] = r
+	for _, v := range []string{b.Router, b.RouterLogits} {
+		if r, ok := out[v]; ok && v != "" {
+			res[v] = r
+		}
 	}
 	return res, nil
 }

@@ -338,8 +338,13 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTens
 	}
 	node := graph.NewNode(moe.OpType, moe.Domain, name, in, []string{b.Output}, s.Attributes()...)
 	node.Overload = proto.String(s.Overload())
+	logits, err := takeLogits(g, b, node) // the optional router_logits output (logits.go)
+	if err != nil {
+		return nil, err
+	}
 	g.AddNode(node) // the index now names node as b.Output's producer
 	dc.replaced(old, oldPos, node, b.Output)
+	logits.replaced(dc, node)
 	if !funcs[s.Overload()] && !s.Shard() { // a shard needs its group: no standalone body
 		f, err := moe.Function(s, opset)
 		if err != nil {

@@ -1,7 +1,10 @@
-// Package chain composes a one-block model with itself: n copies of its
-// graph, where copy i+1 reads copy i's output in place of the block input
-// (blocks chained directly, with no residual between them). It builds the
+// Package chain composes one-block models. Compose chains n copies of a
+// model's graph, where copy i+1 reads copy i's output in place of the block
+// input (blocks chained directly, with no residual between them): the
 // chained models that the detector's tests and bench/chain.sh run on.
+// Parallel puts several models on one input (two blocks on one hidden
+// state), and WithRouterOutputs adds a block's router values as further
+// graph outputs (router logits, auxiliary losses).
 package chain
 
 import (
