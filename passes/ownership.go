@@ -2,6 +2,7 @@ package passes
 
 import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
 )
 
 // Ownership by dataflow: which of the computations that read a block's
@@ -125,7 +126,7 @@ func (c *ctx) swigluMLPOf(v, x0 string) bool {
 	}
 	m := c.dataProducer(e.act, "Mul")
 	if m == nil {
-		return false
+		return c.evaluatedSwiGLU(e, x0)
 	}
 	for _, o := range [][2]string{{m.Input[0], m.Input[1]}, {m.Input[1], m.Input[0]}} {
 		g, gp := c.siluOf(o[0], x0)
@@ -134,7 +135,33 @@ func (c *ctx) swigluMLPOf(v, x0 string) bool {
 			return true
 		}
 	}
-	return false
+	return c.evaluatedSwiGLU(e, x0)
+}
+
+// evaluatedSwiGLU reports whether down's input is SwiGLU of one or two
+// projections of x0 in any spelling: the projections are plain linears of
+// x0 (plainLinear), nothing else between them and down is a matmul, and
+// the activation identified by evaluation (roles) is SwiGLU without
+// biases.
+func (c *ctx) evaluatedSwiGLU(down *emm, x0 string) bool {
+	var l1 []*emm
+	for _, n := range c.backNodes(down.act, x0) {
+		op := n.GetOpType()
+		if op != "MatMul" && op != "Gemm" {
+			continue
+		}
+		p := c.plainLinear(n.Output[0], x0)
+		if p == nil {
+			return false
+		}
+		l1 = append(l1, p)
+	}
+	if len(l1) != 1 && len(l1) != 2 {
+		return false
+	}
+	var tmp moe.Spec
+	rs, err := c.roles(l1, down, &tmp, true)
+	return err == nil && tmp.Activation == moe.SwiGLU && rs.gateB == nil && rs.upB == nil && rs.downB == nil
 }
 
 // projOf returns the projection producing v and which part of its output

@@ -22,7 +22,7 @@ func TestSharedBranchRule(t *testing.T) {
 		return graph.NewNode(op, "", out, in, []string{out}, attrs...)
 	}
 	inits := []*pb.TensorProto{w("wg", 8, 16), w("wu", 8, 16), w("wd", 16, 8), w("wgt", 8, 1), w("wgu", 8, 32), w("wgT", 16, 8),
-		moe.Float32Tensor("two", nil, []float32{2}), moe.Float32Tensor("bias", []int64{8}, make([]float32, 8)), moe.Int64Tensor("halves", []int64{2}, []int64{16, 16})}
+		moe.Float32Tensor("two", nil, []float32{2}), moe.Float32Tensor("one", nil, []float32{1}), moe.Float32Tensor("bias", []int64{8}, make([]float32, 8)), moe.Int64Tensor("halves", []int64{2}, []int64{16, 16})}
 	swiglu := []*pb.NodeProto{n("MatMul", []string{"x", "wg"}, "g"), n("MatMul", []string{"x", "wu"}, "u"), n("Sigmoid", []string{"g"}, "sg"),
 		n("Mul", []string{"g", "sg"}, "silu"), n("Mul", []string{"silu", "u"}, "a"), n("MatMul", []string{"a", "wd"}, "y")}
 	with := func(base []*pb.NodeProto, extra ...*pb.NodeProto) []*pb.NodeProto {
@@ -55,8 +55,14 @@ func TestSharedBranchRule(t *testing.T) {
 		{"down bias", with(renamed(swiglu, "d"), n("Add", []string{"d", "bias"}, "y")), false},
 		{"scaled output", with(renamed(swiglu, "d"), n("Mul", []string{"d", "two"}, "y")), false},
 		{"gelu MLP", []*pb.NodeProto{n("MatMul", []string{"x", "wg"}, "h"), n("Erf", []string{"h"}, "e"), n("Mul", []string{"h", "e"}, "a"), n("MatMul", []string{"a", "wd"}, "y")}, false},
-		{"sigmoid of another value", []*pb.NodeProto{n("MatMul", []string{"x", "wg"}, "g"), n("MatMul", []string{"x", "wu"}, "u"), n("Sigmoid", []string{"u"}, "sg"),
+		// g·σ(u)·u is silu(u)·g: SwiGLU with the projections' roles swapped,
+		// as evaluation finds.
+		{"sigmoid of the other projection", []*pb.NodeProto{n("MatMul", []string{"x", "wg"}, "g"), n("MatMul", []string{"x", "wu"}, "u"), n("Sigmoid", []string{"u"}, "sg"),
+			n("Mul", []string{"g", "sg"}, "silu"), n("Mul", []string{"silu", "u"}, "a"), n("MatMul", []string{"a", "wd"}, "y")}, true},
+		{"sigmoid of a third value", []*pb.NodeProto{n("MatMul", []string{"x", "wg"}, "g"), n("MatMul", []string{"x", "wu"}, "u"), n("MatMul", []string{"x", "wu"}, "v"), n("Sigmoid", []string{"v"}, "sg"),
 			n("Mul", []string{"g", "sg"}, "silu"), n("Mul", []string{"silu", "u"}, "a"), n("MatMul", []string{"a", "wd"}, "y")}, false},
+		{"silu written as a quotient", []*pb.NodeProto{n("MatMul", []string{"x", "wg"}, "g"), n("MatMul", []string{"x", "wu"}, "u"), n("Mul", []string{"g", "u"}, "gu"),
+			n("Neg", []string{"g"}, "ng"), n("Exp", []string{"ng"}, "eg"), n("Add", []string{"eg", "one"}, "den"), n("Div", []string{"gu", "den"}, "a"), n("MatMul", []string{"a", "wd"}, "y")}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -65,8 +65,8 @@ func loadWrapped(t *testing.T, block, how string) *graph.Model {
 	return m
 }
 
-// maxRelDiff is the largest |a-b| over the largest |b| of the output.
-func maxRelDiff(a, b *eval.Tensor) float64 {
+// maxRelDiffTensor is the largest |a-b| over the largest |b| of the output.
+func maxRelDiffTensor(a, b *eval.Tensor) float64 {
 	worst, peak := 0.0, 0.0
 	for i := range b.F32 {
 		worst = math.Max(worst, math.Abs(float64(a.F32[i]-b.F32[i])))
@@ -124,7 +124,7 @@ func TestRewriteControlFlow(t *testing.T) {
 						if err != nil {
 							t.Fatalf("rewritten model (function body %v): %v", fn, err)
 						}
-						if d := maxRelDiff(got[models.WrappedOutput], want[models.WrappedOutput]); d > 1e-4 {
+						if d := maxRelDiffTensor(got[models.WrappedOutput], want[models.WrappedOutput]); d > 1e-4 {
 							t.Errorf("cond %v, function body %v: outputs differ by %.3g of their peak", cond, fn, d)
 						}
 					}
