@@ -154,7 +154,7 @@ type epGenFlags struct {
 func (f *epGenFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.form, "ep-form", "", "write an expert-parallel model: ort-alltoall or deepep (one file per rank, .rankR inserted in -o), or sharding (one global annotated model)")
 	fs.IntVar(&f.ep, "ep", 4, "EP group size of --ep-form")
-	fs.IntVar(&f.rank, "rank", -1, "--ep-form: write only this rank (default: all)")
+	fs.IntVar(&f.rank, "rank", -1, "--ep-form: write only this rank (-1: all)")
 	fs.StringVar(&f.placement, "placement", models.BeforeCombine, "--ep-form: router-weight multiply before_combine (DeepEP) or after_combine (MoK)")
 }
 

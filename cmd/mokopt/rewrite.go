@@ -34,7 +34,7 @@ TorchScript trace that lost experts), nothing is written and the exit code is 1.
 numerically (reference semantics of the fused node against the original
 subgraph on random inputs) before the model is edited, unless --no-check.
 
-Expert-parallel models (README "Expert parallelism"): a rank file's EP blocks
+Expert-parallel models (docs/expert-parallelism.md): a rank file's EP blocks
 become ai.mok::MoE shards (ep_size, expert_offset, E/EP local experts);
 --merge-ranks RANK0 .. RANKN fuses the rank files, checks them in lockstep with
 simulated collectives against the merged model, and writes one global model;

@@ -86,7 +86,10 @@ func usageArgs(c *cobra.Command) {
 		case c.HasSubCommands() || strings.HasPrefix(err.Error(), "unknown command"):
 			return usageErr(err)
 		}
-		return usageErr(fmt.Errorf("%s: %w (usage: %s)", c.CommandPath(), err, c.UseLine()))
+		// The command's path without the program's name, which the printed
+		// message already starts with ("mokopt: verify: …").
+		path := strings.TrimPrefix(c.CommandPath(), c.Root().Name()+" ")
+		return usageErr(fmt.Errorf("%s: %w (usage: %s)", path, err, c.UseLine()))
 	}
 	for _, s := range c.Commands() {
 		usageArgs(s)

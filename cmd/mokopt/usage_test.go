@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // TestUsageExitCodes is the table of exit codes of every command's usage
@@ -170,5 +173,46 @@ func TestCompletionValues(t *testing.T) {
 				t.Fatalf("completions %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestHelpTexts: every document a help text cites exists in the
+// repository (a README section as a heading of README.md), no flag's usage
+// states a default that cobra prints after it again, and no error message
+// carries the program's prefix twice.
+func TestHelpTexts(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docRef := regexp.MustCompile(`docs/[A-Za-z0-9_-]+\.md`)
+	readmeRef := regexp.MustCompile(`README "([^"]+)"`)
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		text := c.Long + "\n" + c.Short + "\n" + c.Example + "\n" + c.Flags().FlagUsages()
+		for _, ref := range docRef.FindAllString(text, -1) {
+			if _, err := os.Stat(filepath.Join("../..", ref)); err != nil {
+				t.Errorf("%s: help cites %s, which does not exist", c.CommandPath(), ref)
+			}
+		}
+		for _, m := range readmeRef.FindAllStringSubmatch(text, -1) {
+			if !regexp.MustCompile(`(?m)^#+ ` + regexp.QuoteMeta(m[1]) + `\s*$`).Match(readme) {
+				t.Errorf("%s: help cites README section %q, which README.md does not have", c.CommandPath(), m[1])
+			}
+		}
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if strings.Contains(f.Usage, "default") && f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "[]" {
+				t.Errorf("%s --%s: usage %q states a default and cobra prints (default %s) after it", c.CommandPath(), f.Name, f.Usage, f.DefValue)
+			}
+		})
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(newRootCmd())
+	for _, args := range [][]string{{"verify"}, {"rewrite"}, {"lower"}, {"diff", "a"}, {"inspect"}} {
+		if _, msg, _ := runCLI(context.Background(), args); strings.HasPrefix(msg, "mokopt ") || strings.Contains(msg, "mokopt "+args[0]+":") {
+			t.Errorf("%v: the message repeats the program's prefix: %s", args, msg)
+		}
 	}
 }
