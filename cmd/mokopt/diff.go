@@ -16,7 +16,7 @@ func init() { subcommands = append(subcommands, newDiffCmd) }
 
 func newDiffCmd() *cobra.Command {
 	var format, out, color string
-	var stat, verbose bool
+	var stat, verbose, asJSON bool
 	c := &cobra.Command{
 		Use:   "diff A B",
 		Short: "Compare two models structurally; explain fused regions",
@@ -34,6 +34,13 @@ page; the graph is rendered with Graphviz dot when it is installed).
 Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
+			if asJSON {
+				// --json is --format json, as every other command spells it.
+				if c.Flags().Changed("format") && format != "json" {
+					return usageErr(fmt.Errorf("--json and --format %s disagree", format))
+				}
+				format = "json"
+			}
 			switch format {
 			case "text", "json", "markdown", "md", "dot", "html":
 			default:
@@ -98,6 +105,7 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 		},
 	}
 	c.Flags().StringVar(&format, "format", "text", "output format: text, json, markdown, dot or html")
+	c.Flags().BoolVar(&asJSON, "json", false, "the same as --format json")
 	c.Flags().BoolVar(&stat, "stat", false, "print counts only")
 	c.Flags().StringVarP(&out, "output", "o", "", "write the report to this file instead of stdout")
 	c.Flags().StringVar(&color, "color", "auto", "colour text output: auto (on a terminal, unless NO_COLOR is set), always or never")

@@ -77,6 +77,7 @@ func TestUsageExitCodes(t *testing.T) {
 		{[]string{"diff", "--format", "pdf", m, m}, "unknown --format"},
 		{[]string{"diff", "--color", "pink", m, m}, "unknown --color"},
 		{[]string{"diff", "--stat", "--format", "html", m, m}, "--stat works with"},
+		{[]string{"diff", "--json", "--format", "dot", m, m}, "--json and --format dot disagree"},
 
 		{[]string{"gen"}, "needs -o FILE"},
 		{[]string{"gen", "x", "-o", out}, `unknown command "x"`},
