@@ -80,7 +80,7 @@ func onnxGelu(approx string) func(b *moe.Builder, x string) string {
 
 // gatedBy turns an ungated spelling f of the gate's function into a gated
 // one, f(g)·u (or u·f(g) with upFirst).
-func gatedBy(name string, upFirst bool, f func(b *moe.Builder, x string) string) func(b *moe.Builder, g, u string) string {
+func gatedBy(upFirst bool, f func(b *moe.Builder, x string) string) func(b *moe.Builder, g, u string) string {
 	return func(b *moe.Builder, g, u string) string {
 		if upFirst {
 			return op(b, "Mul", u, f(b, g))
@@ -101,12 +101,12 @@ func body(name string, p moe.ActParams) func(b *moe.Builder, g, u string) string
 var ActivationCases = []ActCase{
 	{Act: moe.SwiGLU, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.SwiGLU, moe.ActParams{Alpha: 1})},
-		{Name: "div-exp", Emit: gatedBy("", false, func(b *moe.Builder, x string) string { return op(b, "Mul", x, sigmoidDivExp(b, x)) })},
+		{Name: "div-exp", Emit: gatedBy(false, func(b *moe.Builder, x string) string { return op(b, "Mul", x, sigmoidDivExp(b, x)) })},
 		{Name: "x-over-1-exp", Emit: func(b *moe.Builder, g, u string) string {
 			return op(b, "Div", op(b, "Mul", g, u), op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", g))))
 		}},
-		{Name: "tanh-half", Emit: gatedBy("", true, siluTanh)},
-		{Name: "quickgelu-alpha1", MS: true, Emit: gatedBy("", false, func(b *moe.Builder, x string) string {
+		{Name: "tanh-half", Emit: gatedBy(true, siluTanh)},
+		{Name: "quickgelu-alpha1", MS: true, Emit: gatedBy(false, func(b *moe.Builder, x string) string {
 			return msOp(b, "QuickGelu", []string{x}, graph.FloatAttr("alpha", 1))
 		})},
 	}},
@@ -129,18 +129,18 @@ var ActivationCases = []ActCase{
 	}},
 	{Act: moe.GeGLU, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.GeGLU, moe.ActParams{Alpha: 1})},
-		{Name: "erf-div", Emit: gatedBy("", true, geluErfDiv)},
-		{Name: "onnx-gelu", Opset: 20, Emit: gatedBy("", false, onnxGelu("none"))},
-		{Name: "ms-gelu", MS: true, Emit: gatedBy("", false, func(b *moe.Builder, x string) string { return msOp(b, "Gelu", []string{x}) })},
+		{Name: "erf-div", Emit: gatedBy(true, geluErfDiv)},
+		{Name: "onnx-gelu", Opset: 20, Emit: gatedBy(false, onnxGelu("none"))},
+		{Name: "ms-gelu", MS: true, Emit: gatedBy(false, func(b *moe.Builder, x string) string { return msOp(b, "Gelu", []string{x}) })},
 	}},
 	{Act: moe.GeGLUTanh, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.GeGLUTanh, moe.ActParams{Alpha: 1})},
-		{Name: "pow", Emit: gatedBy("", false, geluTanhPow)},
-		{Name: "ms-fastgelu", MS: true, Emit: gatedBy("", true, func(b *moe.Builder, x string) string { return msOp(b, "FastGelu", []string{x}) })},
+		{Name: "pow", Emit: gatedBy(false, geluTanhPow)},
+		{Name: "ms-fastgelu", MS: true, Emit: gatedBy(true, func(b *moe.Builder, x string) string { return msOp(b, "FastGelu", []string{x}) })},
 	}},
 	{Act: moe.ReGLU, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.ReGLU, moe.ActParams{Alpha: 1})},
-		{Name: "max0", Emit: gatedBy("", true, func(b *moe.Builder, x string) string { return op(b, "Max", x, sc(b, 0)) })},
+		{Name: "max0", Emit: gatedBy(true, func(b *moe.Builder, x string) string { return op(b, "Max", x, sc(b, 0)) })},
 	}},
 	{Act: moe.Identity, Spellings: []Spelling{
 		{Name: "none", Emit: body(moe.Identity, moe.ActParams{Alpha: 1})},

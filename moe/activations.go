@@ -1,10 +1,8 @@
 package moe
 
 import (
-	"fmt"
 	"math"
 	"sort"
-	"strings"
 )
 
 // Expert activations added to the contract's first four (see spec.go).
@@ -268,24 +266,4 @@ func (s *Spec) Gated() bool {
 		return a.Gated
 	}
 	return true
-}
-
-// CheckParams reports parameters a row does not take or lacks.
-func (a *ActivationDef) CheckParams(p ActParams) error {
-	var errs []string
-	if !a.Alpha && p.Alpha != 1 {
-		errs = append(errs, fmt.Sprintf("swiglu_alpha %g (want 1: %s takes no alpha)", p.Alpha, a.Name))
-	}
-	switch {
-	case a.Limit == LimitNone && p.Limit != 0:
-		errs = append(errs, fmt.Sprintf("swiglu_limit %g (want 0: %s takes no limit)", p.Limit, a.Name))
-	case a.Limit == LimitRequired && !(p.Limit > 0):
-		errs = append(errs, fmt.Sprintf("swiglu_limit %g (%s needs a limit > 0)", p.Limit, a.Name))
-	case a.Limit == LimitOptional && !(p.Limit >= 0):
-		errs = append(errs, fmt.Sprintf("swiglu_limit %g (want >= 0)", p.Limit))
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("%s", strings.Join(errs, "; "))
-	}
-	return nil
 }

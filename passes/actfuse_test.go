@@ -9,8 +9,10 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/models"
 	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
 )
 
 // respelledBlock builds one synthetic MoE block of the given shape whose
@@ -170,5 +172,30 @@ func TestSharedExpertActivation(t *testing.T) {
 				t.Fatalf("fused differs from the original by %.3g", d)
 			}
 		})
+	}
+}
+
+// TestHalfPrecisionActivations: a synthetic block converted to float16 or
+// bfloat16 whole (weights, constants, every op) fuses with its own
+// activation, the exact and the tanh GELU apart, and matches the
+// half-precision original to the type's precision.
+func TestHalfPrecisionActivations(t *testing.T) {
+	for _, act := range []string{moe.GELU, moe.GELUTanh, moe.GeGLU, moe.GeGLUTanh, moe.SiLU, moe.ReLU2, moe.SwiGLUOAI} {
+		cs := models.ActivationCase(act)
+		for _, dt := range []pb.TensorProto_DataType{pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16} {
+			t.Run(act+"/"+dt.String(), func(t *testing.T) {
+				orig := respelledBlock(t, models.ShapeDense, cs.Spellings[1], 5)
+				toHalf(t, orig, dt)
+				fused := &graph.Model{Proto: proto.Clone(orig.Proto).(*pb.ModelProto), Path: "fused"}
+				rep, err := Rewrite(fused, Options{Check: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(rep.Fused) != 1 || rep.Fused[0].Block.Spec.Activation != act {
+					t.Fatalf("fused %d blocks as %v, want one %s", len(rep.Fused), rep.Fused, act)
+				}
+				matchesHalf(t, orig, fused, dt, rep.Fused[0].Block.Spec)
+			})
+		}
 	}
 }

@@ -48,8 +48,8 @@ type actGraph struct {
 	// scalars are the distinct constant values it reads (candidate
 	// parameters of a parametrised activation).
 	scalars []float64
-	dtype   pb.TensorProto_DataType // of the probes fed as ins
-	// low is the lowest float precision among the probes and constants.
+	dtype   pb.TensorProto_DataType // of the first-layer values in the graph
+	// low is the lowest float precision among the constants.
 	low pb.TensorProto_DataType
 }
 
@@ -64,7 +64,7 @@ func (a *actGraph) opsList() string {
 // actSubgraph extracts the subgraph computing out from ins and constants,
 // refusing anything that is not elementwise, naming the ops.
 func (c *ctx) actSubgraph(out string, ins []string, dtype pb.TensorProto_DataType) (*actGraph, error) {
-	a := &actGraph{ins: ins, out: out, consts: map[string]*eval.Tensor{}, dtype: dtype, low: dtype}
+	a := &actGraph{ins: ins, out: out, consts: map[string]*eval.Tensor{}, dtype: dtype, low: pb.TensorProto_FLOAT}
 	var bad []string
 	var nodes []*pb.NodeProto
 	reached := map[string]bool{}
@@ -127,7 +127,7 @@ func (c *ctx) actSubgraph(out string, ins []string, dtype pb.TensorProto_DataTyp
 	for _, n := range nodes {
 		cl := proto.Clone(n).(*pb.NodeProto)
 		op := n.GetOpType()
-		if actPassThrough[op] {
+		if actPassThrough[op] || floatCast(n) {
 			cl = graph.NewNode("Identity", "", n.GetName(), []string{n.Input[0]}, []string{n.Output[0]})
 		}
 		a.nodes = append(a.nodes, cl)
@@ -168,7 +168,7 @@ func (c *ctx) actConst(a *actGraph, v string) error {
 	case pb.TensorProto_DOUBLE:
 		a.consts[v] = eval.NewFloat64(nil, []float64{float64(f[0])})
 	case pb.TensorProto_FLOAT, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16:
-		a.consts[v] = eval.NewFloatAs(dt, nil, []float32{f[0]})
+		a.consts[v] = eval.NewFloat32(nil, []float32{f[0]}) // its value, rounded to dt as stored
 		a.low = lowerPrecision(a.low, dt)
 	default:
 		return rejectf("the expert activation reads constant %q of type %s", v, dt)
@@ -200,9 +200,27 @@ func floatEps(dt pb.TensorProto_DataType) float64 {
 	return 0x1p-23
 }
 
+// floatCast reports whether n casts between float types (Cast or
+// CastLike), which the evaluation looks through.
+func floatCast(n *pb.NodeProto) bool {
+	switch n.GetOpType() {
+	case "Cast":
+		switch pb.TensorProto_DataType(graph.AttrInt(n, "to", 0)) {
+		case pb.TensorProto_FLOAT, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16, pb.TensorProto_DOUBLE:
+			return true
+		}
+	case "CastLike":
+		return true // a like operand that is not a float would not be elementwise math on the probes
+	}
+	return false
+}
+
 // run evaluates the subgraph on probe columns xs (one per input, all of one
-// length) and returns the probes as rounded to the input type and the
-// outputs.
+// length) and returns the probes and the outputs. It evaluates what the
+// subgraph means rather than its rounding: in float32, looking through
+// casts between float types, with the constants' stored values, so that a
+// float16 or bfloat16 activation is identified as precisely as a float32
+// one (the fused node computes it in float32).
 func (a *actGraph) run(c *ctx, xs [][]float32) ([][]float64, []float64, error) {
 	n := len(xs[0])
 	gp := &pb.GraphProto{Name: proto.String("activation"), Node: a.nodes,
@@ -211,7 +229,7 @@ func (a *actGraph) run(c *ctx, xs [][]float32) ([][]float64, []float64, error) {
 	ins := make([][]float64, len(a.ins))
 	for i, v := range a.ins {
 		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: proto.String(v)})
-		t := eval.NewFloatAs(a.dtype, []int{n}, slices.Clone(xs[i]))
+		t := eval.NewFloat32([]int{n}, slices.Clone(xs[i]))
 		feeds[v] = t
 		ins[i] = t.Float64s()
 	}

@@ -34,16 +34,10 @@ var actProbeBase = []float64{1e-40, 1e-30, 1e-6, 1e-3, 0.1, 0.25, 0.5, 0.75, 1, 
 var actProbeOther = []float64{1e-30, 1e-3, 0.5, 1, 2.5, 3, 30, 1000}
 
 // actProbes returns 0, ±mags and, around each scalar constant s the
-// subgraph reads (a clamp limit, say), ±s/2, ±s, ±1.5s. In float16, whose
-// largest value is 65504, magnitudes stay at most 100, so that products
-// of two probes do not overflow.
-func actProbes(mags, scalars []float64, dt pb.TensorProto_DataType) []float32 {
+// subgraph reads (a clamp limit, say), ±s/2, ±s, ±1.5s.
+func actProbes(mags, scalars []float64) []float32 {
 	vals := []float64{0}
-	add := func(m float64) {
-		if dt != pb.TensorProto_FLOAT16 || m <= 100 {
-			vals = append(vals, m, -m)
-		}
-	}
+	add := func(m float64) { vals = append(vals, m, -m) }
 	for _, m := range mags {
 		add(m)
 	}
@@ -97,7 +91,7 @@ func actParamCands(d *moe.ActivationDef, scalars []float64) []moe.ActParams {
 // evaluated outputs y: the largest error in units of the tolerance, or
 // +Inf as soon as one probe is outside it.
 func actScore(d *moe.ActivationDef, p moe.ActParams, g, u, y []float64, eps float64) float64 {
-	rtol, atol := max(d.RTol, 16*eps), max(d.ATol, 16*eps)
+	rtol, atol := max(d.RTol, 2*eps), max(d.ATol, 2*eps) // eps: of the constants' type
 	worst := 0.0
 	for i := range y {
 		gi := 0.0
@@ -147,10 +141,10 @@ func (c *ctx) identifyAct(a *actGraph, want *actID) (*actID, error) {
 // identifyActEval is identifyAct without the memo.
 func (c *ctx) identifyActEval(a *actGraph, want *actID) (*actID, error) {
 	gated := len(a.ins) == 2
-	P := actProbes(actProbeBase, a.scalars, a.dtype)
+	P := actProbes(actProbeBase, a.scalars)
 	var cols [][]float32
 	if gated {
-		Q := actProbes(actProbeOther, a.scalars, a.dtype)
+		Q := actProbes(actProbeOther, a.scalars)
 		x0 := make([]float32, 0, 2*len(P)*len(Q))
 		x1 := make([]float32, 0, 2*len(P)*len(Q))
 		for _, p := range P {

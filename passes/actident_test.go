@@ -213,3 +213,73 @@ func TestIdentifyGELUExactVsTanh(t *testing.T) {
 		}
 	}
 }
+
+// halfConstants stores every float constant of m's Constant nodes as dt.
+func halfConstants(t *testing.T, m *graph.Model, dt pb.TensorProto_DataType) {
+	t.Helper()
+	for _, n := range m.Proto.Graph.Node {
+		if n.GetOpType() != "Constant" {
+			continue
+		}
+		v := graph.AttrTensor(n, "value")
+		if v == nil || graph.DataType(v) != pb.TensorProto_FLOAT {
+			continue
+		}
+		b, err := m.TensorBytes(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := graph.DecodeFloat32(pb.TensorProto_FLOAT, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw := make([]byte, 2*len(f))
+		for i, x := range f {
+			h := graph.Float32ToHalf(x)
+			if dt == pb.TensorProto_BFLOAT16 {
+				h = graph.Float32ToBFloat16(x)
+			}
+			raw[2*i], raw[2*i+1] = byte(h), byte(h>>8)
+		}
+		v.DataType, v.RawData, v.FloatData = proto.Int32(int32(dt)), raw, nil
+	}
+}
+
+// TestIdentifyActivationHalf: with its constants stored in float16 or
+// bfloat16 (a half-precision export), every spelling of the GELU family
+// and of the other rows with constants is still identified as its own row:
+// the subgraph is evaluated for what it means, in float32, so the exact
+// and the tanh GELU stay apart (their tails differ by far more than the
+// constants' rounding).
+func TestIdentifyActivationHalf(t *testing.T) {
+	for _, dt := range []pb.TensorProto_DataType{pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16} {
+		for _, cs := range models.ActivationCases {
+			def := moe.LookupActivation(cs.Act)
+			for _, sp := range cs.Spellings {
+				t.Run(dt.String()+"/"+cs.Act+"/"+sp.Name, func(t *testing.T) {
+					m, _ := actModelW(t, def.Gated, sp.Opset, sp.MS, sp.Write)
+					halfConstants(t, m, dt)
+					ins := []string{"u"}
+					if def.Gated {
+						ins = []string{"g", "u"}
+					}
+					c, err := newCtx(m, m.Graph())
+					if err != nil {
+						t.Fatal(err)
+					}
+					a, err := c.actSubgraph("a", ins, dt)
+					if err != nil {
+						t.Fatal(err)
+					}
+					id, err := c.identifyAct(a, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if id.def.Name != cs.Act {
+						t.Fatalf("identified as %s %+v", id.def.Name, id.p)
+					}
+				})
+			}
+		}
+	}
+}
