@@ -39,6 +39,7 @@ type routingRun struct {
 	dep    map[string]bool         // values that depend on the TopK
 	idx    []int64                 // [T, k] selected ids
 	half   bool                    // the logits are a half type
+	nodes  []*pb.NodeProto         // the closure evaluated
 }
 
 // routerByEval decides the router's semantics by evaluation (see above)
@@ -73,17 +74,15 @@ func (c *ctx) routerByEval(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) (bool,
 		return true, rejectf("the router's post-processing cannot be evaluated: %v", err)
 	}
 	cands, ref := c.routerCandidates(tk, ri, run, postBias)
-	for _, v := range slices.Backward(run.order) {
-		if !run.dep[v] || !run.fits(run.vals[v]) {
-			continue
-		}
-		for i, cd := range cands {
-			if scale, ok := run.matches(ref(i), run.vals[v]); ok {
-				cd.spec.RoutedScalingFactor = scale
-				c.adoptRouter(ri, s, cd, run, postBias)
-				return true, nil
-			}
-		}
+	pick, err := c.pickWeights(run, cands, ref)
+	if err != nil {
+		return true, err
+	}
+	if pick != nil {
+		cd := cands[pick.cand]
+		cd.spec.RoutedScalingFactor = pick.scale
+		c.adoptRouter(ri, s, cd, run, postBias)
+		return true, nil
 	}
 	return true, rejectf("%s", run.explain(cands, ref))
 }
@@ -210,7 +209,7 @@ func (c *ctx) runRouting(tk *pb.NodeProto, logits, x string, W, H int) (*routing
 	if err != nil {
 		return nil, err
 	}
-	run.vals = out
+	run.vals, run.nodes = out, nodes
 	for _, n := range nodes {
 		dep := n == tk
 		for _, in := range n.Input {
@@ -428,8 +427,12 @@ func (c *ctx) adoptRouter(ri *routerInfo, s *moe.Spec, cd routerCand, run *routi
 		want = addRows(want, postBias)
 	}
 	want = activate(r.RouterActivation, want, run.W)
+	rtol, atol := 1e-4, 1e-6
+	if run.half {
+		rtol, atol = 4e-2, 4e-3
+	}
 	for _, v := range run.order {
-		if t := run.vals[v]; !run.dep[v] && t != nil && t.F32 != nil && len(t.F32) == len(want) && closeTo(t.F32, want, 1e-4, 1e-6) {
+		if t := run.vals[v]; !run.dep[v] && t != nil && t.F32 != nil && len(t.F32) == len(want) && closeTo(t.F32, want, rtol, atol) {
 			ri.scores = v
 			return
 		}

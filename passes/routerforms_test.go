@@ -172,6 +172,16 @@ func routerForms() []routerForm {
 				real := r.node("Cast", []string{r.node("Less", []string{i, r.ints(E)})}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
 				return r.node("Mul", []string{v, real}), i
 			}},
+		{name: "squared probabilities", k: 2, refused: "none of ai.mok::MoE's",
+			form: func(r *routerSurgery, k int) (string, string) {
+				v, i := r.topk(r.softmax(r.logits), k, 1)
+				return r.node("Mul", []string{v, v}), i
+			}},
+		{name: "top-k of the magnitudes", k: 2, refused: "not those of any router",
+			form: func(r *routerSurgery, k int) (string, string) {
+				_, i := r.topk(r.node("Abs", []string{r.logits}), k, 1)
+				return r.node("GatherElements", []string{r.softmax(r.logits), i}, graph.IntAttr("axis", -1)), i
+			}},
 		{name: "routing ignores the hidden state", k: 2, refused: "routing does not depend on the hidden state",
 			form: func(r *routerSurgery, k int) (string, string) {
 				r.n++
