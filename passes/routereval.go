@@ -112,6 +112,51 @@ func (c *ctx) picksOneExpert(n *pb.NodeProto) bool {
 // evaluated.
 const maxRoutingHops = 6
 
+// routingReach lists, in topological order, the nodes (within the block
+// bound) reached from the logits, pruned past maxRoutingHops nodes after
+// the TopK by the shortest path (the exact count, the longest path, is
+// only larger).
+func (c *ctx) routingReach(tk *pb.NodeProto, logits string) []*pb.NodeProto {
+	d := c.d
+	mk := c.mk
+	ep := mk.next()
+	tkPos, _ := c.posOf(tk)
+	type item struct {
+		val  int32
+		hops int
+	}
+	var out []int32
+	var stack []item
+	for _, j := range c.valueIDs(logits) {
+		stack = append(stack, item{j, 0})
+	}
+	for len(stack) > 0 {
+		it := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, p := range d.consumers(it.val) {
+			if mk.at[p] == ep || c.lim != nil && !c.lim[p] {
+				continue
+			}
+			h := it.hops
+			if h > 0 || p == tkPos {
+				h++
+			}
+			if h > maxRoutingHops {
+				continue
+			}
+			mk.at[p] = ep
+			out = append(out, p)
+			for _, o := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
+				if o >= 0 {
+					stack = append(stack, item{o, h})
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return c.nodesAt(out)
+}
+
 // routingClosure lists, in topological order, the nodes (within the block
 // bound) computed from the logits and constants alone, with the constants
 // they read; it says which value first reads something else when the
@@ -126,7 +171,7 @@ func (c *ctx) routingClosure(tk *pb.NodeProto, logits string) ([]*pb.NodeProto, 
 	var inits []*pb.TensorProto
 	seenInit := map[string]bool{}
 	var blocked string
-	for _, n := range c.forwardNodes(logits) {
+	for _, n := range c.routingReach(tk, logits) {
 		if d := n.GetDomain(); d != "" && d != "ai.onnx" {
 			continue // a collective or contrib op: not routing
 		}
