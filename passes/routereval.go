@@ -247,6 +247,12 @@ func (c *ctx) runRouting(tk *pb.NodeProto, logits, x string, W, H int) (*routing
 			T *= d
 		}
 		run = &routingRun{T: T, W: W, k: int(k), logits: probeLogits(T, W), dep: map[string]bool{}}
+		if _, half := eval.HalfTolerance(c.logitsType(tk, logits)); half {
+			// An exp written out in half precision overflows past 11.
+			for i := range run.logits {
+				run.logits[i] /= 3
+			}
+		}
 		if out, err = c.evalTrimmed(tk, logits, nodes, inits, shape, run); err == nil {
 			break
 		}
@@ -270,19 +276,33 @@ func (c *ctx) runRouting(tk *pb.NodeProto, logits, x string, W, H int) (*routing
 	return run, run.readTopK(tk)
 }
 
+// logitsType is the element type of the router logits: declared or
+// followed back, else the router linear's weight type (a linear computes
+// in its weight's type), else float32.
+func (c *ctx) logitsType(tk *pb.NodeProto, logits string) pb.TensorProto_DataType {
+	if dt := c.elemType(logits); dt != pb.TensorProto_UNDEFINED {
+		return dt
+	}
+	if p := c.g.Producer(logits); p != nil && (p.GetOpType() == "MatMul" || p.GetOpType() == "Gemm") {
+		if w := c.linearWeight(p); w != nil {
+			return graph.DataType(w.t)
+		}
+	}
+	if p := c.g.Producer(logits); p != nil {
+		for _, in := range p.Input {
+			if t := c.constTensor(in); t != nil && graph.DataType(t) != pb.TensorProto_INT64 {
+				return graph.DataType(t)
+			}
+		}
+	}
+	return pb.TensorProto_FLOAT
+}
+
 // evalRouting runs the closure's nodes on run's probe logits, of the
 // given shape, in the logits' element type.
 func (c *ctx) evalRouting(tk *pb.NodeProto, logits string, nodes []*pb.NodeProto, inits []*pb.TensorProto, shape []int, run *routingRun) (map[string]*eval.Tensor, error) {
-	dt := c.elemType(logits)
-	if dt == pb.TensorProto_UNDEFINED {
-		dt = pb.TensorProto_FLOAT
-	}
-	if _, run.half = eval.HalfTolerance(dt); run.half {
-		dt = pb.TensorProto_FLOAT16
-		if c.elemType(logits) == pb.TensorProto_BFLOAT16 {
-			dt = pb.TensorProto_BFLOAT16
-		}
-	}
+	dt := c.logitsType(tk, logits)
+	_, run.half = eval.HalfTolerance(dt)
 	// The probe is rounded to the logits' type, and the reference reads
 	// the rounded values.
 	feed := eval.NewFloatAs(dt, shape, run.logits)
