@@ -73,6 +73,11 @@ func (c *ctx) routerByEval(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) (bool,
 		}
 		return true, rejectf("the router's post-processing cannot be evaluated: %v", err)
 	}
+	if run.E != run.W && ri.generic && postBias == nil {
+		if done, err := c.routerOverSlice(tk, ri, s, run); done || err != nil {
+			return true, err
+		}
+	}
 	cands, ref := c.routerCandidates(tk, ri, run, postBias)
 	pick, err := c.pickWeights(run, cands, ref)
 	if err != nil {

@@ -167,6 +167,17 @@ func routerForms() []routerForm {
 				p := r.node("Slice", []string{r.softmax(r.logits), r.ints(0), r.ints(E), r.ints(-1)})
 				return r.topk(p, k, 1)
 			}},
+		{name: "softmax over extra router columns, renormalised", k: 2, extra: 3, act: moe.Softmax, order: moe.ActivationThenTopK, norm: true, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				p := r.node("Slice", []string{r.softmax(r.logits), r.ints(0), r.ints(E), r.ints(-1)})
+				v, i := r.topk(p, k, 1)
+				return r.node("Div", []string{v, r.sum(v)}), i
+			}},
+		{name: "sigmoid over extra router columns", k: 2, extra: 3, act: moe.Sigmoid, order: moe.ActivationThenTopK, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				p := r.node("Slice", []string{r.node("Sigmoid", []string{r.logits}), r.ints(2), r.ints(E + 2), r.ints(-1)})
+				return r.topk(p, k, 1)
+			}},
 		{name: "null experts", k: 2, extra: 2, refused: "null experts|router outputs without expert weights",
 			form: func(r *routerSurgery, k int) (string, string) {
 				v, i := r.topk(r.softmax(r.logits), k, 1)
