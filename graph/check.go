@@ -49,6 +49,7 @@ func (m *Model) Check() error {
 	errs = append(errs, m.checkOthers()...)
 	if g.sub || len(m.Proto.Functions) > 0 {
 		errs = append(errs, checkBodies(m.Proto)...)
+		errs = append(errs, checkFunctionCalls(m.Proto)...)
 	}
 	if len(errs) == 0 {
 		// Nothing was edited: the next Graph call can use this index.

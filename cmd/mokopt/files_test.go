@@ -648,3 +648,45 @@ func TestFusedNodeContract(t *testing.T) {
 		}
 	}
 }
+
+// TestRecursiveFunctionRefused: a model whose local function calls itself,
+// or two functions that call each other, is refused at once (exit 2, naming
+// the cycle) by every command that reads a model, instead of inlining
+// forever.
+func TestRecursiveFunctionRefused(t *testing.T) {
+	fn := func(name, callee string) *pb.FunctionProto {
+		return &pb.FunctionProto{Name: proto.String(name), Domain: proto.String("local"), Input: []string{"a"}, Output: []string{"b"},
+			Node:        []*pb.NodeProto{graph.NewNode(callee, "local", "call", []string{"a"}, []string{"b"})},
+			OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}, {Domain: proto.String("local"), Version: proto.Int64(1)}}}
+	}
+	for _, c := range []struct {
+		name  string
+		funcs []*pb.FunctionProto
+		want  string
+	}{
+		{"self", []*pb.FunctionProto{fn("f", "f")}, "local::f -> local::f"},
+		{"mutual", []*pb.FunctionProto{fn("f", "g"), fn("g", "f")}, "local::f -> local::g -> local::f"},
+	} {
+		dir := t.TempDir()
+		mp := smallModel()
+		mp.Functions = c.funcs
+		mp.OpsetImport = append(mp.OpsetImport, &pb.OperatorSetIdProto{Domain: proto.String("local"), Version: proto.Int64(1)})
+		mp.Graph.Node[1] = graph.NewNode("f", "local", "top", []string{"s"}, []string{"y"})
+		in := filepath.Join(dir, "in.onnx")
+		os.WriteFile(in, marshal(t, mp), 0o644)
+		for _, args := range [][]string{
+			{"inspect", in}, {"rewrite", in, "-o", filepath.Join(dir, "o.onnx")}, {"diff", in, in},
+			{"verify", in, in}, {"lower", in, "-o", filepath.Join(dir, "o.onnx"), "--target", "ort"},
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			code, msg, err := runCLI(ctx, args)
+			cancel()
+			if code != 2 || !strings.Contains(msg, c.want) || !errors.Is(err, graph.ErrBadInput) {
+				t.Errorf("%s %s: exit %d: %s", c.name, args[0], code, msg)
+			}
+		}
+		if l := listDir(t, dir); l != "in.onnx" {
+			t.Errorf("folder: %s", l)
+		}
+	}
+}
