@@ -319,3 +319,45 @@ func (run *routingRun) rawLogits(r *refRouting) bool {
 	}
 	return false
 }
+
+// nullExperts reports whether t holds a candidate's weights with those of
+// experts n and above zeroed (null experts, which contribute nothing), and
+// returns n.
+func (run *routingRun) nullExperts(cands []routerCand, ref func(int) *refRouting, t *eval.Tensor) (int, bool) {
+	if !run.aligned(t) {
+		return 0, false
+	}
+	for i := range cands {
+		r := ref(i)
+		if !r.idxOK {
+			continue
+		}
+		n := run.E
+		var got, want []float32
+		for tok := 0; tok < run.T; tok++ {
+			for j := 0; j < run.k; j++ {
+				e, g := int(run.idx[tok*run.k+j]), t.F32[tok*run.k+j]
+				if g == 0 && r.weightOf(tok, e) != 0 {
+					n = min(n, e)
+					continue
+				}
+				got, want = append(got, g), append(want, r.weightOf(tok, e))
+			}
+		}
+		if n == run.E || n == 0 {
+			continue
+		}
+		ok := true
+		for tok := 0; tok < run.T && ok; tok++ {
+			for j := 0; j < run.k; j++ {
+				if e := int(run.idx[tok*run.k+j]); e >= n && t.F32[tok*run.k+j] != 0 {
+					ok = false
+				}
+			}
+		}
+		if _, fit := fitScale(got, want, run.half); ok && fit {
+			return n, true
+		}
+	}
+	return 0, false
+}

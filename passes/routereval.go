@@ -39,6 +39,7 @@ type routingRun struct {
 	dep    map[string]bool         // values that depend on the TopK
 	idx    []int64                 // [T, k] selected ids
 	half   bool                    // the logits are a half type
+	nodes  []*pb.NodeProto         // the closure evaluated
 }
 
 // routerByEval decides the router's semantics by evaluation (see above)
@@ -72,18 +73,21 @@ func (c *ctx) routerByEval(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) (bool,
 		}
 		return true, rejectf("the router's post-processing cannot be evaluated: %v", err)
 	}
+	if run.E != run.W && ri.generic && postBias == nil {
+		if done, err := c.routerOverSlice(tk, ri, s, run); done || err != nil {
+			return true, err
+		}
+	}
 	cands, ref := c.routerCandidates(tk, ri, run, postBias)
-	for _, v := range slices.Backward(run.order) {
-		if !run.dep[v] || !run.fits(run.vals[v]) {
-			continue
-		}
-		for i, cd := range cands {
-			if scale, ok := run.matches(ref(i), run.vals[v]); ok {
-				cd.spec.RoutedScalingFactor = scale
-				c.adoptRouter(ri, s, cd, run, postBias)
-				return true, nil
-			}
-		}
+	pick, err := c.pickWeights(run, cands, ref)
+	if err != nil {
+		return true, err
+	}
+	if pick != nil {
+		cd := cands[pick.cand]
+		cd.spec.RoutedScalingFactor = pick.scale
+		c.adoptRouter(ri, s, cd, run, postBias)
+		return true, nil
 	}
 	return true, rejectf("%s", run.explain(cands, ref))
 }
@@ -113,6 +117,51 @@ func (c *ctx) picksOneExpert(n *pb.NodeProto) bool {
 // evaluated.
 const maxRoutingHops = 6
 
+// routingReach lists, in topological order, the nodes (within the block
+// bound) reached from the logits, pruned past maxRoutingHops nodes after
+// the TopK by the shortest path (the exact count, the longest path, is
+// only larger).
+func (c *ctx) routingReach(tk *pb.NodeProto, logits string) []*pb.NodeProto {
+	d := c.d
+	mk := c.mk
+	ep := mk.next()
+	tkPos, _ := c.posOf(tk)
+	type item struct {
+		val  int32
+		hops int
+	}
+	var out []int32
+	var stack []item
+	for _, j := range c.valueIDs(logits) {
+		stack = append(stack, item{j, 0})
+	}
+	for len(stack) > 0 {
+		it := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, p := range d.consumers(it.val) {
+			if mk.at[p] == ep || c.lim != nil && !c.lim[p] {
+				continue
+			}
+			h := it.hops
+			if h > 0 || p == tkPos {
+				h++
+			}
+			if h > maxRoutingHops {
+				continue
+			}
+			mk.at[p] = ep
+			out = append(out, p)
+			for _, o := range d.outVal[d.outOff[p]:d.outOff[p+1]] {
+				if o >= 0 {
+					stack = append(stack, item{o, h})
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return c.nodesAt(out)
+}
+
 // routingClosure lists, in topological order, the nodes (within the block
 // bound) computed from the logits and constants alone, with the constants
 // they read; it says which value first reads something else when the
@@ -127,7 +176,7 @@ func (c *ctx) routingClosure(tk *pb.NodeProto, logits string) ([]*pb.NodeProto, 
 	var inits []*pb.TensorProto
 	seenInit := map[string]bool{}
 	var blocked string
-	for _, n := range c.forwardNodes(logits) {
+	for _, n := range c.routingReach(tk, logits) {
 		if d := n.GetDomain(); d != "" && d != "ai.onnx" {
 			continue // a collective or contrib op: not routing
 		}
@@ -203,6 +252,12 @@ func (c *ctx) runRouting(tk *pb.NodeProto, logits, x string, W, H int) (*routing
 			T *= d
 		}
 		run = &routingRun{T: T, W: W, k: int(k), logits: probeLogits(T, W), dep: map[string]bool{}}
+		if _, half := eval.HalfTolerance(c.logitsType(tk, logits)); half {
+			// An exp written out in half precision overflows past 11.
+			for i := range run.logits {
+				run.logits[i] /= 3
+			}
+		}
 		if out, err = c.evalTrimmed(tk, logits, nodes, inits, shape, run); err == nil {
 			break
 		}
@@ -210,7 +265,7 @@ func (c *ctx) runRouting(tk *pb.NodeProto, logits, x string, W, H int) (*routing
 	if err != nil {
 		return nil, err
 	}
-	run.vals = out
+	run.vals, run.nodes = out, nodes
 	for _, n := range nodes {
 		dep := n == tk
 		for _, in := range n.Input {
@@ -226,19 +281,33 @@ func (c *ctx) runRouting(tk *pb.NodeProto, logits, x string, W, H int) (*routing
 	return run, run.readTopK(tk)
 }
 
+// logitsType is the element type of the router logits: declared or
+// followed back, else the router linear's weight type (a linear computes
+// in its weight's type), else float32.
+func (c *ctx) logitsType(tk *pb.NodeProto, logits string) pb.TensorProto_DataType {
+	if dt := c.elemType(logits); dt != pb.TensorProto_UNDEFINED {
+		return dt
+	}
+	if p := c.g.Producer(logits); p != nil && (p.GetOpType() == "MatMul" || p.GetOpType() == "Gemm") {
+		if w := c.linearWeight(p); w != nil {
+			return graph.DataType(w.t)
+		}
+	}
+	if p := c.g.Producer(logits); p != nil {
+		for _, in := range p.Input {
+			if t := c.constTensor(in); t != nil && graph.DataType(t) != pb.TensorProto_INT64 {
+				return graph.DataType(t)
+			}
+		}
+	}
+	return pb.TensorProto_FLOAT
+}
+
 // evalRouting runs the closure's nodes on run's probe logits, of the
 // given shape, in the logits' element type.
 func (c *ctx) evalRouting(tk *pb.NodeProto, logits string, nodes []*pb.NodeProto, inits []*pb.TensorProto, shape []int, run *routingRun) (map[string]*eval.Tensor, error) {
-	dt := c.elemType(logits)
-	if dt == pb.TensorProto_UNDEFINED {
-		dt = pb.TensorProto_FLOAT
-	}
-	if _, run.half = eval.HalfTolerance(dt); run.half {
-		dt = pb.TensorProto_FLOAT16
-		if c.elemType(logits) == pb.TensorProto_BFLOAT16 {
-			dt = pb.TensorProto_BFLOAT16
-		}
-	}
+	dt := c.logitsType(tk, logits)
+	_, run.half = eval.HalfTolerance(dt)
 	// The probe is rounded to the logits' type, and the reference reads
 	// the rounded values.
 	feed := eval.NewFloatAs(dt, shape, run.logits)
@@ -428,8 +497,12 @@ func (c *ctx) adoptRouter(ri *routerInfo, s *moe.Spec, cd routerCand, run *routi
 		want = addRows(want, postBias)
 	}
 	want = activate(r.RouterActivation, want, run.W)
+	rtol, atol := 1e-4, 1e-6
+	if run.half {
+		rtol, atol = 4e-2, 4e-3
+	}
 	for _, v := range run.order {
-		if t := run.vals[v]; !run.dep[v] && t != nil && t.F32 != nil && len(t.F32) == len(want) && closeTo(t.F32, want, 1e-4, 1e-6) {
+		if t := run.vals[v]; !run.dep[v] && t != nil && t.F32 != nil && len(t.F32) == len(want) && closeTo(t.F32, want, rtol, atol) {
 			ri.scores = v
 			return
 		}

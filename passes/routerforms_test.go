@@ -3,6 +3,7 @@ package passes
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -166,11 +167,32 @@ func routerForms() []routerForm {
 				p := r.node("Slice", []string{r.softmax(r.logits), r.ints(0), r.ints(E), r.ints(-1)})
 				return r.topk(p, k, 1)
 			}},
+		{name: "softmax over extra router columns, renormalised", k: 2, extra: 3, act: moe.Softmax, order: moe.ActivationThenTopK, norm: true, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				p := r.node("Slice", []string{r.softmax(r.logits), r.ints(0), r.ints(E), r.ints(-1)})
+				v, i := r.topk(p, k, 1)
+				return r.node("Div", []string{v, r.sum(v)}), i
+			}},
+		{name: "sigmoid over extra router columns", k: 2, extra: 3, act: moe.Sigmoid, order: moe.ActivationThenTopK, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				p := r.node("Slice", []string{r.node("Sigmoid", []string{r.logits}), r.ints(2), r.ints(E + 2), r.ints(-1)})
+				return r.topk(p, k, 1)
+			}},
 		{name: "null experts", k: 2, extra: 2, refused: "null experts|router outputs without expert weights",
 			form: func(r *routerSurgery, k int) (string, string) {
 				v, i := r.topk(r.softmax(r.logits), k, 1)
 				real := r.node("Cast", []string{r.node("Less", []string{i, r.ints(E)})}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
 				return r.node("Mul", []string{v, real}), i
+			}},
+		{name: "squared probabilities", k: 2, refused: "none of ai.mok::MoE's",
+			form: func(r *routerSurgery, k int) (string, string) {
+				v, i := r.topk(r.softmax(r.logits), k, 1)
+				return r.node("Mul", []string{v, v}), i
+			}},
+		{name: "top-k of the magnitudes", k: 2, refused: "not those of any router",
+			form: func(r *routerSurgery, k int) (string, string) {
+				_, i := r.topk(r.node("Abs", []string{r.logits}), k, 1)
+				return r.node("GatherElements", []string{r.softmax(r.logits), i}, graph.IntAttr("axis", -1)), i
 			}},
 		{name: "routing ignores the hidden state", k: 2, refused: "routing does not depend on the hidden state",
 			form: func(r *routerSurgery, k int) (string, string) {
@@ -186,8 +208,14 @@ func routerForms() []routerForm {
 // withRouterForm builds a one-block synthetic model (E=8) of the given
 // shape whose router post-processing is f's.
 func withRouterForm(t *testing.T, f routerForm, shape string) *graph.Model {
+	return withRouterFormTokens(t, f, shape, 0)
+}
+
+// withRouterFormTokens is withRouterForm with a static token count (0:
+// symbolic).
+func withRouterFormTokens(t *testing.T, f routerForm, shape string, tokens int) *graph.Model {
 	t.Helper()
-	cfg := models.Config{Shape: shape, Layers: 1, Experts: 8, TopK: f.k, Hidden: 16, Inter: 8, Seed: 7}
+	cfg := models.Config{Shape: shape, Layers: 1, Experts: 8, TopK: f.k, Hidden: 16, Inter: 8, Seed: 7, Tokens: tokens}
 	m, err := models.Build(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -298,6 +326,38 @@ func checkRouterForm(t *testing.T, f routerForm, shape string) {
 				t.Fatalf("spec %s %s norm=%v scale=%g E=%d corr=%v, want %s %s norm=%v scale=%g E=8 corr=%v", s.RouterActivation, s.RouterOrder, s.NormalizeTopK, s.RoutedScalingFactor, s.NumExperts, s.CorrectionBias, f.act, f.order, f.norm, f.scale, f.corr)
 			}
 			sameOnRandomInputs(t, orig, m, 3)
+		}
+	}
+}
+
+// TestRouterFormsHalf fuses the router forms in float16 and bfloat16
+// models (every weight, constant and declared type in the half type) and
+// compares the fused node with the original to the half type's precision.
+func TestRouterFormsHalf(t *testing.T) {
+	for _, dt := range []pb.TensorProto_DataType{pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16} {
+		for _, f := range routerForms() {
+			if f.refused != "" {
+				continue
+			}
+			t.Run(dt.String()+"/"+f.name, func(t *testing.T) {
+				orig := withRouterFormTokens(t, f, models.ShapeBatched, 16)
+				toHalf(t, orig, dt)
+				m := withRouterFormTokens(t, f, models.ShapeBatched, 16)
+				toHalf(t, m, dt)
+				rep, err := Rewrite(m, Options{Check: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(rep.Fused) != 1 {
+					t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
+				}
+				s := rep.Fused[0].Block.Spec
+				// The graph's factor is the half-precision constant's.
+				if s.RouterActivation != f.act || s.RouterOrder != f.order || s.NormalizeTopK != f.norm || math.Abs(float64(s.RoutedScalingFactor/f.scale)-1) > 1e-2 {
+					t.Fatalf("spec %s %s norm=%v scale=%g, want %s %s norm=%v scale=%g", s.RouterActivation, s.RouterOrder, s.NormalizeTopK, s.RoutedScalingFactor, f.act, f.order, f.norm, f.scale)
+				}
+				matchesHalf(t, orig, m, dt, s)
+			})
 		}
 	}
 }
