@@ -291,3 +291,19 @@ func TestWeightHalfType(t *testing.T) {
 		}
 	}
 }
+
+// TestTokensOffNaN: a NaN or infinity in the fused result where the
+// original is finite counts as off in both token comparisons (a NaN
+// difference compared false against the tolerance and passed).
+func TestTokensOffNaN(t *testing.T) {
+	want := []float32{1, 2, 3, 4}
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1))} {
+		got := []float32{1, 2, bad, 4}
+		if off, _, at := tokensOff(got, want, 2, 1e-4, 1e-6, nil); off != 1 || at != 2 {
+			t.Errorf("tokensOff with %v: off %d at %d, want 1 at 2", bad, off, at)
+		}
+		if off, _, at := tokensOffRows(got, []int{0, 1}, want, 2, 1e-4, 1e-6, 1e-5); off != 1 || at != 2 {
+			t.Errorf("tokensOffRows with %v: off %d at %d, want 1 at 2", bad, off, at)
+		}
+	}
+}

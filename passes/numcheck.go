@@ -700,7 +700,10 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 		return err
 	}
 	peak := 0.0
-	for _, v := range y.F32 {
+	for i, v := range y.F32 {
+		if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
+			return fmt.Errorf("numerical check impossible: the original subgraph computes %v at element %d of its output on the check's inputs (a NaN or infinite weight?), and equal NaNs or infinities prove nothing (%s)", v, i, where)
+		}
 		peak = max(peak, math.Abs(float64(v)))
 	}
 	dt := computeType(b, y.DType)
@@ -834,7 +837,10 @@ func tokensOffRows(gd []float32, of []int, want []float32, H int, rtol, atol, tr
 		bad := false
 		for j, v := range row {
 			d := math.Abs(float64(got[j]) - float64(v))
-			if d > atol+rtol*math.Abs(float64(v))+trtol*mag {
+			if !(d <= atol+rtol*math.Abs(float64(v))+trtol*mag) { // a NaN is off
+				if math.IsNaN(d) {
+					d = math.Inf(1)
+				}
 				bad = true
 				if d > worst {
 					worst, at = d, t*H+j

@@ -20,6 +20,10 @@ type Diff struct {
 	Worst int
 	// Mismatches counts the elements failing the check.
 	Mismatches int
+	// NonFinite counts the elements that are NaN in both tensors, or the
+	// same infinity: they pass, but their equality says nothing about the
+	// computation.
+	NonFinite int
 }
 
 // OK reports whether every element passed.
@@ -62,6 +66,9 @@ func Compare(got, want *Tensor, rtol, atol float64) (Diff, error) {
 		case math.IsNaN(g) && math.IsNaN(w), g == w:
 			diff = 0
 			margin = -atol - rtol*math.Abs(w)
+			if math.IsNaN(w) || math.IsInf(w, 0) {
+				d.NonFinite++
+			}
 		case math.IsNaN(g) || math.IsNaN(w) || math.IsInf(g, 0) || math.IsInf(w, 0):
 			diff = math.Inf(1)
 			margin = math.Inf(1)

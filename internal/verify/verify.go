@@ -24,6 +24,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
 )
 
 // SchemaVersion is the version of the Report JSON layout.
@@ -207,6 +208,9 @@ type OutputCheck struct {
 	Elements int `json:"elements"`
 	// Mismatches counts the elements failing the check.
 	Mismatches int `json:"mismatches"`
+	// NonFinite counts the elements NaN in both models, or the same
+	// infinity: they pass, but say nothing of the computation.
+	NonFinite int `json:"non_finite,omitempty"`
 	// MaxAbsErr is the largest |a-b|.
 	MaxAbsErr Float `json:"max_abs_err"`
 	// MaxRelErr is the largest |a-b|/|b| over elements with b != 0.
@@ -246,6 +250,11 @@ type OutputCheck struct {
 func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, error) {
 	if err := checkTol(opt); err != nil {
 		return nil, err
+	}
+	for _, m := range []*graph.Model{a, b} {
+		if err := moe.CheckBodies(m); err != nil {
+			return nil, err
+		}
 	}
 	r := newReport(opt)
 	r.ModelA, r.ModelB, r.Reference = a.Name(), b.Name(), b.Name()
@@ -304,6 +313,9 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 // reference. Options.Tokens, Seed and DataDir are ignored.
 func RunAndCheck(ctx context.Context, m *graph.Model, dataDir string, opt Options) (*Report, error) {
 	if err := checkTol(opt); err != nil {
+		return nil, err
+	}
+	if err := moe.CheckBodies(m); err != nil {
 		return nil, err
 	}
 	r := newReport(opt)
@@ -483,7 +495,7 @@ func compareOutput(i int, a, b named, opt Options) OutputCheck {
 		return oc
 	}
 	oc.Elements = b.t.Len()
-	oc.Mismatches = d.Mismatches
+	oc.Mismatches, oc.NonFinite = d.Mismatches, d.NonFinite
 	oc.MaxAbsErr, oc.MaxRelErr = Float(d.MaxAbs), Float(d.MaxRel)
 	oc.MaxAbsRef = Float(peak)
 	if d.Worst >= 0 {
