@@ -115,6 +115,9 @@ func TestRewriteControlFlow(t *testing.T) {
 					t.Errorf("check inconclusive: %v", rep.Warnings)
 				}
 				checkFusedInSubgraph(t, m, blocks)
+				if err := moe.CheckBodies(m); err != nil {
+					t.Fatalf("fused bodies: %v", err)
+				}
 				if errs := m.Graph().Validate(); len(errs) > 0 {
 					t.Fatal(errs)
 				}
@@ -179,6 +182,11 @@ func checkFusedInSubgraph(t *testing.T, m *graph.Model, blocks int) {
 		if _, ok := m.Metadata(ProvenanceKey + f.GetName()); !ok {
 			t.Errorf("no provenance for %s", f.GetName())
 		}
+	}
+	c := m.WorkingCopy()
+	c.Proto.Functions = nil
+	if err := moe.CheckBodies(c); err == nil {
+		t.Error("CheckBodies passes a fused node in a subgraph without its body")
 	}
 	fn := 0
 	for _, f := range m.Proto.Functions {
