@@ -36,13 +36,12 @@ const (
 	WrapFunctionInIf = "function_in_if"
 	// WrapIfInFunction: the main graph calls a model-local function
 	// whose body is WrapIfThen's If (on the condition and weights passed
-	// in). Such a body is not inlined, so its block is not searched: not
-	// in WrapKinds.
+	// in): a subgraph inside a function.
 	WrapIfInFunction = "if_in_function"
 )
 
 // WrapKinds lists every WrapControlFlow kind.
-var WrapKinds = []string{WrapIfThen, WrapIfElse, WrapIfBoth, WrapLoop, WrapLoopComputed, WrapLoopIf, WrapScan, WrapFunctionInIf}
+var WrapKinds = []string{WrapIfThen, WrapIfElse, WrapIfBoth, WrapLoop, WrapLoopComputed, WrapLoopIf, WrapScan, WrapFunctionInIf, WrapIfInFunction}
 
 // Names of the wrapped model's inputs besides the hidden states.
 const (

@@ -20,11 +20,23 @@ import (
 // SpecFromNode says.
 func CheckBodies(m *graph.Model) error {
 	var nodes []*pb.NodeProto
-	for _, n := range m.Proto.Graph.Node {
-		if n.GetDomain() == Domain && n.GetOpType() == OpType {
-			nodes = append(nodes, n)
+	var walk func(ns []*pb.NodeProto)
+	walk = func(ns []*pb.NodeProto) { // subgraphs too: a fused node may live in one
+		for _, n := range ns {
+			if n.GetDomain() == Domain && n.GetOpType() == OpType {
+				nodes = append(nodes, n)
+			}
+			for _, a := range n.Attribute {
+				if a.G != nil {
+					walk(a.G.Node)
+				}
+				for _, g := range a.Graphs {
+					walk(g.Node)
+				}
+			}
 		}
 	}
+	walk(m.Proto.Graph.Node)
 	if len(nodes) == 0 {
 		return nil
 	}

@@ -79,7 +79,13 @@ type scopeEnv struct {
 	// captured holds the outer initializers that fused scopes read: those
 	// nothing reads after the rewrite are removed.
 	captured map[*pb.TensorProto]bool
+	// depth is how many scope models enclose the one being rewritten.
+	depth int
 }
+
+// maxScopeDepth bounds how deep subgraphs are searched: a function that
+// calls itself inside a subgraph would unfold without end.
+const maxScopeDepth = 32
 
 // standalone builds the scope model of site s of pm (whose main graph is
 // indexed by pg): see the package comment above. bind, when set, gives the

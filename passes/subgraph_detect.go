@@ -14,6 +14,21 @@ import (
 // not searched (unsearchedFunctions). Blocks and near-misses of a subgraph
 // carry its Scope.
 func detectScopes(m *graph.Model, opt DetectOptions, top bool) (*Detection, error) {
+	return detectScopesAt(m, opt, top, 0)
+}
+
+// detectScopesAt is detectScopes depth scope models down.
+func detectScopesAt(m *graph.Model, opt DetectOptions, top bool, depth int) (*Detection, error) {
+	if len(subgraphCalls(m, m.Proto.GetGraph())) > 0 {
+		if top {
+			m = editableCopy(m)
+		}
+		names := map[string]bool{}
+		modelNames(m.Proto.GetGraph(), names)
+		if _, err := inlineSubgraphCalls(m, names); err != nil {
+			return nil, err
+		}
+	}
 	det, err := detectCanonical(m, opt)
 	if err != nil {
 		return det, err
@@ -32,7 +47,11 @@ func detectScopes(m *graph.Model, opt DetectOptions, top bool) (*Detection, erro
 		}
 		where := s.where()
 		sm, _ := standalone(m, g, s, nil)
-		d, err := detectScopes(sm, opt, false)
+		if depth >= maxScopeDepth {
+			det.NearMiss = append(det.NearMiss, unsearched(s.g, where, fmt.Sprintf("subgraphs nest deeper than %d (a recursive function?)", maxScopeDepth))...)
+			continue
+		}
+		d, err := detectScopesAt(sm, opt, false, depth+1)
 		if err != nil {
 			det.NearMiss = append(det.NearMiss, unsearched(s.g, where, "the subgraph could not be searched: "+err.Error())...)
 			continue
@@ -50,9 +69,10 @@ func detectScopes(m *graph.Model, opt DetectOptions, top bool) (*Detection, erro
 
 // unsearchedFunctions reports each router-like TopK (see routerTopKs) in
 // the body of a model-local function that some node calls but that
-// canonicalization does not inline, so that no scope of the rewrite
-// searches it: a body with subgraphs, or one importing a domain at
-// another version than the model. The reason names the function and why.
+// neither canonicalization nor a scoped rewrite inlines, so that no scope
+// searches it: one importing a domain at another version than the model
+// (its ops could mean something else there). The reason names the
+// function and why.
 func unsearchedFunctions(m *graph.Model) []NearMiss {
 	if len(m.Proto.Functions) == 0 {
 		return nil
@@ -63,7 +83,7 @@ func unsearchedFunctions(m *graph.Model) []NearMiss {
 		if f.GetDomain() == moe.Domain {
 			continue
 		}
-		why := notInlined(m, f)
+		why := versionMismatch(m, f)
 		if why == "" {
 			continue
 		}
@@ -89,19 +109,12 @@ func unsearchedFunctions(m *graph.Model) []NearMiss {
 	return out
 }
 
-// notInlined says why canonicalization leaves calls of f alone (see
-// canon.Inline), or "" when it inlines them.
-func notInlined(m *graph.Model, f *pb.FunctionProto) string {
+// versionMismatch says why no rewrite inlines calls of f, when f imports
+// a domain at another version than m (see canon.Inline), or "".
+func versionMismatch(m *graph.Model, f *pb.FunctionProto) string {
 	for _, o := range f.OpsetImport {
 		if have := m.Opset(o.GetDomain()); have != 0 && have != o.GetVersion() {
 			return fmt.Sprintf("it imports %s at version %d, the model at %d", domainLabel(o.GetDomain()), o.GetVersion(), have)
-		}
-	}
-	for _, n := range f.Node {
-		for _, a := range n.Attribute {
-			if a.G != nil || len(a.Graphs) > 0 {
-				return fmt.Sprintf("its body holds a subgraph (node %s's %s)", graph.NodeLabel(n), a.GetName())
-			}
 		}
 	}
 	return ""

@@ -22,7 +22,7 @@ func hasScopes(m *graph.Model) bool {
 			return true
 		}
 	}
-	return len(unsearchedFunctions(m)) > 0
+	return len(subgraphCalls(m, m.Proto.GetGraph())) > 0 || len(unsearchedFunctions(m)) > 0
 }
 
 // rewriteScopes is rewriteCanonical that also searches subgraphs (see
@@ -40,12 +40,22 @@ func rewriteScopes(m *graph.Model, opt Options) (*Report, error) {
 	env := &scopeEnv{names: map[string]bool{}, captured: map[*pb.TensorProto]bool{}}
 	modelNames(m.Proto.GetGraph(), env.names)
 	calledBefore := modelCalls(m)
-	if opt.Check {
-		env.binds = collectBindings(ctx, m, opt)
+	target := m
+	if len(subgraphCalls(m, m.Proto.GetGraph())) > 0 {
+		target = editableCopy(m) // calls are inlined there (see subgraph_inline.go)
+		if _, err := inlineSubgraphCalls(target, env.names); err != nil {
+			return nil, err
+		}
 	}
-	rep, err := rewriteScoped(m, opt, env, unsearchedFunctions(m))
+	if opt.Check {
+		env.binds = collectBindings(ctx, target, opt)
+	}
+	rep, err := rewriteScoped(target, opt, env, unsearchedFunctions(m))
 	if err != nil || len(rep.Fused) == 0 {
 		return rep, err
+	}
+	if target != m {
+		adopt(m, target)
 	}
 	dropUnused(m, env.captured, calledBefore)
 	if errs := m.Graph().Validate(); len(errs) > 0 {
@@ -65,8 +75,13 @@ type siteResult struct {
 // rewriteScoped rewrites m's subgraphs as scope models, then m's main
 // graph (told of the scopes' refusals, so that with Partial off it edits
 // nothing when any failed), then puts what fused in the subgraphs back.
-// pending are refusals found before (functions not searched).
+// pending are refusals found before (functions not searched). m must be
+// a model the rewrite may edit: calls of functions whose bodies hold
+// subgraphs are inlined into it first.
 func rewriteScoped(m *graph.Model, opt Options, env *scopeEnv, pending []NearMiss) (*Report, error) {
+	if _, err := inlineSubgraphCalls(m, env.names); err != nil {
+		return nil, err
+	}
 	g := m.Graph()
 	pend := &Report{NearMiss: pending}
 	var subs []siteResult
@@ -122,6 +137,11 @@ func contextOf(opt Options) context.Context {
 // that cannot be rewritten refuses each of its routers with the reason.
 func rewriteSite(m *graph.Model, g *graph.Graph, s scopeSite, opt Options, env *scopeEnv) siteResult {
 	where := s.where()
+	if env.depth >= maxScopeDepth {
+		return siteResult{site: s, rep: &Report{Refused: unsearched(s.g, where, fmt.Sprintf("subgraphs nest deeper than %d (a recursive function?)", maxScopeDepth))}}
+	}
+	env.depth++
+	defer func() { env.depth-- }()
 	bind := env.binds[s.g]
 	sm, outer := standalone(m, g, s, bind)
 	so := opt

@@ -13,6 +13,7 @@ import (
 	"github.com/mokopt/mokopt/internal/fixtures"
 	"github.com/mokopt/mokopt/models"
 	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
 )
 
 // controlFlowBlocks are the exported blocks the control-flow tests wrap.
@@ -114,6 +115,9 @@ func TestRewriteControlFlow(t *testing.T) {
 					t.Errorf("check inconclusive: %v", rep.Warnings)
 				}
 				checkFusedInSubgraph(t, m, blocks)
+				if err := moe.CheckBodies(m); err != nil {
+					t.Fatalf("fused bodies: %v", err)
+				}
 				if errs := m.Graph().Validate(); len(errs) > 0 {
 					t.Fatal(errs)
 				}
@@ -179,6 +183,11 @@ func checkFusedInSubgraph(t *testing.T, m *graph.Model, blocks int) {
 			t.Errorf("no provenance for %s", f.GetName())
 		}
 	}
+	c := m.WorkingCopy()
+	c.Proto.Functions = nil
+	if err := moe.CheckBodies(c); err == nil {
+		t.Error("CheckBodies passes a fused node in a subgraph without its body")
+	}
 	fn := 0
 	for _, f := range m.Proto.Functions {
 		if f.GetDomain() == moe.Domain {
@@ -238,11 +247,14 @@ func TestControlFlowNeverSilent(t *testing.T) {
 			[]string{`/m/gate/TopK in If node "moe_if"'s then_branch`, "unrolled its loop over hit experts"}},
 		{"lost experts in a Loop body", "exported/ernie4_5_moe_block_torchscript.onnx", models.WrapLoop,
 			[]string{`/m/gate/TopK in Loop node "moe_loop"'s body`, "hit experts"}},
-		{"function not inlined", controlFlowBlocks[0], models.WrapIfInFunction,
-			[]string{"in function local::MoEBlock", "not inlined", "holds a subgraph"}},
+		{"function not inlined", controlFlowBlocks[0], models.WrapFunctionInIf,
+			[]string{"in function local::MoEBlock", "not inlined", "imports ai.onnx at version 17"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := loadWrapped(t, tc.block, tc.how)
+			if tc.how == models.WrapFunctionInIf { // the function's ops at another version: not inlined
+				m.Proto.Functions[0].OpsetImport[0].Version = proto.Int64(17)
+			}
 			det, err := Detect(m)
 			if err != nil {
 				t.Fatal(err)
@@ -279,4 +291,23 @@ func TestControlFlowNeverSilent(t *testing.T) {
 			t.Fatalf("err %v, report %+v", err, rep)
 		}
 	})
+}
+
+// TestControlFlowRecursiveFunction: a function that calls itself inside
+// its body's If branch unfolds only so deep: the rewrite ends, refusing.
+func TestControlFlowRecursiveFunction(t *testing.T) {
+	m := loadWrapped(t, controlFlowBlocks[0], models.WrapIfInFunction)
+	f := m.Proto.Functions[0]
+	then := graph.Attr(f.Node[0], "then_branch").G
+	out := then.Output[0].GetName()
+	call := graph.NewNode(f.GetName(), f.GetDomain(), "again", append([]string{models.CondInput, out}, f.Input[2:]...), []string{"again_out"})
+	then.Node = append(then.Node, call)
+	then.Output[0].Name = proto.String("again_out")
+	if _, err := Detect(m); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Rewrite(m, Options{})
+	if err == nil || !strings.Contains(err.Error(), "nest deeper") {
+		t.Fatalf("err %v, want a refusal for nesting", err)
+	}
 }

@@ -5,6 +5,7 @@ package ortrun
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
@@ -104,4 +105,55 @@ func ortFeeds(t *testing.T, m *graph.Model, path string, cond bool) (map[string]
 	}
 	t.Fatalf("the original runs on none of the inputs: %v", err)
 	return nil, nil
+}
+
+// TestSpelledControlFlowORT: the control-flow exports of testdata/spelled,
+// rewritten (the fused node inside the If, Loop or Scan body), run in ONNX
+// Runtime and reproduce every golden output of the original.
+func TestSpelledControlFlowORT(t *testing.T) {
+	needORT(t)
+	files, _ := filepath.Glob(filepath.Join(fx.Testdata(), "spelled", "ctrl_*.onnx"))
+	if len(files) == 0 {
+		t.Skip("no testdata/spelled control-flow exports")
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			m, err := graph.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			rep, err := passes.Rewrite(m, passes.Options{Check: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Fused) == 0 || rep.Fused[0].Block.Scope == "" {
+				t.Fatalf("fused %d", len(rep.Fused))
+			}
+			p := filepath.Join(t.TempDir(), "fused.onnx")
+			if err := m.Save(p, graph.SaveOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			sets, _ := filepath.Glob(strings.TrimSuffix(f, ".onnx") + "_data/test_data_set_*")
+			for _, set := range sets {
+				ds, err := eval.ReadDataSet(set)
+				if err != nil {
+					t.Fatal(err)
+				}
+				feeds, err := eval.Feeds(m, ds.Inputs, ds.InputNames)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := Run(p, feeds)
+				if err != nil {
+					t.Fatalf("ONNX Runtime on the rewritten model: %v", err)
+				}
+				var outs []string
+				for _, o := range m.Proto.Graph.Output {
+					outs = append(outs, o.GetName())
+				}
+				compareAll(t, filepath.Base(set)+": rewritten in ORT vs golden", outs, got, ds.Outputs)
+			}
+		})
+	}
 }

@@ -155,6 +155,16 @@ func toORT(t *eval.Tensor) (ort.Value, error) {
 	for i, d := range t.Shape {
 		shape[i] = int64(d)
 	}
+	if len(shape) == 0 && t.Len() == 1 { // a scalar: ort tensors need a dim
+		switch t.DType {
+		case pb.TensorProto_FLOAT:
+			return ort.NewScalar(t.F32[0])
+		case pb.TensorProto_INT64:
+			return ort.NewScalar(t.I64[0])
+		case pb.TensorProto_BOOL:
+			return ort.NewScalar(t.Bool[0])
+		}
+	}
 	switch t.DType {
 	case pb.TensorProto_FLOAT:
 		return ort.NewTensor(shape, append([]float32(nil), t.F32...))
