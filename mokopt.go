@@ -45,6 +45,11 @@ import (
 
 // Model is a loaded ONNX model. Close it to release the side files of
 // its external data.
+//
+// Inspect, InspectWith, Verify, Run and Diff only read a Model:
+// goroutines may call them on one Model at once. Rewrite, Lower, LowerORT,
+// SplitRanks, Save and Write edit it or its index, and need it to
+// themselves; Close must come after every other call.
 type Model struct {
 	g *graph.Model
 }

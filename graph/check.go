@@ -49,10 +49,11 @@ func (m *Model) Check() error {
 	errs = append(errs, m.checkOthers()...)
 	if g.sub || len(m.Proto.Functions) > 0 {
 		errs = append(errs, checkBodies(m.Proto)...)
+		errs = append(errs, checkFunctionCalls(m.Proto)...)
 	}
 	if len(errs) == 0 {
 		// Nothing was edited: the next Graph call can use this index.
-		m.spare, m.spareSig = g, sigOf(m.Proto.Graph)
+		m.KeepIndex(g)
 		return nil
 	}
 	return &InputError{File: m.Name(), Msg: "invalid model", Err: joinProblems(errs, maxCheckErrors)}
@@ -118,11 +119,25 @@ func checkArity(n *pb.NodeProto, opset int64) error {
 // their labels for messages.
 func (m *Model) checkOthers() []error {
 	var errs []error
-	for _, p := range otherTensors(m.Proto) {
-		if m.labels == nil {
-			m.labels = map[*pb.TensorProto]string{}
-		}
-		m.labels[p.t] = p.label
+	others := otherTensors(m.Proto)
+	if len(others) == 0 {
+		return nil
+	}
+	// A new map, published whole: working copies share the old one, and
+	// other goroutines may be reading it.
+	m.mu.Lock()
+	labels := make(map[*pb.TensorProto]string, len(m.labels)+len(others))
+	for t, l := range m.labels {
+		labels[t] = l
+	}
+	m.mu.Unlock()
+	for _, p := range others {
+		labels[p.t] = p.label
+	}
+	m.mu.Lock()
+	m.labels = labels
+	m.mu.Unlock()
+	for _, p := range others {
 		if _, ok := m.deferred[p.t]; ok {
 			continue
 		}
@@ -135,7 +150,7 @@ func (m *Model) checkOthers() []error {
 
 // checkTensor checks one tensor's declared size against its data.
 func (m *Model) checkTensor(t *pb.TensorProto) error {
-	obj := tensorObj{t, m.labels[t]}
+	obj := tensorObj{t, m.label(t)}
 	dt := DataType(t)
 	if t.Segment != nil {
 		return fmt.Errorf("%s: segmented tensors are not supported", obj)

@@ -3,12 +3,14 @@ package graph
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -91,7 +93,26 @@ func (m *Model) sideIDs() map[FileID]string {
 // target: a hidden ".NAME.tmp-" in target's folder, followed by the writing
 // process's id, "-" and a random part, so that a later run can tell the
 // temporary files of a process that died from those of one still writing.
-func tempPrefix(target string) string { return "." + filepath.Base(target) + ".tmp-" }
+//
+// A long name is shortened to its first bytes and a hash of the whole, so
+// that a legal target name (up to the file system's 255 bytes) never makes
+// a temporary name too long.
+func tempPrefix(target string) string {
+	base := filepath.Base(target)
+	if len(base) > maxTempBase {
+		h := fnv.New64a()
+		h.Write([]byte(base))
+		cut := base[:maxTempBase/2]
+		for !utf8.ValidString(cut) {
+			cut = cut[:len(cut)-1]
+		}
+		base = fmt.Sprintf("%s~%016x", cut, h.Sum64())
+	}
+	return "." + base + ".tmp-"
+}
+
+// maxTempBase is the longest target name a temporary name holds whole.
+const maxTempBase = 128
 
 // CleanStaleTemps removes the temporary files left next to target by
 // earlier runs that were killed before they could remove them (".NAME.tmp-

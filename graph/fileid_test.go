@@ -3,13 +3,16 @@ package graph
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"google.golang.org/protobuf/proto"
@@ -393,5 +396,64 @@ func TestReadLimitedSizes(t *testing.T) {
 		case c.sized && cap(got) > len(got)+1:
 			t.Errorf("%s: buffer of %d bytes for %d read: not sized from the file", c.name, cap(got), len(got))
 		}
+	}
+}
+
+// TestTwoWritersOneTarget forces two saves to one target to interleave:
+// the first stops after renaming its side file while the second runs.
+// Without the folder lock the second renamed its own pair in between and
+// the first then renamed its model over it, naming the second's side file;
+// with it the second waits, and the pair on disk is one writer's.
+func TestTwoWritersOneTarget(t *testing.T) {
+	src := t.TempDir()
+	models := make([]*Model, 2)
+	for i := range models {
+		m := sideSaved(t, filepath.Join(src, fmt.Sprintf("m%d.onnx", i)))
+		big := m.Proto.Graph.Initializer[0]
+		b, err := m.TensorBytes(big)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nb := bytes.Repeat([]byte{byte(0x11 * (i + 1))}, len(b))
+		big.DataLocation, big.ExternalData, big.RawData = nil, nil, nb
+		m.Proto.Graph.Name = proto.String(fmt.Sprintf("writer%d", i))
+		defer m.Close()
+		models[i] = m
+	}
+	out := filepath.Join(t.TempDir(), "t.onnx")
+	first := make(chan struct{})
+	var steps atomic.Int32
+	saveStep = func(s string) error {
+		if s == "side renamed" && steps.Add(1) == 1 {
+			close(first)
+			time.Sleep(300 * time.Millisecond) // the other writer runs now
+		}
+		return nil
+	}
+	defer func() { saveStep = nil }()
+	errs := make(chan error, 2)
+	go func() { errs <- models[0].Save(out, SaveOptions{External: ExternalRepack}) }()
+	<-first
+	go func() { errs <- models[1].Save(out, SaveOptions{External: ExternalRepack}) }()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	back, err := Load(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	got, err := back.TensorBytes(back.Proto.Graph.Initializer[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want byte = 0x11
+	if back.Proto.Graph.GetName() == "writer1" {
+		want = 0x22
+	}
+	if len(got) == 0 || !bytes.Equal(got, bytes.Repeat([]byte{want}, len(got))) {
+		t.Fatalf("the model of %s names a side file with bytes %#x…, not its own %#x", back.Proto.Graph.GetName(), got[:min(4, len(got))], want)
 	}
 }

@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"errors"
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
@@ -374,6 +375,50 @@ func TestCheckProblems(t *testing.T) {
 				t.Errorf("Check: %v", err)
 			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 				t.Errorf("Check: %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestCheckRecursiveFunctions: Check refuses a model-local function that
+// calls itself, directly, through another function or from a subgraph of its
+// body, naming the cycle; nested calls without a cycle pass.
+func TestCheckRecursiveFunctions(t *testing.T) {
+	fn := func(name string, body ...*pb.NodeProto) *pb.FunctionProto {
+		return &pb.FunctionProto{Name: proto.String(name), Domain: proto.String("local"), Input: []string{"a"}, Output: []string{"b"}, Node: body,
+			OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}}}
+	}
+	call := func(f string) *pb.NodeProto { return NewNode(f, "local", "call_"+f, []string{"a"}, []string{"b"}) }
+	inIf := func(f string) *pb.NodeProto {
+		body := &pb.GraphProto{Node: []*pb.NodeProto{NewNode(f, "local", "inner", []string{"a"}, []string{"o"})}, Output: []*pb.ValueInfoProto{vinfo("o")}}
+		return NewNode("If", "", "if", []string{"a"}, []string{"b"}, &pb.AttributeProto{Name: proto.String("then_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: body})
+	}
+	leaf := fn("leaf", NewNode("Neg", "", "neg", []string{"a"}, []string{"b"}))
+	for _, tc := range []struct {
+		name  string
+		funcs []*pb.FunctionProto
+		want  string
+	}{
+		{"nested, no cycle", []*pb.FunctionProto{fn("f", call("leaf")), leaf}, ""},
+		{"self", []*pb.FunctionProto{fn("f", call("f"))}, "local::f -> local::f"},
+		{"mutual", []*pb.FunctionProto{fn("f", call("g")), fn("g", call("f"))}, "local::f -> local::g -> local::f"},
+		{"through a subgraph", []*pb.FunctionProto{fn("f", inIf("g")), fn("g", call("f"))}, "is recursive"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gp := &pb.GraphProto{Name: proto.String("g"), Node: []*pb.NodeProto{NewNode("f", "local", "top", []string{"x"}, []string{"y"})},
+				Input: []*pb.ValueInfoProto{vinfo("x")}, Output: []*pb.ValueInfoProto{vinfo("y")}}
+			if tc.funcs[0].GetName() != "f" {
+				t.Fatal("the first function must be f")
+			}
+			m := &Model{Proto: &pb.ModelProto{IrVersion: proto.Int64(10), Graph: gp, Functions: tc.funcs,
+				OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}, {Domain: proto.String("local"), Version: proto.Int64(1)}}}, Dir: "."}
+			m.ext = newExternalStore(".", "mem")
+			err := m.Check()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Check: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrBadInput)):
+				t.Errorf("Check: %v, want a bad-input error with %q", err, tc.want)
 			}
 		})
 	}

@@ -53,6 +53,25 @@ type Model struct {
 	// are still the ones it indexed.
 	spare    *Graph
 	spareSig graphSig
+	// mu guards labels, spare and spareSig, which read-only entry points
+	// (Check, Graph) set, so that goroutines can share a model.
+	mu sync.Mutex
+}
+
+// labelMap returns the labels Check recorded, to share with a copy (the
+// map is never written once published).
+func (m *Model) labelMap() map[*pb.TensorProto]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.labels
+}
+
+// label returns the label Check recorded for a tensor held in an
+// attribute, or "".
+func (m *Model) label(t *pb.TensorProto) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.labels[t]
 }
 
 // graphSig identifies the lists of a GraphProto: its message and the
@@ -256,11 +275,12 @@ func (m *Model) Close() error {
 // not replaced or resized in between (edit a loaded model through the
 // returned index, or call Reindex on it after editing the message).
 func (m *Model) Graph() *Graph {
-	if g := m.spare; g != nil {
-		m.spare = nil
-		if g.P == m.Proto.Graph && m.spareSig == sigOf(m.Proto.Graph) {
-			return g
-		}
+	m.mu.Lock()
+	g, sig := m.spare, m.spareSig
+	m.spare = nil
+	m.mu.Unlock()
+	if g != nil && g.P == m.Proto.Graph && sig == sigOf(m.Proto.Graph) {
+		return g
 	}
 	return NewGraph(m.Proto.Graph)
 }

@@ -385,6 +385,9 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if side == nil {
 		return mf.commit()
 	}
+	// One writer at a time renames a pair into this folder.
+	unlock := lockFolder(dir)
+	defer unlock()
 	if err := side.rename(); err != nil {
 		return err
 	}

@@ -94,7 +94,7 @@ func allTensors(mp *pb.ModelProto) []*pb.TensorProto {
 // tensorLabel names t in messages: its place for a tensor held in an
 // attribute (as Check found it), else `initializer "NAME"`.
 func (m *Model) tensorLabel(t *pb.TensorProto) string {
-	if l, ok := m.labels[t]; ok {
+	if l := m.label(t); l != "" {
 		return l
 	}
 	return fmt.Sprintf("initializer %q", t.GetName())

@@ -134,7 +134,7 @@ func buildFused(t testing.TB, c blockCfg) (*graph.Model, *moe.Spec, *moe.Weights
 		in = in[:len(in)-1]
 	}
 	n := graph.NewNode(moe.OpType, moe.Domain, "layer0/MoE", in, []string{"y"}, s.Attributes()...)
-	n.Overload = proto.String(s.Variant())
+	n.Overload = proto.String(s.Overload())
 	g.Node = []*pb.NodeProto{n}
 	g.Input = []*pb.ValueInfoProto{typedValue("hidden_states", "T", H, s.IOElemType())}
 	g.Output = []*pb.ValueInfoProto{typedValue("y", "T", H, s.IOElemType())}

@@ -17,7 +17,7 @@ func withLogits(t *testing.T, m *graph.Model, s *moe.Spec) *graph.Model {
 	s.RouterLogits = true
 	n := m.Proto.Graph.Node[0]
 	n.Output = append(n.Output, "router_logits")
-	n.Overload = proto.String(s.Variant())
+	n.Overload = proto.String(s.Overload())
 	f, err := moe.Function(s, 18)
 	if err != nil {
 		t.Fatal(err)

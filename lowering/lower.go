@@ -153,6 +153,9 @@ func Lower(m *graph.Model, opt Options) (*Report, error) {
 	if err != nil {
 		return rep, err
 	}
+	if err := moe.CheckBodies(m); err != nil {
+		return rep, err
+	}
 	opset := m.Opset("")
 	if opset < 13 {
 		return rep, fmt.Errorf("model imports default-domain opset %d; lowering needs >= 13", opset)

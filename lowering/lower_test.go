@@ -222,7 +222,7 @@ func TestMixedModel(t *testing.T) {
 			}
 		}
 	}
-	if got := strings.Join(kinds, ","); got != "MoE/"+rep.Blocks[0].Spec.Variant()+","+OpType+"/"+overloadSwiGLU {
+	if got := strings.Join(kinds, ","); got != "MoE/"+rep.Blocks[0].Spec.Overload()+","+OpType+"/"+overloadSwiGLU {
 		t.Errorf("functions %s", got)
 	}
 	if _, ok := low.Metadata(MetadataKey + rep.Blocks[1].KernelNode); !ok {

@@ -147,6 +147,9 @@ func LowerORT(m *graph.Model, opt ORTOptions) (*ORTReport, error) {
 	if err != nil {
 		return rep, err
 	}
+	if err := moe.CheckBodies(m); err != nil {
+		return rep, err
+	}
 	if m.Opset("") < 13 {
 		return rep, fmt.Errorf("model imports default-domain opset %d; lowering needs >= 13", m.Opset(""))
 	}

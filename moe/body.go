@@ -248,7 +248,7 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 	f := &pb.FunctionProto{
 		Name:        proto.String(OpType),
 		Domain:      proto.String(Domain),
-		Overload:    proto.String(s.Variant()),
+		Overload:    proto.String(s.Overload()),
 		Input:       append([]string(nil), in[:]...),
 		Output:      outs,
 		Attribute:   append([]string(nil), attrNames...),

@@ -6,7 +6,9 @@ package moe
 
 import (
 	"fmt"
+	"math"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/mokopt/mokopt/graph"
@@ -210,8 +212,14 @@ func (s *Spec) Validate() error {
 	if s.GroupScore != "" && s.GroupScore != GroupScoreTop2Sum && s.GroupScore != GroupScoreMax {
 		errs = append(errs, fmt.Sprintf("group_score %q", s.GroupScore))
 	}
-	if s.NGroup > 1 && (s.NumExperts%s.NGroup != 0 || s.TopKGroup < 1 || s.TopKGroup > s.NGroup) {
+	if s.NGroup < 1 || s.NGroup > 1 && (s.NumExperts%s.NGroup != 0 || s.TopKGroup < 1 || s.TopKGroup > s.NGroup) || s.NGroup == 1 && s.TopKGroup != 1 {
 		errs = append(errs, fmt.Sprintf("n_group %d / topk_group %d do not fit %d experts", s.NGroup, s.TopKGroup, s.NumExperts))
+	}
+	if f := float64(s.RoutedScalingFactor); f == 0 || math.IsNaN(f) || math.IsInf(f, 0) {
+		errs = append(errs, fmt.Sprintf("routed_scaling_factor %v (must be finite and nonzero)", s.RoutedScalingFactor))
+	}
+	if s.SwiGLULimit < 0 {
+		errs = append(errs, fmt.Sprintf("swiglu_limit %v (must be >= 0; 0 for none)", s.SwiGLULimit))
 	}
 	switch s.Activation {
 	case SwiGLU, SwiGLUClamped, SwiGLUOAI, GELU:
@@ -232,6 +240,29 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("invalid MoE spec: %s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// Overload names the function body of s: its Variant and the values the
+// body holds as constants (E, k, H, the routed scaling factor, the SwiGLU
+// alpha and limit, the sparsemixer threshold), so that two fused nodes share
+// a body only when it computes what each of them means. It is the fused
+// node's overload and its function's.
+func (s *Spec) Overload() string {
+	f := func(v float32) string { return strconv.FormatFloat(float64(v), 'g', -1, 32) }
+	parts := []string{s.Variant(), fmt.Sprintf("e%d_k%d_h%d", s.NumExperts, s.TopK, s.Hidden)}
+	if s.RoutedScalingFactor != 1 && s.RoutedScalingFactor != 0 {
+		parts = append(parts, "rs"+f(s.RoutedScalingFactor))
+	}
+	if s.Activation == SwiGLUOAI && s.SwiGLUAlpha != 1 {
+		parts = append(parts, "a"+f(s.SwiGLUAlpha))
+	}
+	if s.SwiGLULimit > 0 {
+		parts = append(parts, "l"+f(s.SwiGLULimit))
+	}
+	if s.RouterActivation == SparseMixer {
+		parts = append(parts, "t"+f(s.SparseMixerThreshold))
+	}
+	return strings.Join(parts, "_")
 }
 
 // Variant is a short stable name of the semantic variant, used as the
@@ -349,6 +380,9 @@ func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
 	}
 	if n.GetDomain() != Domain || n.GetOpType() != OpType {
 		return nil, fmt.Errorf("node %q is %s::%s, not %s::%s", graph.NodeLabel(n), n.GetDomain(), n.GetOpType(), Domain, OpType)
+	}
+	if err := CheckNodeForm(n); err != nil {
+		return nil, err
 	}
 	s := &Spec{
 		NumExperts:          int(graph.AttrInt(n, "num_experts", 0)),

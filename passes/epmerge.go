@@ -71,7 +71,9 @@ func cloneInline(m *graph.Model) (*graph.Model, error) {
 	mp := proto.Clone(m.Proto).(*pb.ModelProto)
 	src := m.Proto.Graph.Initializer
 	for i, t := range mp.Graph.Initializer {
-		if !graph.IsExternal(t) {
+		// Bytes in a side file, or produced at save time (the fused
+		// weights of a rewrite not yet saved), become raw data.
+		if _, deferred := m.Deferred(src[i]); !deferred && !graph.IsExternal(t) {
 			continue
 		}
 		b, err := m.TensorBytes(src[i])
@@ -243,14 +245,14 @@ func MergeRanks(ranks []*graph.Model) (*graph.Model, *MergeReport, error) {
 		gs := *s0
 		gs.LocalExperts, gs.ExpertOffset = 0, 0
 		setIntAttr(outNode, "expert_offset", 0)
-		outNode.Overload = proto.String(gs.Variant())
-		if !funcs[gs.Variant()] {
+		outNode.Overload = proto.String(gs.Overload())
+		if !funcs[gs.Overload()] {
 			f, err := moe.Function(&gs, out.Opset(""))
 			if err != nil {
 				return nil, nil, err
 			}
 			out.Proto.Functions = append(out.Proto.Functions, f)
-			funcs[gs.Variant()] = true
+			funcs[gs.Overload()] = true
 		}
 		updateProvenance(out, graph.NodeLabel(outNode), gs)
 		rep.Nodes = append(rep.Nodes, MergedNode{Node: graph.NodeLabel(outNode), NumExperts: gs.NumExperts, LocalExperts: L, TopK: gs.TopK, EPSize: G})
@@ -349,7 +351,7 @@ func SplitRanks(m *graph.Model, G int) ([]*graph.Model, error) {
 			s.EPSize, s.ExpertOffset, s.LocalExperts = G, r*L, L
 			setIntAttr(n, "ep_size", int64(G))
 			setIntAttr(n, "expert_offset", int64(r*L))
-			n.Overload = proto.String(s.Variant())
+			n.Overload = proto.String(s.Overload())
 			updateProvenance(rm, graph.NodeLabel(n), s)
 		}
 		for _, n := range rm.Proto.Graph.Node {

@@ -81,9 +81,11 @@ type Provenance = moe.Provenance
 
 // Fused describes one fused node in a report.
 type Fused struct {
-	Block        *Block `json:"block"`
-	Node         string `json:"node"`
-	Variant      string `json:"variant"`
+	Block   *Block `json:"block"`
+	Node    string `json:"node"`
+	Variant string `json:"variant"`
+	// Overload is the fused node's overload: the function body it calls.
+	Overload     string `json:"overload"`
 	NodesRemoved int    `json:"nodes_removed"`
 	InitsRemoved int    `json:"initializers_removed"`
 }
@@ -326,7 +328,7 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTens
 		}
 	}
 	node := graph.NewNode(moe.OpType, moe.Domain, name, in, []string{b.Output}, s.Attributes()...)
-	node.Overload = proto.String(s.Variant())
+	node.Overload = proto.String(s.Overload())
 	logits, err := takeLogits(g, b, node) // the optional router_logits output (logits.go)
 	if err != nil {
 		return nil, err
@@ -334,18 +336,18 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTens
 	g.AddNode(node) // the index now names node as b.Output's producer
 	dc.replaced(old, oldPos, node, b.Output)
 	logits.replaced(dc, node)
-	if !funcs[s.Variant()] && !s.Shard() { // a shard needs its group: no standalone body
+	if !funcs[s.Overload()] && !s.Shard() { // a shard needs its group: no standalone body
 		f, err := moe.Function(s, opset)
 		if err != nil {
 			return nil, err
 		}
 		m.Proto.Functions = append(m.Proto.Functions, f)
-		funcs[s.Variant()] = true
+		funcs[s.Overload()] = true
 	}
 	// Remove the region's nodes that are now dead, and the initializers only they read.
 	removedNodes, removedInits := dc.removeDeadIn(b.Region)
 	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s, TracedExperts: b.TracedExperts, SourceType: sourceType(b)}
 	js, _ := json.Marshal(prov)
 	m.SetMetadata(ProvenanceKey+name, string(js))
-	return &Fused{Block: b, Node: name, Variant: s.Variant(), NodesRemoved: len(removedNodes), InitsRemoved: len(removedInits)}, nil
+	return &Fused{Block: b, Node: name, Variant: s.Variant(), Overload: s.Overload(), NodesRemoved: len(removedNodes), InitsRemoved: len(removedInits)}, nil
 }

@@ -88,7 +88,7 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 				if err := graph.WriteFileAtomic(out, buf.Bytes()); err != nil {
 					return &exitError{code: 2, msg: err.Error(), err: err}
 				}
-			} else if _, err := c.OutOrStdout().Write(buf.Bytes()); err != nil {
+			} else if _, err := outFor(c, useColor).Write(buf.Bytes()); err != nil {
 				return &exitError{code: 2, msg: err.Error(), err: err}
 			}
 			if !r.Same() {
@@ -106,8 +106,17 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 }
 
 // isTerminal reports whether w is a character device (a terminal).
+// outFor is where diff writes to standard output: the raw stream for its
+// own colours (names are escaped by the diff itself), else the escaping one.
+func outFor(c *cobra.Command, color bool) io.Writer {
+	if color {
+		return raw(c.OutOrStdout())
+	}
+	return c.OutOrStdout()
+}
+
 func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+	f, ok := raw(w).(*os.File)
 	if !ok {
 		return false
 	}

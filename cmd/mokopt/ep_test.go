@@ -25,6 +25,10 @@ func TestEPCommands(t *testing.T) {
 	gen("--shape", "batched", "-o", p("ref.onnx"))
 	gen("--ep-form", "sharding", "--ep", "4", "-o", p("sharded.onnx"))
 	gen("--ep-form", "ort-sharded", "--ep", "8", "-o", p("smoe.onnx"))
+	// Big enough for its weights to go to the side file.
+	if code := execute([]string{"gen", "--shape", "batched", "--experts", "8", "--hidden", "64", "--inter", "128", "-o", p("ext.onnx")}); code != 0 {
+		t.Fatalf("gen with a side file: exit %d", code)
+	}
 	ranks := func(prefix string, n int) []string {
 		var out []string
 		for r := 0; r < n; r++ {
@@ -49,6 +53,10 @@ func TestEPCommands(t *testing.T) {
 		{"split", rewrite(p("merged.onnx"), "--split-ranks", "4", "-o", p("split.onnx")), 0, ranks("split", 4), nil},
 		{"split merged back", rewrite(append(append([]string{"--merge-ranks"}, ranks("split", 4)...), "-o", p("back.onnx"))...), 0, []string{p("back.onnx")}, nil},
 		{"verify split+merged", []string{"verify", p("back.onnx"), p("merged.onnx")}, 0, nil, nil},
+		{"the side file is there", []string{"inspect", p("ext.onnx.data")}, 2, []string{p("ext.onnx.data")}, nil},
+		{"split a model with a side file", rewrite(p("ext.onnx"), "--split-ranks", "2", "-o", p("ext.split.onnx")), 0, ranks("ext.split", 2), nil},
+		{"merge the side-file split back", rewrite(append(append([]string{"--merge-ranks"}, ranks("ext.split", 2)...), "-o", p("ext.back.onnx"))...), 0, []string{p("ext.back.onnx")}, nil},
+		{"verify the side-file split against its source", []string{"verify", p("ext.back.onnx"), p("ext.onnx")}, 0, nil, nil},
 		{"split 3 ways refused", rewrite(p("merged.onnx"), "--split-ranks", "3", "-o", p("three.onnx")), 1, nil, []string{p("three.rank0.onnx")}},
 		{"split past the rank bound refused at once", rewrite(p("merged.onnx"), "--split-ranks", "1000000", "-o", p("many.onnx")), 2, nil, []string{p("many.rank0.onnx")}},
 		{"sharding annotations fuse", rewrite(p("sharded.onnx"), "-o", p("sharded.fused.onnx")), 0, []string{p("sharded.fused.onnx")}, nil},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/internal/diff"
 	"github.com/mokopt/mokopt/models"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -26,6 +27,10 @@ type outFile struct {
 	// model: a model file, which may come with a side file NAME.data.
 	model bool
 }
+
+// maxNameBytes is the longest file name (one path element) the common
+// file systems take.
+const maxNameBytes = 255
 
 // sidePath is the side file a model written to path gets (Save's default).
 func sidePath(path string) string { return path + ".data" }
@@ -164,6 +169,13 @@ func checkSameFiles(inputs []inputRef, outs []outFile, inPlace bool) error {
 		written = append(written, entry{o.path, o.what, false})
 		if o.model {
 			written = append(written, entry{sidePath(o.path), "the side file of " + o.what, true})
+		}
+	}
+	for _, w := range written {
+		// A side file is written only for a model with external weights:
+		// its name is checked when it is made.
+		if b := filepath.Base(w.path); !w.side && len(b) > maxNameBytes {
+			return usageErr(fmt.Errorf("cannot write %s %s: its name is %d bytes, more than the %d a file name may have", w.what, diff.Printable(w.path), len(b), maxNameBytes))
 		}
 	}
 	seen := map[graph.FileID]entry{}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -646,5 +647,339 @@ func TestFusedNodeContract(t *testing.T) {
 		if fileExists(filepath.Join(dir, "l.onnx")) {
 			t.Fatalf("%v: a lowered model was written", shape)
 		}
+	}
+}
+
+// TestRecursiveFunctionRefused: a model whose local function calls itself,
+// or two functions that call each other, is refused at once (exit 2, naming
+// the cycle) by every command that reads a model, instead of inlining
+// forever.
+func TestRecursiveFunctionRefused(t *testing.T) {
+	fn := func(name, callee string) *pb.FunctionProto {
+		return &pb.FunctionProto{Name: proto.String(name), Domain: proto.String("local"), Input: []string{"a"}, Output: []string{"b"},
+			Node:        []*pb.NodeProto{graph.NewNode(callee, "local", "call", []string{"a"}, []string{"b"})},
+			OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}, {Domain: proto.String("local"), Version: proto.Int64(1)}}}
+	}
+	for _, c := range []struct {
+		name  string
+		funcs []*pb.FunctionProto
+		want  string
+	}{
+		{"self", []*pb.FunctionProto{fn("f", "f")}, "local::f -> local::f"},
+		{"mutual", []*pb.FunctionProto{fn("f", "g"), fn("g", "f")}, "local::f -> local::g -> local::f"},
+	} {
+		dir := t.TempDir()
+		mp := smallModel()
+		mp.Functions = c.funcs
+		mp.OpsetImport = append(mp.OpsetImport, &pb.OperatorSetIdProto{Domain: proto.String("local"), Version: proto.Int64(1)})
+		mp.Graph.Node[1] = graph.NewNode("f", "local", "top", []string{"s"}, []string{"y"})
+		in := filepath.Join(dir, "in.onnx")
+		os.WriteFile(in, marshal(t, mp), 0o644)
+		for _, args := range [][]string{
+			{"inspect", in}, {"rewrite", in, "-o", filepath.Join(dir, "o.onnx")}, {"diff", in, in},
+			{"verify", in, in}, {"lower", in, "-o", filepath.Join(dir, "o.onnx"), "--target", "ort"},
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			code, msg, err := runCLI(ctx, args)
+			cancel()
+			if code != 2 || !strings.Contains(msg, c.want) || !errors.Is(err, graph.ErrBadInput) {
+				t.Errorf("%s %s: exit %d: %s", c.name, args[0], code, msg)
+			}
+		}
+		if l := listDir(t, dir); l != "in.onnx" {
+			t.Errorf("folder: %s", l)
+		}
+	}
+}
+
+// TestMalformedFusedNodes: a fused node outside its contract (no outputs,
+// too many, a missing required input, an attribute out of range, unknown,
+// of the wrong type or not finite) is refused by verify and by lower to
+// every target, naming the node and the problem, never with a panic and
+// never with a lowered model written.
+func TestMalformedFusedNodes(t *testing.T) {
+	dir := t.TempDir()
+	fused := filepath.Join(dir, "f.onnx")
+	if code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", fused, "--no-check"}); code != 0 {
+		t.Fatalf("rewrite: %s", msg)
+	}
+	setInt := func(name string, v int64) func(n *pb.NodeProto) {
+		return func(n *pb.NodeProto) {
+			for _, a := range n.Attribute {
+				if a.GetName() == name {
+					a.I = proto.Int64(v)
+					return
+				}
+			}
+			n.Attribute = append(n.Attribute, graph.IntAttr(name, v))
+		}
+	}
+	for _, c := range []struct {
+		name string
+		edit func(n *pb.NodeProto)
+		want string
+	}{
+		{"no outputs", func(n *pb.NodeProto) { n.Output, n.Input[0] = nil, "moe_out_in" }, "has 0 outputs"},
+		{"unnamed output", func(n *pb.NodeProto) { n.Output[0], n.Input[0] = "", "moe_out_in" }, "the first named"},
+		{"no down input", func(n *pb.NodeProto) { n.Input = n.Input[:3] }, "input down is missing"},
+		{"n_group 0", setInt("n_group", 0), "n_group 0"},
+		{"n_group -1", setInt("n_group", -1), "n_group -1"},
+		{"topk_group 0", setInt("topk_group", 0), "topk_group 0"},
+		{"topk_group over n_group", func(n *pb.NodeProto) { setInt("n_group", 2)(n); setInt("topk_group", 3)(n) }, "topk_group 3"},
+		{"normalize_topk 7", setInt("normalize_topk", 7), `"normalize_topk" is 7`},
+		{"unknown attribute", setInt("capacity_factor", 2), `"capacity_factor" is not in the contract`},
+		{"wrong type", func(n *pb.NodeProto) {
+			for _, a := range n.Attribute {
+				if a.GetName() == "top_k" {
+					a.Type, a.I, a.F = pb.AttributeProto_FLOAT.Enum(), nil, proto.Float32(2)
+				}
+			}
+		}, `"top_k" is FLOAT`},
+		{"NaN scaling", func(n *pb.NodeProto) {
+			for _, a := range n.Attribute {
+				if a.GetName() == "routed_scaling_factor" {
+					a.F = proto.Float32(float32(math.NaN()))
+				}
+			}
+		}, "must be finite"},
+	} {
+		m, err := graph.Load(fused)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range m.Proto.Graph.Node {
+			if n.GetDomain() == "ai.mok" {
+				in := n.Input[0]
+				c.edit(n)
+				if in != n.Input[0] { // the graph's output comes from elsewhere now
+					m.Proto.Graph.Node = append(m.Proto.Graph.Node, graph.NewNode("Identity", "", "id", []string{in}, []string{m.Proto.Graph.Output[0].GetName()}))
+					n.Input[0] = in
+				}
+			}
+		}
+		bad := filepath.Join(dir, "bad.onnx")
+		b, err := proto.Marshal(m.Proto)
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(bad, b, 0o644)
+		out := filepath.Join(dir, "l.onnx")
+		for _, args := range [][]string{
+			{"lower", bad, "-o", out, "--target", "gb300-nvl72", "--ep", "1"},
+			{"lower", bad, "-o", out, "--target", "gb200-nvl72", "--ep", "1", "--strict"},
+			{"lower", bad, "-o", out, "--target", "ort"},
+			{"verify", bad, fused},
+			{"verify", fused, bad},
+		} {
+			code, msg, _ := runCLI(context.Background(), args)
+			if code == 0 || !strings.Contains(msg, c.want) || strings.Contains(msg, "panic") || strings.Contains(msg, "goroutine ") {
+				t.Errorf("%s: %v: exit %d: %s", c.name, args[:3], code, msg)
+			}
+			if fileExists(out) {
+				t.Fatalf("%s: %v wrote a lowered model", c.name, args[:3])
+			}
+		}
+	}
+}
+
+// TestFusedBodyChecked: a fused model whose ai.mok::MoE function body was
+// replaced (by an Identity, or by the body of another top-k) or dropped is
+// refused by verify (either side, and with --data) and by lower to every
+// target, naming the node and the overload: the body is what every other
+// runtime executes, while mokopt's engine runs the node's reference
+// semantics.
+func TestFusedBodyChecked(t *testing.T) {
+	dir := t.TempDir()
+	fused := filepath.Join(dir, "f.onnx")
+	if code, msg, _ := runCLI(context.Background(), []string{"rewrite", exampleModel, "-o", fused, "--no-check"}); code != 0 {
+		t.Fatalf("rewrite: %s", msg)
+	}
+	for _, c := range []struct {
+		name string
+		edit func(f *pb.FunctionProto) *pb.FunctionProto
+		want string
+	}{
+		{"identity", func(f *pb.FunctionProto) *pb.FunctionProto {
+			f.Node = []*pb.NodeProto{graph.NewNode("Identity", "", "", []string{f.Input[0]}, []string{f.Output[0]})}
+			return f
+		}, "does not compute what the node's attributes mean"},
+		{"another k", func(f *pb.FunctionProto) *pb.FunctionProto {
+			for _, n := range f.Node {
+				if n.GetOpType() == "Constant" {
+					for _, a := range n.Attribute {
+						if a.T != nil && a.T.GetDataType() == int32(pb.TensorProto_INT64) && bytes.Equal(a.T.RawData, []byte{2, 0, 0, 0, 0, 0, 0, 0}) {
+							a.T.RawData = []byte{1, 0, 0, 0, 0, 0, 0, 0}
+						}
+					}
+				}
+			}
+			return f
+		}, "does not compute what the node's attributes mean"},
+		{"dropped", func(f *pb.FunctionProto) *pb.FunctionProto { return nil }, "has no function body"},
+	} {
+		m, err := graph.Load(fused)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kept []*pb.FunctionProto
+		for _, f := range m.Proto.Functions {
+			if f.GetDomain() == "ai.mok" {
+				f = c.edit(f)
+			}
+			if f != nil {
+				kept = append(kept, f)
+			}
+		}
+		m.Proto.Functions = kept
+		bad := filepath.Join(dir, "bad.onnx")
+		b, err := proto.Marshal(m.Proto)
+		m.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(bad, b, 0o644)
+		out := filepath.Join(dir, "l.onnx")
+		for _, args := range [][]string{
+			{"verify", exampleModel, bad}, {"verify", bad, exampleModel},
+			{"run", bad, "--data", "../../testdata/example/mixtral_block_dynamo_batched_mm_data"},
+			{"lower", bad, "-o", out, "--target", "gb300-nvl72", "--ep", "1"},
+			{"lower", bad, "-o", out, "--target", "ort"},
+		} {
+			code, msg, _ := runCLI(context.Background(), args)
+			if code != 2 || !strings.Contains(msg, c.want) || !strings.Contains(msg, "softmax_act_topk_norm_swiglu_e8_k2_h64") {
+				t.Errorf("%s: %v: exit %d: %s", c.name, args[:3], code, msg)
+			}
+			if fileExists(out) {
+				t.Fatalf("%s: %v wrote a lowered model", c.name, args[:3])
+			}
+		}
+	}
+	for _, args := range [][]string{{"verify", exampleModel, fused}, {"run", fused, "--data", "../../testdata/example/mixtral_block_dynamo_batched_mm_data"}} {
+		if code, msg, _ := runCLI(context.Background(), args); code != 0 {
+			t.Errorf("%v on the untouched fused model: exit %d: %s", args, code, msg)
+		}
+	}
+}
+
+// TestNoRawControlBytes feeds a fused model whose node, output and block
+// names hold ESC, BEL, CR, NUL and a newline followed by a forged line to
+// every command and output format, and checks that nothing printed holds a
+// raw control byte other than newline and tab, and that no printed line
+// starts with the forged text.
+func TestNoRawControlBytes(t *testing.T) {
+	dir := t.TempDir()
+	evil := "x\x1b]0;pwned\x07\x1b[2J\r\x00\nok FORGED all good"
+	m, err := graph.Load(exampleModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := m.Proto.Graph.Output[0].GetName()
+	for _, n := range m.Proto.Graph.Node {
+		n.Name = proto.String(evil + n.GetName())
+		for i, o := range n.Output {
+			if o == out {
+				n.Output[i] = evil
+			}
+		}
+	}
+	m.Proto.Graph.Output[0].Name = proto.String(evil)
+	in := filepath.Join(dir, "in.onnx")
+	b, err := proto.Marshal(m.Proto)
+	m.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(in, b, 0o644)
+	p := func(s string) string { return filepath.Join(dir, s) }
+	// A side file name with control characters, for wrapped OS errors.
+	ext := smallModel()
+	external(ext, "w\x1b[2J\nok FORGED.bin")
+	os.WriteFile(p("ext.onnx"), marshal(t, ext), 0o644)
+	runs := [][]string{
+		{"inspect", in},
+		{"rewrite", in, "-o", p("f.onnx")},
+		{"verify", in, p("f.onnx")},
+		{"verify", p("f.onnx"), in, "--json"},
+		{"lower", p("f.onnx"), "-o", p("l.onnx"), "--target", "gb300-nvl72", "--ep", "1"},
+		{"lower", p("f.onnx"), "-o", p("l.onnx"), "--target", "gb300-nvl72", "--ep", "1", "--partial"},
+		{"lower", p("f.onnx"), "-o", p("o.onnx"), "--target", "ort"},
+		{"diff", in, p("f.onnx")},
+		{"diff", in, p("f.onnx"), "--format", "markdown"},
+		{"diff", in, p("f.onnx"), "--format", "dot"},
+		{"inspect", p("ext.onnx")},
+		{"rewrite", p("ext.onnx"), "-o", p("e.onnx")},
+	}
+	for _, args := range runs {
+		var code int
+		stderr := captureStderr(t, func() {
+			stdout := captureStdout(t, func() { code = execute(args) })
+			checkPrintable(t, args, "stdout", stdout)
+		})
+		checkPrintable(t, args, "stderr", stderr)
+		if args[0] == "rewrite" && args[1] == in && code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+	}
+}
+
+func checkPrintable(t *testing.T, args []string, stream, s string) {
+	t.Helper()
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 && c != '\n' && c != '\t' || c == 0x7f {
+			t.Errorf("%v: %s holds raw byte %#x at %d: %q", args[:2], stream, c, i, s[max(0, i-40):min(len(s), i+40)])
+			return
+		}
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if stream == "stderr" && strings.HasPrefix(line, "ok FORGED") || stream == "stdout" && strings.HasPrefix(strings.TrimLeft(line, " |\"{"), "ok FORGED") {
+			t.Errorf("%v: %s holds a forged line: %q", args[:2], stream, line)
+			return
+		}
+	}
+}
+
+// captureStderr runs f with os.Stderr redirected and returns what it wrote.
+func captureStderr(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	done := make(chan []byte)
+	go func() { b, _ := io.ReadAll(r); done <- b }()
+	f()
+	w.Close()
+	os.Stderr = old
+	return string(<-done)
+}
+
+// TestLongOutputNames: a legal output name of up to 255 bytes is written
+// (the temporary names are shortened), with and without a side file; a
+// rank file name over 255 bytes is refused before any work, exit 2.
+func TestLongOutputNames(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "g.onnx")
+	if code := execute([]string{"gen", "--shape", "batched", "--experts", "8", "--hidden", "64", "--inter", "128", "-o", src}); code != 0 {
+		t.Fatalf("gen: exit %d", code)
+	}
+	for _, n := range []int{230, 245} {
+		out := filepath.Join(dir, strings.Repeat("a", n)+".onnx")
+		if code, msg, _ := runCLI(context.Background(), []string{"rewrite", src, "-o", out}); code != 0 {
+			t.Fatalf("%d-byte name: exit %d: %s", n+5, code, msg)
+		}
+		if !fileExists(out) || !fileExists(out+".data") {
+			t.Fatalf("%d-byte name: output or side file missing: %s", n+5, listDir(t, dir))
+		}
+	}
+	long := filepath.Join(dir, strings.Repeat("b", 245)+".onnx")
+	code, msg, _ := runCLI(context.Background(), []string{"rewrite", src, "-o", long, "--split-ranks", "2"})
+	if code != 2 || !strings.Contains(msg, "more than the 255 a file name may have") {
+		t.Fatalf("rank files over 255 bytes: exit %d: %s", code, msg)
+	}
+	if strings.Contains(listDir(t, dir), "bbbb") {
+		t.Fatalf("something was written: %s", listDir(t, dir))
 	}
 }

@@ -165,7 +165,7 @@ func loadForInspect(c *cobra.Command, path string) (*mokopt.Model, error) {
 		return m, nil
 	}
 	if onlyMissingSideFiles(err) {
-		fmt.Fprintf(c.ErrOrStderr(), "mokopt: warning: %s: a side file is missing; summarising without its weights: %v\n", path, err)
+		fmt.Fprintf(c.ErrOrStderr(), "mokopt: warning: %s: a side file is missing; summarising without its weights: %s\n", diff.Printable(path), diff.Printable(err.Error()))
 		return m, nil
 	}
 	m.Close()

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 )
 
@@ -68,7 +69,9 @@ func execute(args []string) int { return executeContext(context.Background(), ar
 func executeContext(ctx context.Context, args []string) int {
 	code, msg, _ := runCLI(ctx, args)
 	if msg != "" {
-		fmt.Fprintln(os.Stderr, "mokopt:", msg)
+		// Every line after the first is indented: a newline in a name the
+		// message quotes cannot start a line that looks like output.
+		fmt.Fprintln(stderrSafe(), "mokopt:", strings.ReplaceAll(msg, "\n", "\n  "))
 	}
 	return code
 }
@@ -77,6 +80,8 @@ func executeContext(ctx context.Context, args []string) int {
 // message to print ("" for none) and the error itself.
 func runCLI(ctx context.Context, args []string) (int, string, error) {
 	root := newRootCmd()
+	root.SetOut(stdoutSafe())
+	root.SetErr(stderrSafe())
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {

@@ -41,7 +41,7 @@ func newProgress(c *cobra.Command) mokopt.Progress {
 	if q, err := c.Flags().GetBool("quiet"); err == nil && q {
 		return nil
 	}
-	w := c.ErrOrStderr()
+	w := raw(c.ErrOrStderr()) // the bar's own carriage returns and escapes
 	p := &progressReporter{w: w, tty: isTerminal(w), start: time.Now(), now: time.Now}
 	return p.event
 }

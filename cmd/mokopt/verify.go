@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/mokopt/mokopt"
+	"github.com/mokopt/mokopt/internal/diff"
 	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/spf13/cobra"
 )
@@ -150,18 +151,18 @@ func reportVerify(w io.Writer, rep *verify.Report, err error, asJSON bool) error
 				}
 				if o.QuantBound > 0 {
 					fmt.Fprintf(w, "%s %s output %d %s: mean rel err %.2f%%, rel L2 err %.2f%% (bound %.3g%%), max abs err %.3g of max |b| %.3g\n",
-						status, cs.Name, o.Index, o.NameA, 100*float64(o.MeanRel), 100*float64(o.RelL2), 100*o.QuantBound, float64(o.MaxAbsErr), float64(o.MaxAbsRef))
+						status, diff.Printable(cs.Name), o.Index, diff.Printable(o.NameA), 100*float64(o.MeanRel), 100*float64(o.RelL2), 100*o.QuantBound, float64(o.MaxAbsErr), float64(o.MaxAbsRef))
 					continue
 				}
 				fmt.Fprintf(w, "%s %s output %d %s: max abs err %.3g, max rel err %.3g, worst at %v (%d of %d elements off)\n",
-					status, cs.Name, o.Index, o.NameA, float64(o.MaxAbsErr), float64(o.MaxRelErr), o.WorstMultiIndex, o.Mismatches, o.Elements)
+					status, diff.Printable(cs.Name), o.Index, diff.Printable(o.NameA), float64(o.MaxAbsErr), float64(o.MaxRelErr), o.WorstMultiIndex, o.Mismatches, o.Elements)
 			}
 			if cs.Message != "" {
-				fmt.Fprintf(w, "%s: %s\n", cs.Name, cs.Message)
+				fmt.Fprintf(w, "%s: %s\n", diff.Printable(cs.Name), diff.Printable(cs.Message))
 			}
 		}
 		for _, n := range rep.Notes {
-			fmt.Fprintf(w, "note: %s\n", n)
+			fmt.Fprintf(w, "note: %s\n", diff.Printable(n))
 		}
 	}
 	if !rep.Pass {

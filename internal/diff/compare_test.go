@@ -86,8 +86,8 @@ func TestRewriteRegions(t *testing.T) {
 							t.Errorf("%s: %d nodes, %d initializers; rewrite removed %d, %d",
 								g.Fused.Name, len(g.Nodes), len(g.Initializers), fu.NodesRemoved, fu.InitsRemoved)
 						}
-						if g.Fused.Op != "ai.mok::MoE" || g.Variant != fu.Variant {
-							t.Errorf("%s: op %s variant %q, want ai.mok::MoE %q", g.Fused.Name, g.Fused.Op, g.Variant, fu.Variant)
+						if g.Fused.Op != "ai.mok::MoE" || g.Variant != fu.Overload {
+							t.Errorf("%s: op %s variant %q, want ai.mok::MoE %q", g.Fused.Name, g.Fused.Op, g.Variant, fu.Overload)
 						}
 						if len(g.NewInitializers) == 0 {
 							t.Errorf("%s: no new initializers attributed", g.Fused.Name)

@@ -136,7 +136,7 @@ func TestVerifyCatchesBrokenRewrites(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			n.Overload = proto.String(s.Variant())
+			n.Overload = proto.String(s.Overload())
 			f, err := moe.Function(s, m.Opset(""))
 			if err != nil {
 				t.Fatal(err)

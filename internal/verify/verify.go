@@ -24,6 +24,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/moe"
 )
 
 // SchemaVersion is the version of the Report JSON layout.
@@ -247,6 +248,11 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 	if err := checkTol(opt); err != nil {
 		return nil, err
 	}
+	for _, m := range []*graph.Model{a, b} {
+		if err := moe.CheckBodies(m); err != nil {
+			return nil, err
+		}
+	}
 	r := newReport(opt)
 	r.ModelA, r.ModelB, r.Reference = a.Name(), b.Name(), b.Name()
 	halfMode(&opt, r, b, a)
@@ -304,6 +310,9 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 // reference. Options.Tokens, Seed and DataDir are ignored.
 func RunAndCheck(ctx context.Context, m *graph.Model, dataDir string, opt Options) (*Report, error) {
 	if err := checkTol(opt); err != nil {
+		return nil, err
+	}
+	if err := moe.CheckBodies(m); err != nil {
 		return nil, err
 	}
 	r := newReport(opt)

@@ -124,6 +124,10 @@ func Canonicalize(ctx context.Context, m *graph.Model, opt Options) (*graph.Mode
 	if rules == nil {
 		rules = Rules()
 	}
+	if err := graph.CheckFunctionCalls(m.Proto); err != nil {
+		// Inlining a recursive function would never end.
+		return nil, nil, &graph.InputError{File: m.Name(), Msg: "invalid model", Err: err}
+	}
 	res := &Result{Applied: map[string]int{}, OpsetFrom: m.Opset(""), OpsetTo: m.Opset("")}
 	// A dry run over m's own index first: most models need nothing, and
 	// then m keeps that index for its next Graph call and the working copy
