@@ -9,7 +9,8 @@ import (
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
-// MaxOutputs is the number of outputs a fused node may have.
+// MaxOutputs is the number of outputs a fused node may have: output and
+// the optional router_logits (see OutRouterLogits).
 const MaxOutputs = NumOutputs
 
 // attrTypes is every attribute of the fused node's contract with its type.
