@@ -143,6 +143,23 @@ func gemmBias(n *pb.NodeProto) string {
 	return ""
 }
 
+// projOut returns a first-layer projection's output after its bias and
+// the bias: a Gemm's C input, or an Add of a constant after it (not both).
+func (c *ctx) projOut(e *emm) (string, *wtrace, error) {
+	v, bias := c.afterBias(e.out)
+	if gb := gemmBias(e.n); gb != "" {
+		w := c.matmulWeight(gb)
+		switch {
+		case w == nil:
+			return v, nil, rejectf("expert projection %s has a bias that is not a constant weight", graph.NodeLabel(e.n))
+		case bias != nil:
+			return v, nil, rejectf("expert projection %s has two biases (its C input and an Add)", graph.NodeLabel(e.n))
+		}
+		bias = w
+	}
+	return v, bias, nil
+}
+
 // afterBias follows v through noise and an Add of a constant (or gathered
 // constant) bias; it returns the value after them and the bias trace.
 func (c *ctx) afterBias(v string) (string, *wtrace) {
@@ -484,8 +501,14 @@ func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) (roleSet, err
 	}
 	dt := c.actType(l1[0])
 	if len(l1) == 2 {
-		a, aBias := c.afterBias(l1[0].out)
-		bv, bBias := c.afterBias(l1[1].out)
+		a, aBias, err := c.projOut(l1[0])
+		if err != nil {
+			return roleSet{}, err
+		}
+		bv, bBias, err := c.projOut(l1[1])
+		if err != nil {
+			return roleSet{}, err
+		}
 		id, err := c.expertAct(l2.act, []string{a, bv}, dt, s, analyse)
 		if err != nil {
 			return roleSet{}, err
@@ -506,7 +529,10 @@ func (c *ctx) roles(l1 []*emm, l2 *emm, s *moe.Spec, analyse bool) (roleSet, err
 		}
 		return rs, nil
 	}
-	v, bias := c.afterBias(l1[0].out)
+	v, bias, err := c.projOut(l1[0])
+	if err != nil {
+		return roleSet{}, err
+	}
 	parts := c.splitParts(v)
 	if parts == nil {
 		// A two-layer MLP without gate: GELU, ReLU or another ungated row.
