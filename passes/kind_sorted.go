@@ -611,8 +611,8 @@ func (c *ctx) pairOrder(n *pb.NodeProto, t sortedTag, tagged int, sd *sortedDisp
 	return false, rejectf("unexpected %s %q on the expert outputs in pair order", op, graph.NodeLabel(n))
 }
 
-// firstGemmBiases adds to rs the biases that first projections written as
-// Gemm carry in their third input: the gate's and the up projection's
+// firstGemmBiases adds to rs, where roles has not, the biases that first
+// projections written as Gemm carry in their third input: the gate's and the up projection's
 // (their halves of a fused gate_up bias).
 func (c *ctx) firstGemmBiases(l1 []*emm, rs *roleSet) error {
 	for _, m := range l1 {
@@ -629,7 +629,7 @@ func (c *ctx) firstGemmBiases(l1 []*emm, rs *roleSet) error {
 				continue
 			}
 			if *r.bias != nil {
-				return rejectf("%q has a bias in the Gemm and another after it", graph.NodeLabel(m.n))
+				continue // roles read it (projOut refuses a second bias)
 			}
 			*r.bias = &roleRef{w: w, isBias: true, part: r.proj.part}
 		}
