@@ -76,7 +76,7 @@ func ExampleVerify() {
 		fmt.Println(err)
 		return
 	}
-	rep, err := mokopt.Verify(ctx, fused, orig, mokopt.DefaultVerifyOptions())
+	rep, err := mokopt.Verify(ctx, fused, orig, mokopt.VerifyOptions{})
 	var mismatch *mokopt.MismatchError
 	if errors.As(err, &mismatch) {
 		fmt.Println(mismatch)

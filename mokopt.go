@@ -7,7 +7,7 @@
 //	rep, err := mokopt.Rewrite(ctx, m, mokopt.RewriteOptions{})
 //	err = mokopt.Save(ctx, m, "fused.onnx", mokopt.SaveOptions{})
 //	lrep, err := mokopt.Lower(ctx, m, mokopt.TargetGB300NVL72, mokopt.LowerOptions{EP: 8})
-//	vrep, err := mokopt.Verify(ctx, a, b, mokopt.DefaultVerifyOptions())
+//	vrep, err := mokopt.Verify(ctx, a, b, mokopt.VerifyOptions{}) // the CLI's defaults
 //	res, err := mokopt.Diff(a, b)
 //
 // Long work takes a context.Context: detection, the numerical check,

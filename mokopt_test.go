@@ -650,8 +650,7 @@ func TestRunHalfComputeBehindFloatIO(t *testing.T) {
 			t.Fatalf("no note on the precision: %q", rep.Notes)
 		}
 	}
-	exact := mokopt.DefaultVerifyOptions()
-	exact.QuantBound = -1
+	exact := mokopt.VerifyOptions{QuantBound: -1}
 	var mm *mokopt.MismatchError
 	if _, err := mokopt.Run(ctx, fused, name+"_data", exact); !errors.As(err, &mm) {
 		t.Fatalf("exact run of the float32 rewrite against float16 goldens: %v, want a mismatch", err)
@@ -695,5 +694,55 @@ func TestStreamWeightsSameBytes(t *testing.T) {
 	}
 	if !bytes.Equal(outs[false], outs[true]) || !bytes.Equal(streams[false], streams[true]) || !bytes.Equal(outs[false], streams[false]) {
 		t.Fatalf("streamed and copied weights saved differently (%d, %d bytes; streams %d, %d)", len(outs[false]), len(outs[true]), len(streams[false]), len(streams[true]))
+	}
+}
+
+// TestVerifyOptionsZeroValue: the zero VerifyOptions is the command's
+// default comparison (a correct rewrite passes, as with
+// DefaultVerifyOptions, whose report it matches), and an exact comparison
+// is an explicit choice (Exact, or negative tolerances), which the same
+// rewrite fails on its float32 rounding.
+func TestVerifyOptionsZeroValue(t *testing.T) {
+	ctx := context.Background()
+	a, b := load(t, example), fusedExample(t)
+	def, err := mokopt.Verify(ctx, b, a, mokopt.DefaultVerifyOptions())
+	if err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		opt  mokopt.VerifyOptions
+		pass bool
+		bad  bool
+	}{
+		{"zero value", mokopt.VerifyOptions{}, true, false},
+		{"defaults", mokopt.DefaultVerifyOptions(), true, false},
+		{"Exact", mokopt.VerifyOptions{Exact: true}, false, false},
+		{"negative tolerances", mokopt.VerifyOptions{RTol: -1, ATol: -1, QuantBound: -1}, false, false},
+		{"Exact with a tolerance", mokopt.VerifyOptions{Exact: true, ATol: 1e-3}, false, true},
+		{"NaN tolerance", mokopt.VerifyOptions{RTol: math.NaN()}, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := mokopt.Verify(ctx, b, a, tc.opt)
+			var mm *mokopt.MismatchError
+			switch {
+			case tc.bad:
+				if err == nil || errors.As(err, &mm) {
+					t.Fatalf("got %v, want an options error", err)
+				}
+				return
+			case tc.pass && err != nil, !tc.pass && !errors.As(err, &mm):
+				t.Fatalf("pass=%v, got %v", tc.pass, err)
+			}
+			if rep.Seed != def.Seed || len(rep.Cases) != len(def.Cases) {
+				t.Fatalf("seed %d, %d cases; the defaults: seed %d, %d cases", rep.Seed, len(rep.Cases), def.Seed, len(def.Cases))
+			}
+			if tc.pass && (rep.RTol != def.RTol || rep.ATol != def.ATol) {
+				t.Fatalf("tolerances %g/%g, the defaults %g/%g", rep.RTol, rep.ATol, def.RTol, def.ATol)
+			}
+			if !tc.pass && (rep.RTol != 0 || rep.ATol != 0) {
+				t.Fatalf("exact comparison with tolerances %g/%g", rep.RTol, rep.ATol)
+			}
+		})
 	}
 }

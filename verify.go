@@ -2,7 +2,9 @@ package mokopt
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 
 	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/mokopt/mokopt/passes"
@@ -12,11 +14,17 @@ import (
 // relative errors and the worst element.
 type VerifyReport = verify.Report
 
-// Default tolerances of Verify: |a-b| <= ATol + RTol*|b|.
+// Defaults of Verify and Run, the mokopt command's: the tolerances of
+// |a-b| <= ATol + RTol*|b|, and the seed of the random inputs.
 const (
-	DefaultRTol = verify.DefaultRTol
-	DefaultATol = verify.DefaultATol
+	DefaultRTol       = verify.DefaultRTol
+	DefaultATol       = verify.DefaultATol
+	DefaultSeed int64 = 1
 )
+
+// DefaultTokens are the token counts of Verify's random-input cases when
+// VerifyOptions.Tokens is empty (the command's --tokens 1,7,64).
+func DefaultTokens() []int { return []int{1, 7, 64} }
 
 // Engines Verify runs models with.
 const (
@@ -29,7 +37,10 @@ const (
 // builds with -tags ort).
 type Runner = verify.Runner
 
-// VerifyOptions control Verify and Run.
+// VerifyOptions control Verify and Run. The zero value is what the mokopt
+// command does by default: the reference interpreter, random inputs for
+// DefaultTokens drawn with DefaultSeed, and the default tolerances. An
+// exact comparison is asked for with Exact (or a negative tolerance).
 type VerifyOptions struct {
 	// Engine names the evaluator: "" or EngineRef for the reference
 	// interpreter; any other name needs Runner.
@@ -38,13 +49,19 @@ type VerifyOptions struct {
 	// interpreter.
 	Runner Runner
 	// Tokens lists the token counts of the random-input cases (dynamic
-	// dims only); empty means one default case.
+	// dims only); empty means DefaultTokens.
 	Tokens []int
-	// Seed makes random inputs reproducible.
+	// Seed makes random inputs reproducible; 0 means DefaultSeed, so the
+	// zero value draws the inputs the command draws.
 	Seed int64
-	// RTol and ATol are the tolerances; zero means exact (see
-	// DefaultVerifyOptions).
+	// RTol and ATol are the tolerances of |a-b| <= ATol + RTol*|b|: zero
+	// means DefaultRTol and DefaultATol, a negative value no tolerance of
+	// that kind (as net.Dialer.KeepAlive spells "off").
 	RTol, ATol float64
+	// Exact compares exactly: both tolerances zero and every float output
+	// element-wise, with no allowance for half precision or MXFP8 weights.
+	// RTol, ATol and QuantBound must then be zero.
+	Exact bool
 	// DataDir, when set, supplies the inputs (an ONNX test_data_set folder,
 	// or one holding test_data_set_* folders).
 	DataDir string
@@ -63,17 +80,44 @@ type VerifyOptions struct {
 	QuantBound float64
 }
 
-// DefaultVerifyOptions returns the CLI's defaults: tokens 1, 7 and 64,
-// seed 1, the default tolerances, the reference interpreter.
+// DefaultVerifyOptions returns the CLI's defaults spelled out: tokens 1, 7
+// and 64, seed 1, the default tolerances, the reference interpreter. The
+// zero VerifyOptions means the same.
 func DefaultVerifyOptions() VerifyOptions {
-	return VerifyOptions{Engine: EngineRef, Tokens: []int{1, 7, 64}, Seed: 1, RTol: DefaultRTol, ATol: DefaultATol}
+	return VerifyOptions{Engine: EngineRef, Tokens: DefaultTokens(), Seed: DefaultSeed, RTol: DefaultRTol, ATol: DefaultATol}
+}
+
+// tolerance is a VerifyOptions tolerance resolved: 0 the default, < 0 none.
+func tolerance(v, def float64) float64 {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
 }
 
 func (o VerifyOptions) lower() (verify.Options, error) {
 	if o.Runner == nil && o.Engine != "" && o.Engine != EngineRef {
 		return verify.Options{}, fmt.Errorf("verify engine %q needs a Runner (only %q is built in)", o.Engine, EngineRef)
 	}
-	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine, QuantBound: o.QuantBound}
+	if math.IsNaN(o.RTol) || math.IsNaN(o.ATol) {
+		return verify.Options{}, errors.New("verify: a tolerance is NaN")
+	}
+	if o.Exact && (o.RTol != 0 || o.ATol != 0 || o.QuantBound != 0) {
+		return verify.Options{}, errors.New("verify: Exact excludes RTol, ATol and QuantBound")
+	}
+	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: tolerance(o.RTol, DefaultRTol), ATol: tolerance(o.ATol, DefaultATol), DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine, QuantBound: o.QuantBound}
+	if len(vo.Tokens) == 0 {
+		vo.Tokens = DefaultTokens()
+	}
+	if vo.Seed == 0 {
+		vo.Seed = DefaultSeed
+	}
+	if o.Exact {
+		vo.RTol, vo.ATol, vo.QuantBound, vo.Exact = 0, 0, -1, true
+	}
 	vo.Eval.MemLimit = o.MemLimit
 	vo.Eval.Kernels = Kernels()
 	if o.Progress != nil {

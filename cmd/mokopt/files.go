@@ -248,6 +248,10 @@ func checkFlagValues(c *cobra.Command) error {
 			if f.Name == "tokens-per-rank" && v > maxTokensPerRank {
 				err = usageErr(fmt.Errorf("--tokens-per-rank %d is larger than the kernel's int32 token indices allow (%d)", v, int64(maxTokensPerRank)))
 			}
+		case "float64":
+			if v, perr := strconv.ParseFloat(f.Value.String(), 64); f.Changed && perr == nil && (v < 0 || math.IsNaN(v)) {
+				err = usageErr(fmt.Errorf("--%s %s: want a number >= 0", f.Name, f.Value.String()))
+			}
 		case "string":
 			switch f.Name {
 			case "output":

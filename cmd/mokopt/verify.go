@@ -78,7 +78,7 @@ another bound.`,
 				quantBound = -1
 			}
 			budget := memBudget(memLimit)
-			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: rtol, ATol: atol, DataDir: data, MemLimit: budget, Runner: runner, Engine: engine, Progress: newProgress(c), QuantBound: quantBound})
+			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: flagTol(rtol), ATol: flagTol(atol), DataDir: data, MemLimit: budget, Runner: runner, Engine: engine, Progress: newProgress(c), QuantBound: quantBound})
 			return reportVerify(c.OutOrStdout(), rep, memLimitError(err, budget, ""), asJSON)
 		},
 	}
@@ -114,7 +114,7 @@ func newRunCmd() *cobra.Command {
 			}
 			defer m.Close()
 			budget := memBudget(memLimit)
-			opt := mokopt.VerifyOptions{RTol: rtol, ATol: atol, MemLimit: budget, Progress: newProgress(c)}
+			opt := mokopt.VerifyOptions{RTol: flagTol(rtol), ATol: flagTol(atol), MemLimit: budget, Progress: newProgress(c)}
 			if elementwise {
 				opt.QuantBound = -1
 			}
@@ -129,6 +129,16 @@ func newRunCmd() *cobra.Command {
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
 	c.Flags().Var(&memLimit, "mem-limit", memLimitHelp)
 	return c
+}
+
+// flagTol is a --rtol or --atol value as VerifyOptions spells it: the
+// flag's 0 is no tolerance, which the library spells negative (its 0 is
+// the default).
+func flagTol(v float64) float64 {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 // reportVerify prints a verify or run report; err is what the facade
