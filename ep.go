@@ -2,6 +2,7 @@ package mokopt
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/internal/ep"
@@ -65,6 +66,9 @@ func SplitRanks(m *Model, n int) ([]*Model, error) {
 // given: the fused nodes' ep_size, else the largest size MoK runs that fits
 // the target's NVLink domain and divides every node's experts; it says why.
 func PickEP(m *Model, target Target) (int, string, error) {
+	if !target.IsMoK() {
+		return 0, "", fmt.Errorf("target %s has no expert-parallel size", target)
+	}
 	tgt, err := kernel.LookupTarget(string(target))
 	if err != nil {
 		return 0, "", err

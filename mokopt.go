@@ -47,7 +47,7 @@ import (
 // its external data.
 //
 // Inspect, InspectWith, Verify, Run and Diff only read a Model:
-// goroutines may call them on one Model at once. Rewrite, Lower, LowerORT,
+// goroutines may call them on one Model at once. Rewrite, Lower,
 // SplitRanks, Save and Write edit it or its index, and need it to
 // themselves; Close must come after every other call.
 type Model struct {

@@ -3,6 +3,7 @@ package mokopt_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -480,12 +481,12 @@ func TestCancelVerify(t *testing.T) {
 	}
 }
 
-// TestLowerORT: the example's fused node becomes com.microsoft::MoE; a
+// TestLowerORT: Lower to TargetORT: the example's fused node becomes com.microsoft::MoE; a
 // sigmoid-routed block (a generated one) is refused with ErrORTUnsupported
 // naming the semantics, and the model is left as it was.
 func TestLowerORT(t *testing.T) {
 	m := fusedExample(t)
-	rep, err := mokopt.LowerORT(context.Background(), m, mokopt.ORTOptions{})
+	rep, err := mokopt.Lower(context.Background(), m, mokopt.TargetORT, mokopt.LowerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,8 +499,8 @@ func TestLowerORT(t *testing.T) {
 			fused++
 		}
 	}
-	if ortNodes != 1 || fused != 0 || rep == nil {
-		t.Fatalf("%d com.microsoft::MoE and %d ai.mok nodes after LowerORT, want 1 and 0", ortNodes, fused)
+	if ortNodes != 1 || fused != 0 || rep == nil || rep.ORT == nil || rep.Report != nil || rep.Lowered() != 1 {
+		t.Fatalf("%d com.microsoft::MoE and %d ai.mok nodes after Lower to ort, want 1 and 0", ortNodes, fused)
 	}
 
 	dir := t.TempDir()
@@ -512,12 +513,12 @@ func TestLowerORT(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := len(s.Graph().Proto.Graph.Node)
-	_, err = mokopt.LowerORT(context.Background(), s, mokopt.ORTOptions{})
+	_, err = mokopt.Lower(context.Background(), s, mokopt.TargetORT, mokopt.LowerOptions{})
 	if !errors.Is(err, mokopt.ErrORTUnsupported) || !strings.Contains(err.Error(), "sigmoid") {
-		t.Fatalf("LowerORT of a sigmoid-routed block: %v, want ErrORTUnsupported naming sigmoid routing", err)
+		t.Fatalf("Lower to ort of a sigmoid-routed block: %v, want ErrORTUnsupported naming sigmoid routing", err)
 	}
 	if len(s.Graph().Proto.Graph.Node) != before {
-		t.Fatal("a refused LowerORT edited the model")
+		t.Fatal("a refused Lower to ort edited the model")
 	}
 }
 
@@ -569,7 +570,7 @@ func TestReportsPrintNoPointers(t *testing.T) {
 	if _, err := mokopt.Rewrite(ctx, ort, mokopt.RewriteOptions{SkipCheck: true}); err != nil {
 		t.Fatal(err)
 	}
-	orep, err := mokopt.LowerORT(ctx, ort, mokopt.ORTOptions{})
+	orep, err := mokopt.Lower(ctx, ort, mokopt.TargetORT, mokopt.LowerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -742,6 +743,58 @@ func TestVerifyOptionsZeroValue(t *testing.T) {
 			}
 			if !tc.pass && (rep.RTol != 0 || rep.ATol != 0) {
 				t.Fatalf("exact comparison with tolerances %g/%g", rep.RTol, rep.ATol)
+			}
+		})
+	}
+}
+
+// TestTargets: every name the command's --target takes is one ParseTarget
+// takes and Lower lowers to (h200, a machine MoK does not run on, and an
+// unknown name are refused with the reason); an option the target does
+// not use is refused naming it.
+func TestTargets(t *testing.T) {
+	var names []string
+	for _, tg := range mokopt.Targets() {
+		names = append(names, string(tg))
+	}
+	if got := strings.Join(names, " "); got != "gb200-nvl72 gb300-nvl72 ort" {
+		t.Fatalf("Targets() = %s", got)
+	}
+	for _, tc := range []struct {
+		name string
+		opt  mokopt.LowerOptions
+		want string // "" lowered; else a part of the error
+	}{
+		{"ort", mokopt.LowerOptions{}, ""},
+		{"ort", mokopt.LowerOptions{Quant: "int8"}, ""},
+		{"gb300-nvl72", mokopt.LowerOptions{Partial: true}, ""},
+		{"gb200-nvl72", mokopt.LowerOptions{EP: 8, Partial: true}, ""},
+		{"h200", mokopt.LowerOptions{}, "does not run there (SM90"},
+		{"mi300x", mokopt.LowerOptions{}, `unknown target "mi300x" (targets: gb200-nvl72, gb300-nvl72, ort)`},
+		{"ort", mokopt.LowerOptions{EP: 8}, "does not use LowerOptions.EP"},
+		{"ort", mokopt.LowerOptions{Strict: true, TokensPerRank: 512}, "LowerOptions.TokensPerRank, LowerOptions.Strict"},
+		{"gb300-nvl72", mokopt.LowerOptions{Quant: "int8", Partial: true}, "does not use LowerOptions.Quant"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, perr := mokopt.ParseTarget(tc.name)
+			m := fusedExample(t)
+			rep, err := mokopt.Lower(context.Background(), m, mokopt.Target(tc.name), tc.opt)
+			if tc.want == "" {
+				if perr != nil || err != nil || rep == nil || len(rep.Summary()) == 0 {
+					t.Fatalf("ParseTarget: %v; Lower: %v", perr, err)
+				}
+				if b, err := json.Marshal(rep); err != nil || !strings.Contains(string(b), `"target": "`+tc.name+`"`) && !strings.Contains(string(b), `"target":"`+tc.name+`"`) {
+					t.Fatalf("report JSON %s: %v", b, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Lower: %v, want an error with %q", err, tc.want)
+			}
+			if strings.HasPrefix(tc.want, "unknown") || strings.HasPrefix(tc.want, "does not run") {
+				if perr == nil || perr.Error() != err.Error() {
+					t.Fatalf("ParseTarget: %v; Lower: %v", perr, err)
+				}
 			}
 		})
 	}

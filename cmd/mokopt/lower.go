@@ -7,7 +7,6 @@ import (
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
-	"github.com/mokopt/mokopt/kernel"
 	"github.com/mokopt/mokopt/lowering"
 	"github.com/spf13/cobra"
 )
@@ -63,11 +62,13 @@ benchmark shapes) as JSON.`,
 			if err != nil {
 				return err
 			}
-			if target == lowering.TargetORT {
-				return runLowerORT(c, args[0], out, extMode, lowering.ORTOptions{Quant: quant, BlockSize: blockSize, Partial: partial}, asJSON)
+			switch quant {
+			case "", "int8", "int4":
+			default:
+				return usageErr(fmt.Errorf("--quant %q (want int8 or int4)", quant))
 			}
-			if quant != "" || blockSize != 0 {
-				return usageErr(errors.New("--quant and --block-size are for --target ort"))
+			if blockSize != 0 && (quant == "" || blockSize < 16 || blockSize&(blockSize-1) != 0) {
+				return usageErr(fmt.Errorf("--block-size %d needs --quant and a power of two >= 16", blockSize))
 			}
 			if tokens < 0 {
 				return usageErr(fmt.Errorf("--tokens-per-rank %d is negative", tokens))
@@ -84,7 +85,7 @@ benchmark shapes) as JSON.`,
 			if err := checkSameFiles(modelInputs(m), []outFile{{out, "the output model", true}, {planPath, "the --plan file", false}}, false); err != nil {
 				return err
 			}
-			if ep <= 0 {
+			if ep <= 0 && tgt.IsMoK() {
 				var why string
 				if ep, why, err = mokopt.PickEP(m, tgt); err != nil {
 					if errors.Is(err, lowering.ErrNoFusedNode) {
@@ -95,7 +96,7 @@ benchmark shapes) as JSON.`,
 				fmt.Fprintf(c.ErrOrStderr(), "mokopt: EP %d: %s (--ep overrides)\n", ep, why)
 			}
 			progress := newProgress(c)
-			rep, lerr := mokopt.Lower(c.Context(), m, tgt, mokopt.LowerOptions{EP: ep, TokensPerRank: tokens, Strict: strict, Partial: partial, Progress: progress})
+			rep, lerr := mokopt.Lower(c.Context(), m, tgt, mokopt.LowerOptions{EP: ep, TokensPerRank: tokens, Strict: strict, Partial: partial, Quant: quant, BlockSize: blockSize, Progress: progress})
 			if lerr != nil {
 				if asJSON && rep != nil {
 					_ = writeJSON(c.OutOrStdout(), map[string]any{"schema_version": 1, "input": args[0], "output": nil, "report": rep})
@@ -141,20 +142,15 @@ benchmark shapes) as JSON.`,
 	return c
 }
 
-// parseLowerTarget checks a --target value against lowerTargets; a known
-// machine the kernel does not run on is refused with the reason.
+// parseLowerTarget checks a --target value (mokopt.ParseTarget: a known
+// machine the kernel does not run on is refused with the reason).
 func parseLowerTarget(name string) (mokopt.Target, error) {
-	known := strings.Join(lowerTargets(), ", ")
 	if name == "" {
-		return "", usageErr(fmt.Errorf("lower needs --target (%s)", known))
+		return "", usageErr(fmt.Errorf("lower needs --target (%s)", strings.Join(lowerTargets(), ", ")))
 	}
-	for _, t := range lowerTargets() {
-		if t == name {
-			return mokopt.Target(name), nil
-		}
+	t, err := mokopt.ParseTarget(name)
+	if err != nil {
+		return "", usageErr(fmt.Errorf("lower: %w", err))
 	}
-	if t, err := kernel.LookupTarget(name); err == nil {
-		return "", usageErr(fmt.Errorf("--target %s: the MoK kernel does not run there (%s); targets: %s", name, t.Note, known))
-	}
-	return "", usageErr(fmt.Errorf("--target %q: unknown target (targets: %s)", name, known))
+	return t, nil
 }

@@ -42,7 +42,13 @@ cannot be read or run; 130 interrupted (nothing written).`,
 	root.SetVersionTemplate("mokopt {{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageErr(err) })
 	// Negative counts and unwritable outputs are refused before any work (files.go).
-	root.PersistentPreRunE = func(c *cobra.Command, _ []string) error { return checkFlagValues(c) }
+	// So is a flag that the command's mode or target does not use (unused.go).
+	root.PersistentPreRunE = func(c *cobra.Command, _ []string) error {
+		if err := checkUnused(c); err != nil {
+			return err
+		}
+		return checkFlagValues(c)
+	}
 	root.PersistentFlags().BoolP("quiet", "q", false, "no progress reports on stderr")
 	// --version has no shorthand: -v is --verbose where a command has it.
 	root.Flags().Bool("version", false, "print mokopt's version")
