@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/internal/fixtures"
+	"github.com/mokopt/mokopt/internal/testtools"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -67,9 +68,7 @@ func TestRoundTripLibonnxTestdata(t *testing.T) {
 		}
 		return nil
 	})
-	if len(files) == 0 {
-		t.Skip("libonnx-testdata not installed (apt-get install libonnx-testdata)")
-	}
+	testtools.NeedONNXTestdata(t, len(files))
 	for _, f := range files {
 		roundTrip(t, f)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/internal/ortrun"
+	"github.com/mokopt/mokopt/internal/testtools"
 	"github.com/mokopt/mokopt/models"
 )
 
@@ -19,7 +20,7 @@ import (
 //	bash .ci/fetch-ort.sh && go test -tags ort ./passes -run TestRouterFormsAgainstORT -v
 func TestRouterFormsAgainstORT(t *testing.T) {
 	if _, err := ortrun.FindLibrary(); err != nil {
-		t.Skip(err)
+		testtools.Missing(t, "the ONNX Runtime library", "bash .ci/fetch-ort.sh, or set ONNXRUNTIME_LIB", err)
 	}
 	if err := ortrun.Init(); err != nil {
 		t.Fatal(err)

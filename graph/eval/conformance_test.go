@@ -11,6 +11,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/testtools"
 )
 
 // libonnxNode is where Debian's libonnx-testdata puts the ONNX node tests.
@@ -135,9 +136,7 @@ func runNodeTest(dir string) conformanceResult {
 // the evaluator supports.
 func TestConformance(t *testing.T) {
 	dirs, _ := filepath.Glob(filepath.Join(libonnxNode, "test_*"))
-	if len(dirs) == 0 {
-		t.Skip("libonnx-testdata not installed (apt-get install libonnx-testdata)")
-	}
+	testtools.NeedONNXTestdata(t, len(dirs))
 	counts := map[string]int{}
 	skipOps := map[string]int{}
 	passedOps := map[string]bool{}

@@ -2,10 +2,11 @@ package diff
 
 import (
 	"bytes"
-	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/mokopt/mokopt/internal/testtools"
 )
 
 // TestDOTCollapseAndRegion: a region above CollapseRegions is one summary
@@ -77,9 +78,7 @@ func TestFitSVG(t *testing.T) {
 // box in the overview and its own graph in an expandable section, scales
 // both to the page width, and marks provenance without emoji.
 func TestHTMLCollapsesBigRegions(t *testing.T) {
-	if _, err := exec.LookPath("dot"); err != nil {
-		t.Skip("Graphviz dot is not installed")
-	}
+	testtools.Dot(t)
 	r := rewriteDiff(t, "mixtral_block_torchscript.onnx")
 	var buf bytes.Buffer
 	if err := HTML(&buf, r); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/testtools"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -86,7 +87,7 @@ func TestDOT(t *testing.T) {
 				}
 			}
 			if dotErr != nil {
-				t.Skip("Graphviz dot is not installed")
+				testtools.Missing(t, "dot", "apt-get install graphviz", dotErr)
 			}
 			cmd := exec.Command(dotBin, "-Tsvg")
 			cmd.Stdin = strings.NewReader(src)
@@ -109,13 +110,8 @@ func TestDOT(t *testing.T) {
 // TestHTMLChromium renders the HTML report in headless Chromium and checks
 // that the live DOM holds the SVG group of each fused region's cluster.
 func TestHTMLChromium(t *testing.T) {
-	chromium := "/usr/bin/chromium"
-	if _, err := os.Stat(chromium); err != nil {
-		t.Skip("chromium is not installed")
-	}
-	if _, err := exec.LookPath("dot"); err != nil {
-		t.Skip("Graphviz dot is not installed")
-	}
+	chromium := testtools.NeedChromium(t)
+	testtools.Dot(t)
 	r := rewriteDiff(t, "mixtral_full_dynamo_batched_mm.onnx")
 	dir := t.TempDir()
 	page := filepath.Join(dir, "diff.html")
@@ -167,9 +163,7 @@ func TestHTMLSelfContained(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.name == "rendered" {
-				if _, err := exec.LookPath("dot"); err != nil {
-					t.Skip("Graphviz dot is not installed")
-				}
+				testtools.Dot(t)
 			}
 			var buf bytes.Buffer
 			if err := HTMLWith(&buf, r, tc.opt); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	fx "github.com/mokopt/mokopt/internal/fixtures"
+	"github.com/mokopt/mokopt/internal/testtools"
 	"github.com/mokopt/mokopt/passes"
 )
 
@@ -28,7 +29,7 @@ const rtol, atol = 1e-4, 1e-5
 func needORT(t *testing.T) {
 	t.Helper()
 	if _, err := FindLibrary(); err != nil {
-		t.Skip(err)
+		testtools.Missing(t, "the ONNX Runtime library", "bash .ci/fetch-ort.sh, or set ONNXRUNTIME_LIB", err)
 	}
 	if err := Init(); err != nil {
 		t.Fatal(err)
