@@ -12,8 +12,16 @@ import (
 )
 
 // EPTable names the collective, dispatch and combine ops that mark
-// expert-parallel (EP) MoE blocks (see package ep and the README section
-// "Expert parallelism"); nil means ep.DefaultTable().
+// expert-parallel (EP) MoE blocks ([docs/expert-parallelism.md]); nil
+// means the defaults (ONNX Runtime's com.microsoft AllToAll, AllGather
+// and AllReduce, DeepEP's dispatch and combine). Its fields:
+//
+//   - Ops: one entry per op: Domain and Name (the op type), Kind
+//     ("all_to_all", "all_gather", "all_reduce", "dispatch" or "combine"),
+//     GroupAttr (the attribute holding the EP group size) and ExpertsAttr
+//     (the one holding the global expert count, where there is one).
+//   - ReplaceDefaults: in a file, drop the defaults instead of adding to
+//     them.
 type EPTable = ep.Table
 
 // LoadEPTable reads a JSON EP op table; its entries extend (or, with

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 
 	"github.com/mokopt/mokopt"
-	"github.com/mokopt/mokopt/internal/diff"
 )
 
 // The bundled example: one Mixtral MoE block exported by torch.onnx dynamo
@@ -137,7 +136,7 @@ func ExampleDiff() {
 		return
 	}
 	fmt.Println("same:", r.Same())
-	_ = diff.Stat(os.Stdout, r)
+	_ = mokopt.WriteDiff(os.Stdout, r, mokopt.DiffWriteOptions{Stat: true})
 	// Output:
 	// same: false
 	// 1 fused region: 31 nodes, 12 initializers -> 1 ai.mok::MoE; 0 other changes

@@ -6,12 +6,33 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/mokopt/mokopt/passes"
 )
 
 // VerifyReport holds per case and per output the largest absolute and
-// relative errors and the worst element.
+// relative errors and the worst element; Summary() is the text the
+// command prints. Its fields (docs/json.md gives their JSON):
+//
+//   - SchemaVersion: 1.
+//   - ModelA, ModelB: the model checked and the one compared against
+//     (ModelB empty for Run); Reference: the side whose values scale the
+//     tolerance (model B, or the data folder).
+//   - Engine: "ref" or the VerifyOptions.Engine given; Inputs: "data" or
+//     "random"; Seed: the seed random inputs were drawn with.
+//   - RTol, ATol: the tolerances used; QuantBound: the bound of a
+//     statistical comparison (0 for element-wise).
+//   - Pass: at least one case, and every case passed.
+//   - Notes: the choices made (shapes used, ignored options, precision).
+//   - Cases: one per set of inputs: Name ("tokens=N", "fixed_shapes" or
+//     the data set), Tokens, Inputs (name, dtype, shape), Pass, Message,
+//     and Outputs, one per output position: Index, NameA, NameB, DTypeA,
+//     DTypeB, ShapeA, ShapeB, Elements, Mismatches, NonFinite, MaxAbsErr,
+//     MaxRelErr, MaxAbsRef, RTol, ATol, and the worst element (WorstIndex,
+//     WorstMultiIndex, WorstA, WorstB); for a statistical comparison
+//     MeanRel (mean relative error) and RelL2 (relative L2 error).
 type VerifyReport = verify.Report
 
 // Defaults of Verify and Run, the mokopt command's: the tolerances of
@@ -35,7 +56,7 @@ const (
 // Runner evaluates a model on feeds keyed by graph input name and returns
 // its outputs by name (for example ortrun.RunModel, ONNX Runtime, in
 // builds with -tags ort).
-type Runner = verify.Runner
+type Runner func(ctx context.Context, m *graph.Model, feeds map[string]*eval.Tensor) (map[string]*eval.Tensor, error)
 
 // VerifyOptions control Verify and Run. The zero value is what the mokopt
 // command does by default: the reference interpreter, random inputs for
@@ -108,7 +129,7 @@ func (o VerifyOptions) lower() (verify.Options, error) {
 	if o.Exact && (o.RTol != 0 || o.ATol != 0 || o.QuantBound != 0) {
 		return verify.Options{}, errors.New("verify: Exact excludes RTol, ATol and QuantBound")
 	}
-	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: tolerance(o.RTol, DefaultRTol), ATol: tolerance(o.ATol, DefaultATol), DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine, QuantBound: o.QuantBound}
+	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: tolerance(o.RTol, DefaultRTol), ATol: tolerance(o.ATol, DefaultATol), DataDir: o.DataDir, Runner: verify.Runner(o.Runner), Engine: o.Engine, QuantBound: o.QuantBound}
 	if len(vo.Tokens) == 0 {
 		vo.Tokens = DefaultTokens()
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
-	"github.com/mokopt/mokopt/internal/diff"
 	"github.com/spf13/cobra"
 )
 
@@ -72,22 +71,7 @@ Exit codes like diff(1): 0 the models are the same, 1 they differ, 2 error.`,
 				out = "" // -o - is standard output, the default
 			}
 			useColor := color == "always" || color == "auto" && out == "" && os.Getenv("NO_COLOR") == "" && isTerminal(c.OutOrStdout())
-			switch {
-			case stat && format == "json":
-				err = diff.JSONStat(w, r)
-			case stat:
-				err = diff.Stat(w, r)
-			case format == "json":
-				err = diff.JSON(w, r)
-			case format == "markdown" || format == "md":
-				err = diff.Markdown(w, r)
-			case format == "dot":
-				err = diff.DOT(w, r)
-			case format == "html":
-				err = diff.HTML(w, r)
-			default:
-				err = diff.TextWith(w, r, diff.TextOptions{Color: useColor, Verbose: verbose})
-			}
+			err = mokopt.WriteDiff(w, r, mokopt.DiffWriteOptions{Format: format, Stat: stat, Color: useColor && format == mokopt.DiffText && !stat, Verbose: verbose})
 			if err != nil {
 				return &exitError{code: 2, msg: err.Error(), err: err}
 			}

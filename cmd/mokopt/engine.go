@@ -7,15 +7,15 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/mokopt/mokopt"
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
-	"github.com/mokopt/mokopt/internal/verify"
 )
 
 // engines maps the names --engine accepts to their runners; "ref" (mokopt's
 // reference interpreter, a nil runner) is always there, "ort" (ONNX Runtime)
 // only in binaries built with -tags ort (engine_ort.go).
-var engines = map[string]verify.Runner{"ref": nil}
+var engines = map[string]mokopt.Runner{"ref": nil}
 
 // engineInit holds, by engine name, what makes an engine ready (loading a
 // shared library); its error refuses --engine before any model is read.
@@ -25,7 +25,7 @@ var engineInit = map[string]func() error{}
 // cannot start is a usage error (exit 2); a model the engine cannot run is
 // a bad input (exit 2) whatever the engine, as with the reference
 // interpreter.
-func engineRunner(name string) (verify.Runner, error) {
+func engineRunner(name string) (mokopt.Runner, error) {
 	r, ok := engines[name]
 	if ok {
 		if init := engineInit[name]; init != nil {
@@ -48,7 +48,7 @@ func engineRunner(name string) (verify.Runner, error) {
 // naming the model, as the reference interpreter's are, so that one cause
 // gives one exit code whichever engine runs the model; cancellations and
 // errors already classified pass through.
-func unrunnable(name string, r verify.Runner) verify.Runner {
+func unrunnable(name string, r mokopt.Runner) mokopt.Runner {
 	return func(ctx context.Context, m *graph.Model, feeds map[string]*eval.Tensor) (map[string]*eval.Tensor, error) {
 		out, err := r(ctx, m, feeds)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, graph.ErrBadInput) {
