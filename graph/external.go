@@ -171,6 +171,21 @@ func (s *externalStore) open(loc string) (*sideFile, error) {
 	return sf, nil
 }
 
+// WritableMode is the one rule for an output path that exists already,
+// by its file mode: a regular file is replaced (direct false); a character
+// device or named pipe (/dev/stdout, a FIFO) is written directly, without
+// a temporary file or rename (direct true); anything else is refused, the
+// error naming its kind ("it is a directory").
+func WritableMode(m os.FileMode) (direct bool, err error) {
+	switch {
+	case m.IsRegular():
+		return false, nil
+	case m&(os.ModeCharDevice|os.ModeNamedPipe) != 0:
+		return true, nil
+	}
+	return false, fmt.Errorf("it is %s", describeMode(m))
+}
+
 // describeMode names the kind of a file that is not a regular one.
 func describeMode(m os.FileMode) string {
 	switch {

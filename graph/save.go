@@ -265,11 +265,10 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	}
 	sides := m.sideIDs()
 	if texists {
-		if !tmode.IsRegular() {
-			if tmode&(os.ModeCharDevice|os.ModeNamedPipe) != 0 {
-				return m.saveStream(path, opt)
-			}
-			return fmt.Errorf("cannot write %s: it is %s", path, describeMode(tmode))
+		if direct, err := WritableMode(tmode); err != nil {
+			return fmt.Errorf("cannot write %s: %w", path, err)
+		} else if direct {
+			return m.saveStream(path, opt)
 		}
 		if p, ok := sides[tid]; ok {
 			return &SameFileError{Output: path, Input: p, What: "a side file of the model being written"}
@@ -282,8 +281,11 @@ func (m *Model) Save(path string, opt SaveOptions) error {
 	if err != nil {
 		return fmt.Errorf("cannot write %s: %w", sidePath, err)
 	}
-	if sexists && !smode.IsRegular() {
-		return fmt.Errorf("cannot write the side file %s: it is %s", sidePath, describeMode(smode))
+	if direct, err := WritableMode(smode); sexists && (err != nil || direct) {
+		if err == nil {
+			err = fmt.Errorf("it is %s", describeMode(smode)) // a side file is renamed into place, never streamed
+		}
+		return fmt.Errorf("cannot write the side file %s: %w", sidePath, err)
 	}
 	if sexists && texists && sid == tid {
 		return &SameFileError{Output: sidePath, Input: path, What: "the model file itself"}
@@ -947,10 +949,9 @@ func WriteFileAtomic(path string, data []byte) error {
 	path = ResolveOutput(path)
 	if _, mode, exists, err := IdentifyFile(path); err != nil {
 		return fmt.Errorf("cannot write %s: %w", path, err)
-	} else if exists && !mode.IsRegular() {
-		if mode&(os.ModeCharDevice|os.ModeNamedPipe) == 0 {
-			return fmt.Errorf("cannot write %s: it is %s", path, describeMode(mode))
-		}
+	} else if direct, err := WritableMode(mode); exists && err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	} else if exists && direct {
 		f, err := os.OpenFile(path, os.O_WRONLY, 0)
 		if err != nil {
 			return fmt.Errorf("cannot write %s: %w", path, err)

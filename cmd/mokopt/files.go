@@ -55,11 +55,10 @@ func preflightOutputs(outs []outFile) error {
 		if err != nil {
 			return usageErr(fmt.Errorf("cannot write %s %s: %w", o.what, o.path, err))
 		}
-		if exists && !mode.IsRegular() {
-			if mode&(os.ModeCharDevice|os.ModeNamedPipe) != 0 {
-				continue // written directly, no temporary file
-			}
-			return usageErr(fmt.Errorf("cannot write %s %s: it is %s, not a file", o.what, o.path, modeName(mode)))
+		if direct, err := graph.WritableMode(mode); exists && err != nil {
+			return usageErr(fmt.Errorf("cannot write %s %s: %w", o.what, o.path, err))
+		} else if exists && direct {
+			continue // written directly, no temporary file
 		}
 		if err := writableDir(filepath.Dir(o.path)); err != nil {
 			return usageErr(fmt.Errorf("cannot write %s %s: %w", o.what, o.path, err))
@@ -89,23 +88,6 @@ func writableDir(dir string) error {
 	f.Close()
 	os.Remove(name)
 	return nil
-}
-
-// modeName names a kind of file that is not a regular one.
-func modeName(m os.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a folder"
-	case m&os.ModeNamedPipe != 0:
-		return "a named pipe"
-	case m&os.ModeCharDevice != 0:
-		return "a character device"
-	case m&os.ModeDevice != 0:
-		return "a block device"
-	case m&os.ModeSocket != 0:
-		return "a socket"
-	}
-	return "not a regular file"
 }
 
 // inputRef is a file a command reads, with what it is for messages.

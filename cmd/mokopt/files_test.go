@@ -318,7 +318,7 @@ func TestFlagAndFolderRefusals(t *testing.T) {
 		{"-o into a missing folder", []string{"rewrite", exampleModel, "-o", filepath.Join(dir, "nope", "r.onnx")}, "does not exist"},
 		{"--report into a missing folder", []string{"rewrite", exampleModel, "-o", filepath.Join(dir, "r.onnx"), "--report", filepath.Join(dir, "nope", "r.json")}, "does not exist"},
 		{"--plan into a file as folder", []string{"lower", exampleModel, "-o", filepath.Join(dir, "l.onnx"), "--target", "gb300-nvl72", "--plan", filepath.Join(exampleModel, "p.json")}, "is not a folder"},
-		{"-o is a folder", []string{"gen", "-o", dir}, "folder"},
+		{"-o is a folder", []string{"gen", "-o", dir}, "it is a directory"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

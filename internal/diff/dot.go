@@ -96,7 +96,7 @@ func nodeLabel(op, name string) string {
 		rs := []rune(name)
 		name = "…" + string(rs[len(rs)-39:])
 	}
-	return dotEsc(op) + `\n` + dotEsc(name)
+	return dotLines(op, name)
 }
 
 func (d *dotGraph) refNode(id string, n NodeRef, fill, color string, cluster int) *dotNode {
@@ -116,7 +116,7 @@ func collapsedRegion(r *Result, g int, all bool, opt DOTOptions) bool {
 // regionBox is the summary box of a collapsed region.
 func regionBox(rg Region, g int) *dotNode {
 	return &dotNode{id: fmt.Sprintf("r%d", g), cluster: g, fill: colRemovedFill, color: colRemoved,
-		label:   dotEsc(fmt.Sprintf("%d nodes, %d initializers replaced", len(rg.Nodes), len(rg.Initializers))) + `\n` + dotEsc(clip(opsLine(rg.Ops), 60)),
+		label:   dotLines(fmt.Sprintf("%d nodes, %d initializers replaced", len(rg.Nodes), len(rg.Initializers)), clip(opsLine(rg.Ops), 60)),
 		tooltip: dotEsc(opsLine(rg.Ops))}
 }
 
@@ -360,7 +360,7 @@ func (d *dotGraph) write(w io.Writer, r *Result) error {
 	bw := bufio.NewWriter(w)
 	fmt.Fprintf(bw, "digraph \"mokopt_diff\" {\n")
 	fmt.Fprintf(bw, "  graph [rankdir=TB, newrank=true, fontname=\"Helvetica\", fontsize=12, labelloc=t, label=\"%s\"];\n",
-		dotEsc(fmt.Sprintf("%s -> %s\n%s", r.A.File, r.B.File, r.Summary.Line)))
+		dotLines(r.A.File+" -> "+r.B.File, r.Summary.Line))
 	fmt.Fprintf(bw, "  node [shape=box, style=\"rounded,filled\", fontname=\"Helvetica\", fontsize=10, fillcolor=\"%s\", color=\"%s\"];\n", colContextFill, colContext)
 	fmt.Fprintf(bw, "  edge [color=\"%s\", arrowsize=0.6];\n", colContext)
 	writeNode := func(indent string, id string) {
@@ -372,7 +372,7 @@ func (d *dotGraph) write(w io.Writer, r *Result) error {
 		if n.fill == colContextFill {
 			extra += fmt.Sprintf(", fontcolor=\"%s\"", "#616161")
 		}
-		fmt.Fprintf(bw, "%s%q [label=\"%s\", tooltip=\"%s\", fillcolor=\"%s\", color=\"%s\"%s];\n", indent, id, n.label, n.tooltip, n.fill, n.color, extra)
+		fmt.Fprintf(bw, "%s%s [label=\"%s\", tooltip=\"%s\", fillcolor=\"%s\", color=\"%s\"%s];\n", indent, dotID(id), n.label, n.tooltip, n.fill, n.color, extra)
 	}
 	for g, ids := range d.clusters {
 		if len(ids) == 0 {
@@ -381,8 +381,8 @@ func (d *dotGraph) write(w io.Writer, r *Result) error {
 		rg := r.Regions[g]
 		fmt.Fprintf(bw, "  subgraph \"cluster_region_%d\" {\n", g)
 		fmt.Fprintf(bw, "    id=\"region_%d\";\n", g)
-		fmt.Fprintf(bw, "    label=\"%s\";\n", dotEsc(fmt.Sprintf("fused region %d: %s\n%s, %s -> %s",
-			g+1, rg.Fused.Name, plural(len(rg.Nodes), "node"), plural(len(rg.Initializers), "initializer"), rg.Fused.Op)))
+		fmt.Fprintf(bw, "    label=\"%s\";\n", dotLines(fmt.Sprintf("fused region %d: %s", g+1, rg.Fused.Name),
+			fmt.Sprintf("%s, %s -> %s", plural(len(rg.Nodes), "node"), plural(len(rg.Initializers), "initializer"), rg.Fused.Op)))
 		fmt.Fprintf(bw, "    style=\"rounded,dashed\"; color=\"%s\"; fontcolor=\"%s\"; penwidth=2;\n", colAdded, colAdded)
 		for _, id := range ids {
 			writeNode("    ", id)
@@ -402,13 +402,31 @@ func (d *dotGraph) write(w io.Writer, r *Result) error {
 		if e.dashed {
 			style = ", style=dashed"
 		}
-		fmt.Fprintf(bw, "  %q -> %q [color=\"%s\"%s];\n", e.from, e.to, e.color, style)
+		fmt.Fprintf(bw, "  %s -> %s [color=\"%s\"%s];\n", dotID(e.from), dotID(e.to), e.color, style)
 	}
 	fmt.Fprintf(bw, "}\n")
 	return bw.Flush()
 }
 
-// dotEsc escapes s for a double-quoted DOT string; newlines become \n.
-func dotEsc(s string) string {
-	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`, "\r", "").Replace(s)
+// dotEsc is the one escape of every text written into a double-quoted
+// DOT string (ids, labels, tooltips): a name read from a model can neither
+// end the string, nor break or restyle its label, nor reach a terminal.
+// Control characters and invalid UTF-8 become Printable's visible escapes;
+// then ", \, &, < and > become HTML character entities, which Graphviz
+// decodes in labels (and SVG output escapes again). The result holds no
+// backslash and no quote, so a `\n` written between escaped parts
+// (dotLines) is the only line break.
+func dotEsc(s string) string { return dotEntities.Replace(Printable(s)) }
+
+var dotEntities = strings.NewReplacer(`&`, "&amp;", `\`, "&#92;", `"`, "&quot;", `<`, "&lt;", `>`, "&gt;")
+
+// dotLines escapes each line and joins them with DOT's line break.
+func dotLines(lines ...string) string {
+	for i, l := range lines {
+		lines[i] = dotEsc(l)
+	}
+	return strings.Join(lines, `\n`)
 }
+
+// dotID is id escaped and quoted, a DOT identifier.
+func dotID(id string) string { return `"` + dotEsc(id) + `"` }

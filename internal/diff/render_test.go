@@ -65,7 +65,7 @@ func TestDOT(t *testing.T) {
 		{"large unrolled block", func(t *testing.T) *Result { return rewriteDiff(t, "mixtral_block_torchscript.onnx") }, DOTOptions{}, 1, nil},
 		{"collapsed", func(t *testing.T) *Result { return rewriteDiff(t, "mixtral_full_dynamo_batched_mm.onnx") }, DOTOptions{MaxNodes: 10}, 2,
 			[]string{"31 nodes, 3 initializers replaced"}},
-		{"synthetic", syntheticDiff, DOTOptions{}, 1, []string{colChangedFill, colRemoved, `extra \"quoted\" \\ name`}},
+		{"synthetic", syntheticDiff, DOTOptions{}, 1, []string{colChangedFill, colRemoved, `extra &quot;quoted&quot; &#92; name`}},
 	}
 	dotBin, dotErr := exec.LookPath("dot")
 	for _, tc := range cases {
