@@ -182,3 +182,40 @@ func TestFloat32ToBFloat16(t *testing.T) {
 		}
 	}
 }
+
+// TestHalfRoundTrip: every one of the 65,536 binary16 and bfloat16 bit
+// patterns goes to float32 and back unchanged, except NaNs, which stay
+// NaN with their sign (the payload is not kept); float32 NaNs of every
+// payload class (quiet, signalling, payload only in the low bits that a
+// truncation would drop) become NaN, never Inf.
+func TestHalfRoundTrip(t *testing.T) {
+	isNaN16 := func(b uint16, expMask, manMask uint16) bool { return b&expMask == expMask && b&manMask != 0 }
+	for _, tc := range []struct {
+		name             string
+		to               func(uint16) float32
+		from             func(float32) uint16
+		expMask, manMask uint16
+	}{
+		{"float16", HalfToFloat32, Float32ToHalf, 0x7c00, 0x3ff},
+		{"bfloat16", BFloat16ToFloat32, Float32ToBFloat16, 0x7f80, 0x7f},
+	} {
+		for b := 0; b < 1<<16; b++ {
+			h := uint16(b)
+			got := tc.from(tc.to(h))
+			if isNaN16(h, tc.expMask, tc.manMask) {
+				if !isNaN16(got, tc.expMask, tc.manMask) || got&0x8000 != h&0x8000 {
+					t.Fatalf("%s NaN %#04x -> %#04x", tc.name, h, got)
+				}
+				continue
+			}
+			if got != h {
+				t.Fatalf("%s %#04x -> %v -> %#04x", tc.name, h, tc.to(h), got)
+			}
+		}
+		for _, u := range []uint32{0x7fc00000, 0x7f800001, 0x7f800fff, 0x7fa00000, 0xffc00001, 0xff800001, 0x7fffffff} {
+			if got := tc.from(math.Float32frombits(u)); !isNaN16(got, tc.expMask, tc.manMask) || (got&0x8000 != 0) != (u>>31 == 1) {
+				t.Errorf("%s of the NaN %#08x: %#04x", tc.name, u, got)
+			}
+		}
+	}
+}

@@ -124,22 +124,30 @@ func meminfoAvailable(text string) int64 {
 	return -1
 }
 
-// cgroupAvailable returns what the cgroup v2 at dir leaves this process
-// (memory.max - memory.current) when a limit is set.
+// cgroupAvailable returns what the cgroup mounted at dir leaves this
+// process when a limit is set: limit minus usage, from cgroup v2's
+// memory.max and memory.current, or cgroup v1's memory controller
+// (memory/memory.limit_in_bytes and memory.usage_in_bytes, where a limit
+// of 2^60 or more means none). It reads the cgroup the mount shows (a
+// container's own, under a cgroup namespace), not nested ones; see
+// docs/numerical-check.md for why this is not automemlimit's FromCgroup.
 func cgroupAvailable(dir string) (int64, bool) {
-	b, err := os.ReadFile(filepath.Join(dir, "memory.max"))
-	if err != nil {
-		return 0, false
+	for _, files := range [][2]string{{"memory.max", "memory.current"}, {"memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"}} {
+		b, err := os.ReadFile(filepath.Join(dir, files[0]))
+		if err != nil {
+			continue
+		}
+		lim, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || lim >= 1<<60 { // "max", or v1's page-rounded MaxInt64: no limit
+			return 0, false
+		}
+		cur := int64(0)
+		if b, err := os.ReadFile(filepath.Join(dir, files[1])); err == nil {
+			cur, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		}
+		return max(lim-cur, 0), true
 	}
-	lim, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil { // "max": no limit
-		return 0, false
-	}
-	cur := int64(0)
-	if b, err := os.ReadFile(filepath.Join(dir, "memory.current")); err == nil {
-		cur, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	}
-	return max(lim-cur, 0), true
+	return 0, false
 }
 
 // memLimitError, for an error that hit the memory budget, says what the

@@ -255,3 +255,32 @@ func hugeSideFile() *pb.ModelProto {
 	return bombModel([]*pb.NodeProto{graph.NewNode("Relu", "", "r", []string{"x"}, []string{"rx"}), graph.NewNode("Add", "", "a", []string{"rx", "w"}, []string{"y"})},
 		[]*pb.TensorProto{w})
 }
+
+// TestCgroupAvailable: the room a cgroup leaves, from cgroup v2 files and
+// from cgroup v1's memory controller, and no limit where none is set.
+func TestCgroupAvailable(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		want  int64
+		ok    bool
+	}{
+		{"v2 limit", map[string]string{"memory.max": "1073741824\n", "memory.current": "73741824\n"}, 1<<30 - 73741824, true},
+		{"v2 no limit", map[string]string{"memory.max": "max\n", "memory.current": "5\n"}, 0, false},
+		{"v2 over", map[string]string{"memory.max": "100\n", "memory.current": "200\n"}, 0, true},
+		{"v1 limit", map[string]string{"memory/memory.limit_in_bytes": "2147483648\n", "memory/memory.usage_in_bytes": "147483648\n"}, 2000000000, true},
+		{"v1 no limit", map[string]string{"memory/memory.limit_in_bytes": "9223372036854771712\n", "memory/memory.usage_in_bytes": "1\n"}, 0, false},
+		{"none", map[string]string{}, 0, false},
+	} {
+		dir := t.TempDir()
+		for name, body := range tc.files {
+			os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, ok := cgroupAvailable(dir); got != tc.want || ok != tc.ok {
+			t.Errorf("%s: %d, %v; want %d, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
