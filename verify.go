@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mokopt/mokopt/internal/verify"
+	"github.com/mokopt/mokopt/lowering"
 	"github.com/mokopt/mokopt/passes"
 )
 
@@ -61,6 +62,13 @@ type VerifyOptions struct {
 	// (both said in the report's notes); > 0 always compares statistically
 	// against this bound; < 0 always element-wise at RTol and ATol.
 	QuantBound float64
+	// WholeModel compares only the graph outputs of a lowered model and
+	// the fused model it came from. By default, when the comparison is
+	// statistical (MXFP8), each fused block is compared with its lowering
+	// on the fused model's block input with the fused model's routing
+	// forced, against the bound, the routing flips counted, and the graph
+	// outputs held to a looser end-to-end bound (the report's Blocks).
+	WholeModel bool
 }
 
 // DefaultVerifyOptions returns the CLI's defaults: tokens 1, 7 and 64,
@@ -73,7 +81,7 @@ func (o VerifyOptions) lower() (verify.Options, error) {
 	if o.Runner == nil && o.Engine != "" && o.Engine != EngineRef {
 		return verify.Options{}, fmt.Errorf("verify engine %q needs a Runner (only %q is built in)", o.Engine, EngineRef)
 	}
-	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine, QuantBound: o.QuantBound}
+	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: o.RTol, ATol: o.ATol, DataDir: o.DataDir, Runner: o.Runner, Engine: o.Engine, QuantBound: o.QuantBound, WholeModel: o.WholeModel, KernelRouting: lowering.KernelRouting}
 	vo.Eval.MemLimit = o.MemLimit
 	vo.Eval.Kernels = Kernels()
 	if o.Progress != nil {
