@@ -73,6 +73,7 @@ func TestWritersAtSize(t *testing.T) {
 		{"lower mok, over the limit", 1 << 20, []string{"lower", p("finl.onnx"), "--target", "gb300-nvl72", "--ep", "8", "-o", p("o8.onnx")}, []string{"o8.onnx"}},
 		{"split-ranks, over the limit", 1 << 20, []string{"rewrite", p("inl.onnx"), "--split-ranks", "2", "-o", p("o9.onnx")}, []string{"o9.rank0.onnx", "o9.rank1.onnx"}},
 		{"merge-ranks, over the limit", 1 << 20, []string{"rewrite", "--merge-ranks", p("rinl.rank0.onnx"), p("rinl.rank1.onnx"), "-o", p("o10.onnx")}, []string{"o10.onnx"}},
+		{"gen ort int4, over the limit", 1 << 20, []string{"gen", "--shape", "ort", "--quant", "int4", "--hidden", "256", "--inter", "256", "--experts", "8", "-o", p("o12.onnx")}, []string{"o12.onnx"}},
 		{"gen, over the limit", 1 << 20, []string{"gen", "--hidden", "256", "--inter", "256", "--experts", "8", "-o", p("o11.onnx")}, []string{"o11.onnx"}},
 	}
 	for _, tc := range cases {
