@@ -12,6 +12,7 @@ import (
 	"github.com/mokopt/mokopt/internal/verify"
 	"github.com/mokopt/mokopt/kernel/mxfp8"
 	"github.com/mokopt/mokopt/lowering"
+	"google.golang.org/protobuf/proto"
 )
 
 // deepLowered writes a 16-layer generated model (h = h + MoE(h)), its
@@ -120,6 +121,39 @@ func TestVerifyLoweredBlocks(t *testing.T) {
 	if code, out, _ := run(t, nil, "verify", "--tokens", "7", fused, low); code != 0 || !strings.Contains(string(out), "ok tokens=7 block 15 ") || !strings.Contains(string(out), "(end to end)") {
 		t.Errorf("fused first: want exit 0 with block lines, got %d: %s", code, out)
 	}
+
+	// A lowering wrong outside the blocks (the last residual Add made a
+	// Mul): every block passes, the end-to-end bound fails.
+	t.Run("residual outside the blocks", func(t *testing.T) {
+		m, err := graph.Load(low)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		g := m.Graph()
+		last := g.Producer(m.Proto.Graph.Output[0].GetName())
+		if last == nil || last.GetOpType() != "Add" {
+			t.Fatalf("the output's producer is %v, want the residual Add", last)
+		}
+		last.OpType = proto.String("Mul")
+		bad := filepath.Join(dir, "residual.onnx")
+		if err := m.Save(bad, graph.SaveOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		code, out, stderr := run(t, nil, "verify", "--json", "--tokens", "7", bad, fused)
+		var rep verify.Report
+		if code != 1 || json.Unmarshal(out, &rep) != nil {
+			t.Fatalf("exit %d, want 1: %s %s", code, out, stderr)
+		}
+		for _, b := range rep.Cases[0].Blocks {
+			if !b.Pass {
+				t.Errorf("block %d fails: %s", b.Index, b.Message)
+			}
+		}
+		if o := rep.Cases[0].Outputs[0]; o.Pass || !strings.Contains(rep.Cases[0].Message, "end-to-end bound") {
+			t.Errorf("want the output to fail the end-to-end bound: %+v, %q", o, rep.Cases[0].Message)
+		}
+	})
 
 	swapExperts := func(b []byte, n, k int, scales bool) {
 		if !scales {
