@@ -53,6 +53,9 @@ func RewriteRanks(ctx context.Context, ranks []*Model, opt RewriteOptions, token
 	if err != nil {
 		return nil, mrep, reps, err
 	}
+	for _, r := range gs {
+		merged.SetExternalOrigin(r) // rank files with side files merge into one with a side file
+	}
 	return Wrap(merged), mrep, reps, nil
 }
 
@@ -65,6 +68,7 @@ func SplitRanks(m *Model, n int) ([]*Model, error) {
 	}
 	out := make([]*Model, len(parts))
 	for i, p := range parts {
+		p.SetExternalOrigin(m.g)
 		out[i] = Wrap(p)
 	}
 	return out, nil

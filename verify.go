@@ -9,6 +9,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	"github.com/mokopt/mokopt/internal/verify"
+	"github.com/mokopt/mokopt/lowering"
 	"github.com/mokopt/mokopt/passes"
 )
 
@@ -99,6 +100,13 @@ type VerifyOptions struct {
 	// (both said in the report's notes); > 0 always compares statistically
 	// against this bound; < 0 always element-wise at RTol and ATol.
 	QuantBound float64
+	// WholeModel compares only the graph outputs of a lowered model and
+	// the fused model it came from. By default, when the comparison is
+	// statistical (MXFP8), each fused block is compared with its lowering
+	// on the fused model's block input with the fused model's routing
+	// forced, against the bound, the routing flips counted, and the graph
+	// outputs held to a looser end-to-end bound (the report's Blocks).
+	WholeModel bool
 }
 
 // DefaultVerifyOptions returns the CLI's defaults spelled out: tokens 1, 7
@@ -129,7 +137,7 @@ func (o VerifyOptions) lower() (verify.Options, error) {
 	if o.Exact && (o.RTol != 0 || o.ATol != 0 || o.QuantBound != 0) {
 		return verify.Options{}, errors.New("verify: Exact excludes RTol, ATol and QuantBound")
 	}
-	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: tolerance(o.RTol, DefaultRTol), ATol: tolerance(o.ATol, DefaultATol), DataDir: o.DataDir, Runner: verify.Runner(o.Runner), Engine: o.Engine, QuantBound: o.QuantBound}
+	vo := verify.Options{Tokens: o.Tokens, Seed: o.Seed, RTol: tolerance(o.RTol, DefaultRTol), ATol: tolerance(o.ATol, DefaultATol), DataDir: o.DataDir, Runner: verify.Runner(o.Runner), Engine: o.Engine, QuantBound: o.QuantBound, WholeModel: o.WholeModel, KernelRouting: lowering.KernelRouting}
 	if len(vo.Tokens) == 0 {
 		vo.Tokens = DefaultTokens()
 	}

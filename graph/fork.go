@@ -59,7 +59,7 @@ func (m *Model) Fork() (*Model, error) {
 		keepUnknown(gp, sg)
 		mp.Graph = gp
 	}
-	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, borrowed: true, srcID: m.srcID, srcOK: m.srcOK}, nil
+	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, borrowed: true, srcID: m.srcID, srcOK: m.srcOK, ext0: m.ext0}, nil
 }
 
 // CopyNode returns a copy of n that a pass may edit as passes do: a new

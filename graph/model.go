@@ -41,6 +41,8 @@ type Model struct {
 	// borrowed: ext is another model's (a fork's), which Close leaves open.
 	borrowed bool
 	deferred map[*pb.TensorProto]DeferredData
+	// ext0 is what the model's weights came in (see ExternalOrigin).
+	ext0 *externalOrigin
 	// srcID identifies the file the model was loaded from (srcOK: known),
 	// so that Save can tell an in-place save from any other.
 	srcID FileID
@@ -232,7 +234,53 @@ func newModel(mp *pb.ModelProto, name string) (*Model, error) {
 	}
 	m := &Model{Proto: mp, Path: name, Dir: dir}
 	m.ext = newExternalStore(dir, name)
+	m.ext0 = originOf(mp)
 	return m, nil
+}
+
+// externalOrigin records that a model's weights came in external data, and
+// which initializers were stored inside its file all the same.
+type externalOrigin struct {
+	inline map[string]bool
+}
+
+// originOf is the origin of a model as decoded: nil when none of its
+// tensors is stored externally.
+func originOf(mp *pb.ModelProto) *externalOrigin {
+	ext := false
+	for _, t := range allTensors(mp) {
+		if IsExternal(t) {
+			ext = true
+			break
+		}
+	}
+	if !ext {
+		return nil
+	}
+	o := &externalOrigin{inline: map[string]bool{}}
+	for _, t := range allInitializers(mp) {
+		if !IsExternal(t) {
+			o.inline[t.GetName()] = true
+		}
+	}
+	return o
+}
+
+// ExternalOrigin reports whether m's weights came in external data: some
+// tensor of the file it was loaded from was stored in a side file (or
+// SetExternalOrigin said so). Saved with ExternalKeep, such a model writes
+// every initializer of the threshold's size or more to the output's side
+// file, except those its file stored inside: the weights a pass made (a
+// lowering's, a merge's) go where the weights they came from were.
+func (m *Model) ExternalOrigin() bool { return m.ext0 != nil }
+
+// SetExternalOrigin marks m as a model whose weights came in external data
+// when from's did (a model built from another, such as a merge of rank
+// files, whose initializers are all its own).
+func (m *Model) SetExternalOrigin(from *Model) {
+	if from != nil && from.ext0 != nil && m.ext0 == nil {
+		m.ext0 = &externalOrigin{inline: map[string]bool{}}
+	}
 }
 
 // gcPause counts the decodings in progress that paused the collector, so

@@ -214,7 +214,7 @@ func (c *ctxWriter) ReadFrom(r io.Reader) (int64, error) {
 
 // ErrTooLarge is returned when a model without external data would exceed
 // protobuf's 2 GiB limit.
-var ErrTooLarge = errors.New("model exceeds protobuf's 2 GiB limit; save with external data (SaveOptions.External ExternalRepack, mokopt --external-data repack)")
+var ErrTooLarge = errors.New("model exceeds protobuf's 2 GiB limit; save to a file with external data (SaveOptions.External ExternalKeep or ExternalRepack, mokopt --external-data keep or repack)")
 
 const sideAlign = 64
 
@@ -742,23 +742,40 @@ func (m *Model) Marshal() ([]byte, error) {
 }
 
 // planExternal lists, in a deterministic order, the tensors whose bytes go to
-// the output's side file.
+// the output's side file. With ExternalKeep: external tensors; deferred ones
+// unless their sources were inside the model file; when the model's weights
+// came in external data (ExternalOrigin), every other initializer of the
+// threshold's size or more that its file did not store inside; and when
+// the model file would still exceed protobuf's limit, every initializer of
+// the threshold's size or more (as ExternalRepack).
 func (m *Model) planExternal(opt SaveOptions) ([]*pb.TensorProto, error) {
 	if opt.External == ExternalInline {
 		return nil, nil
 	}
+	out, err := m.planWith(opt.External, opt.Threshold)
+	if err != nil || opt.External != ExternalKeep {
+		return out, err
+	}
+	if big, err := m.overLimit(out); err != nil || !big {
+		return out, err
+	}
+	return m.planWith(ExternalRepack, opt.Threshold)
+}
+
+// planWith is planExternal's list for one mode.
+func (m *Model) planWith(mode ExternalMode, threshold int64) ([]*pb.TensorProto, error) {
 	var out []*pb.TensorProto
 	for _, t := range allInitializers(m.Proto) {
 		d, deferred := m.deferred[t]
 		switch {
 		case IsExternal(t):
 			out = append(out, t)
-		case opt.External == ExternalRepack || deferred && !d.Inline:
+		case mode == ExternalRepack || deferred && !d.Inline || !deferred && m.ext0 != nil && !m.ext0.inline[t.GetName()]:
 			n, err := m.tensorSize(t)
 			if err != nil {
 				return nil, err
 			}
-			if n >= opt.Threshold {
+			if n >= threshold {
 				out = append(out, t)
 			}
 		}
@@ -772,6 +789,41 @@ func (m *Model) planExternal(opt SaveOptions) ([]*pb.TensorProto, error) {
 		}
 	}
 	return out, nil
+}
+
+// overLimit reports whether the model file would exceed MaxProtoSize with
+// the tensors of moved in the side file and every other one inside.
+func (m *Model) overLimit(moved []*pb.TensorProto) (bool, error) {
+	out := make(map[*pb.TensorProto]bool, len(moved))
+	for _, t := range moved {
+		out[t] = true
+	}
+	var inline int64
+	for _, t := range allInitializers(m.Proto) {
+		if out[t] {
+			continue
+		}
+		n, err := m.tensorSize(t)
+		if err != nil {
+			return false, err
+		}
+		inline += n
+	}
+	if inline <= MaxProtoSize/2 {
+		return false, nil // the rest of a model is far smaller than its weights
+	}
+	sz := int64(proto.Size(m.Proto))
+	for _, t := range allInitializers(m.Proto) {
+		_, deferred := m.deferred[t]
+		switch {
+		case out[t] && !IsExternal(t):
+			sz -= int64(len(t.RawData))
+		case !out[t] && (deferred || IsExternal(t)):
+			n, _ := m.tensorSize(t)
+			sz += n
+		}
+	}
+	return sz > MaxProtoSize, nil
 }
 
 func (m *Model) tensorSize(t *pb.TensorProto) (int64, error) {

@@ -47,7 +47,7 @@ func (m *Model) WorkingCopy() *Model {
 		gp.Input, gp.Output = cloneEach(sg.Input), cloneEach(sg.Output)
 		mp.Graph = gp
 	}
-	wc := &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labelMap()}
+	wc := &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labelMap(), ext0: m.ext0}
 	if len(m.deferred) > 0 {
 		wc.deferred = make(map[*pb.TensorProto]DeferredData, len(m.deferred))
 		for t, d := range m.deferred {
@@ -83,5 +83,5 @@ func (m *Model) KeepIndex(g *Graph) {
 // is open.
 func (m *Model) WithGraph(gp *pb.GraphProto) *Model {
 	mp := &pb.ModelProto{IrVersion: m.Proto.IrVersion, OpsetImport: m.Proto.OpsetImport, Functions: m.Proto.Functions, Graph: gp}
-	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labelMap(), deferred: m.deferred}
+	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labelMap(), deferred: m.deferred, ext0: m.ext0}
 }

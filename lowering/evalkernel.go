@@ -213,3 +213,14 @@ func fakeQuant(v []float32, codes []uint8) {
 }
 
 func bf16(f float32) float32 { return graph.BFloat16ToFloat32(graph.Float32ToBFloat16(f)) }
+
+// KernelRouting returns, for an ai.mok::MoKDispatchFFNCombine node, the
+// values carrying its routing (topk_experts, router_weights); ok is false
+// for any other node. A block-by-block verify forces the reference's
+// routing through them.
+func KernelRouting(n *pb.NodeProto) (ids, weights string, ok bool) {
+	if n.GetDomain() != Domain || n.GetOpType() != OpType || len(n.Input) <= max(InTopKExperts, InRouterWeights) {
+		return "", "", false
+	}
+	return n.Input[InTopKExperts], n.Input[InRouterWeights], true
+}

@@ -336,7 +336,7 @@ func TestProtoLimitOnSave(t *testing.T) {
 	if code != 1 || !errors.Is(err, graph.ErrTooLarge) {
 		t.Fatalf("exit %d, err %v; want 1 and ErrTooLarge", code, err)
 	}
-	for _, w := range []string{out, "2 GiB limit", "--external-data repack"} {
+	for _, w := range []string{out, "2 GiB limit", "--external-data keep or repack"} {
 		if !strings.Contains(msg, w) {
 			t.Errorf("message %q does not contain %q", msg, w)
 		}

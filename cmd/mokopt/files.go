@@ -287,7 +287,7 @@ func genPrecheck(cfg models.Config) error {
 		return usageErr(fmt.Errorf("gen: %d layers of E=%d H=%d I=%d: the weight sizes overflow int64", l, e, h, i))
 	}
 	total := perLayer * l
-	if (!cfg.External || cfg.Quant != "") && total > graph.MaxProtoSize {
+	if !cfg.External && total > graph.MaxProtoSize {
 		return usageErr(fmt.Errorf("gen: %d layers of E=%d H=%d I=%d hold about %d bytes of weights, more than protobuf's 2 GiB limit on a model file with its weights inside (drop --inline)", l, e, h, i, total))
 	}
 	if l <= 2 {

@@ -36,7 +36,7 @@ func newVerifyCmd() *cobra.Command {
 	var seed int64
 	var rtol, atol float64
 	var asJSON bool
-	var elementwise bool
+	var elementwise, wholeModel bool
 	var quantBound float64
 	memLimit := memLimitAuto
 	c := &cobra.Command{
@@ -51,7 +51,16 @@ When either model holds MXFP8 weights (a lowered model), element-wise relative
 errors mean nothing near zero: each float output is then compared by its mean
 relative error and relative L2 error against the MXFP8 bound (8%), and a note
 says so; --elementwise keeps the element-wise check, --quant-bound sets
-another bound.`,
+another bound.
+
+A lowered model compared with the fused model it came from is compared block
+by block: each fused block's lowering runs on the fused model's input of that
+block, with the fused model's routing forced, and is held to the bound; each
+block's line gives its errors and how many routing decisions flip, on those
+inputs and in the lowered model's own run. The graph outputs, where the
+blocks' errors compound over the depth, are held to the bound times the square
+root of the lowered blocks (at most 50%). --whole-model compares only the
+graph outputs, at the bound.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
 			toks, err := parseTokens(tokens)
@@ -78,7 +87,7 @@ another bound.`,
 				quantBound = -1
 			}
 			budget := memBudget(memLimit)
-			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: flagTol(rtol), ATol: flagTol(atol), DataDir: data, MemLimit: budget, Runner: runner, Engine: engine, Progress: newProgress(c), QuantBound: quantBound})
+			rep, err := mokopt.Verify(c.Context(), a, b, mokopt.VerifyOptions{Tokens: toks, Seed: seed, RTol: flagTol(rtol), ATol: flagTol(atol), DataDir: data, MemLimit: budget, Runner: runner, Engine: engine, Progress: newProgress(c), QuantBound: quantBound, WholeModel: wholeModel})
 			return reportVerify(c.OutOrStdout(), rep, memLimitError(err, budget, ""), asJSON)
 		},
 	}
@@ -86,6 +95,7 @@ another bound.`,
 	c.Flags().StringVar(&engine, "engine", "ref", "evaluator: ref (mokopt's reference interpreter) or ort (ONNX Runtime; binaries built with -tags ort)")
 	c.Flags().BoolVar(&elementwise, "elementwise", false, "compare element-wise at --rtol/--atol even when a model holds MXFP8 weights or computes in half precision behind float32 outputs")
 	c.Flags().Float64Var(&quantBound, "quant-bound", 0, "compare each float output by mean relative error and relative L2 error against this bound (default: 0.08 when a model holds MXFP8 weights, else element-wise)")
+	c.Flags().BoolVar(&wholeModel, "whole-model", false, "compare a lowered model with its fused model by the graph outputs only, not block by block")
 	c.Flags().StringVar(&tokens, "tokens", "1,7,64", "token counts for random inputs (dynamic dims only)")
 	c.Flags().Int64Var(&seed, "seed", 1, "seed of the random inputs")
 	c.Flags().Float64Var(&rtol, "rtol", verify.DefaultRTol, "relative tolerance")
@@ -154,14 +164,19 @@ func reportVerify(w io.Writer, rep *verify.Report, err error, asJSON bool) error
 		}
 	} else {
 		for _, cs := range rep.Cases {
+			printBlockChecks(w, cs)
 			for _, o := range cs.Outputs {
 				status := "ok"
 				if !o.Pass {
 					status = "MISMATCH"
 				}
 				if o.QuantBound > 0 {
-					fmt.Fprintf(w, "%s %s output %d %s: mean rel err %.2f%%, rel L2 err %.2f%% (bound %.3g%%), max abs err %.3g of max |b| %.3g\n",
-						status, diff.Printable(cs.Name), o.Index, diff.Printable(o.NameA), 100*float64(o.MeanRel), 100*float64(o.RelL2), 100*o.QuantBound, float64(o.MaxAbsErr), float64(o.MaxAbsRef))
+					scope := ""
+					if len(cs.Blocks) > 0 {
+						scope = " (end to end)"
+					}
+					fmt.Fprintf(w, "%s %s output %d %s%s: mean rel err %.2f%%, rel L2 err %.2f%% (bound %.3g%%), max abs err %.3g of max |b| %.3g\n",
+						status, diff.Printable(cs.Name), o.Index, diff.Printable(o.NameA), scope, 100*float64(o.MeanRel), 100*float64(o.RelL2), 100*o.QuantBound, float64(o.MaxAbsErr), float64(o.MaxAbsRef))
 					continue
 				}
 				nonFinite := ""
@@ -183,4 +198,29 @@ func reportVerify(w io.Writer, rep *verify.Report, err error, asJSON bool) error
 		return &exitError{code: 1, msg: "outputs differ"}
 	}
 	return nil
+}
+
+// printBlockChecks prints a block-by-block comparison's line per block.
+func printBlockChecks(w io.Writer, cs verify.Case) {
+	flips := func(n, of int) string {
+		if n < 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%d of %d", n, of)
+	}
+	for _, b := range cs.Blocks {
+		status := "ok"
+		if !b.Pass {
+			status = "MISMATCH"
+		}
+		what := "kept fused"
+		if b.KernelNode != "" {
+			what = "lowered to " + diff.Printable(b.KernelNode)
+		}
+		fmt.Fprintf(w, "%s %s block %d %s (%s): mean rel err %.2f%%, rel L2 err %.2f%% (bound %.3g%%) on the reference's input and routing; routing flips %s on that input, %s end to end\n",
+			status, diff.Printable(cs.Name), b.Index, diff.Printable(b.Node), what, 100*float64(b.MeanRel), 100*float64(b.RelL2), 100*b.Bound, flips(b.RouterFlips, b.Decisions), flips(b.EndToEndFlips, b.Decisions))
+		if b.Message != "" && b.Elements == 0 {
+			fmt.Fprintf(w, "  %s\n", diff.Printable(b.Message))
+		}
+	}
 }

@@ -76,6 +76,17 @@ type Options struct {
 	// RunAndCheck).
 	Progress func(done, total int)
 
+	// KernelRouting, when set, names the routing inputs of lowered kernel
+	// nodes: a model holding such nodes, compared with the model of fused
+	// ai.mok::MoE nodes it was lowered from, is then compared block by
+	// block (see CompareBlocks) whenever the comparison is statistical
+	// (QuantBound > 0, or 0 with MXFP8 weights) and the reference
+	// interpreter runs the models.
+	KernelRouting KernelRouting
+	// WholeModel compares only the graph outputs, also where KernelRouting
+	// would compare block by block.
+	WholeModel bool
+
 	// halfCompute, set by halfMode, is the half type a model computes in
 	// behind float32 outputs (their comparison precision).
 	halfCompute pb.TensorProto_DataType
@@ -161,6 +172,13 @@ type Report struct {
 	Pass bool `json:"pass"`
 	// Notes explain choices: shapes used, id ranges, ignored options.
 	Notes []string `json:"notes,omitempty"`
+	// BlockReference names the model of fused nodes whose blocks a
+	// block-by-block comparison took as the reference ("" when the
+	// comparison was of the graph outputs only); BlockBound is the bound of
+	// each block, EndToEndBound that of the graph outputs.
+	BlockReference string  `json:"block_reference,omitempty"`
+	BlockBound     float64 `json:"block_bound,omitempty"`
+	EndToEndBound  float64 `json:"end_to_end_bound,omitempty"`
 	// Cases holds one entry per set of inputs.
 	Cases []Case `json:"cases"`
 }
@@ -179,6 +197,9 @@ type Case struct {
 	Message string `json:"message,omitempty"`
 	// Outputs compares the outputs position by position.
 	Outputs []OutputCheck `json:"outputs"`
+	// Blocks compares each fused block with its lowering, in a
+	// block-by-block comparison (Report.BlockReference).
+	Blocks []BlockCheck `json:"blocks,omitempty"`
 }
 
 // TensorInfo describes a fed input.
@@ -264,6 +285,7 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 	if err != nil {
 		return nil, err
 	}
+	ref, low, blocks := blockMode(a, b, &opt, r)
 	aIns, bIns := eval.GraphInputs(a), eval.GraphInputs(b)
 	byName := slices.Equal(aIns, bIns)
 	if !byName {
@@ -287,6 +309,19 @@ func Compare(ctx context.Context, a, b *graph.Model, opt Options) (*Report, erro
 		hint := ""
 		if opt.DataDir == "" {
 			hint = " (random inputs; a graph traced on other inputs may have their shapes or routing baked in: use a data dir)"
+		}
+		if blocks != nil {
+			feedRef, feedLow := feedB, feedA
+			if ref == a {
+				feedRef, feedLow = feedA, feedB
+			}
+			if err := blockCase(ctx, &c, ref, low, feedRef, feedLow, blocks, ref == a, opt); err != nil {
+				return nil, fmt.Errorf("case %s: %w%s", s.name, err, hint)
+			}
+			runs += 2
+			opt.progress(runs, 2*len(sets))
+			r.Cases = append(r.Cases, c)
+			continue
 		}
 		outA, err := runOutputs(ctx, a, feedA, opt)
 		if err != nil {
