@@ -263,5 +263,6 @@ func Spec(cfg Config) (moe.Spec, error) {
 		SwiGLUAlpha:         1,
 		SharedInter:         cfg.SharedInter,
 		EPSize:              1,
+		IOType:              cfg.DType,
 	}, nil
 }
