@@ -91,8 +91,9 @@ func TestGenHalfPipeline(t *testing.T) {
 				verifyPass(t, "original vs fused", load(t, src), fused, tol)
 
 				ortM := load(t, fusedPath)
-				if _, err := mokopt.LowerORT(ctx, ortM, mokopt.ORTOptions{}); err != nil {
-					t.Fatalf("lower ort: %v", err)
+				orep, err := mokopt.LowerORT(ctx, ortM, mokopt.ORTOptions{})
+				if err != nil || len(orep.Blocks) != 1 || !strings.Contains(orep.Blocks[0].Precision, "float32 MoE between Casts from "+dt) {
+					t.Fatalf("lower ort: %v, %+v", err, orep)
 				}
 				ortM, _ = saveLoad(t, ortM, dir, "ort.onnx")
 				verifyPass(t, "fused vs ort", load(t, fusedPath), ortM, tol)
