@@ -45,6 +45,10 @@ type ORTBlock struct {
 	Attrs map[string]any `json:"attributes,omitempty"`
 	// SharedExpert says how a shared expert was emitted.
 	SharedExpert string `json:"shared_expert,omitempty"`
+	// Precision says, for a float16 or bfloat16 block, what the op computes
+	// in: float32 between a Cast in and a Cast out, the weights widened
+	// exactly (ONNX Runtime's MoE has no bfloat16 kernel at all).
+	Precision string `json:"precision,omitempty"`
 	// Unsupported lists the semantics ONNX Runtime's op lacks.
 	Unsupported []string `json:"unsupported,omitempty"`
 }
@@ -73,6 +77,9 @@ func (r *ORTReport) Summary() string {
 			fmt.Fprintf(&b, "  %s -> %s %s", blk.Node, blk.Op, blk.ORTNode)
 			if blk.SharedExpert != "" {
 				fmt.Fprintf(&b, " (shared expert: %s)", blk.SharedExpert)
+			}
+			if blk.Precision != "" {
+				fmt.Fprintf(&b, " (%s)", blk.Precision)
 			}
 			b.WriteString("\n")
 		} else {
@@ -268,6 +275,7 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	if s.IOType != "" {
 		x = b.Op("Cast", []string{x}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
 		out = prefix + "/y_float"
+		blk.Precision = ortHalfPrecision(s.IOType)
 	}
 	finish := func() []*pb.NodeProto {
 		if s.IOType != "" {
@@ -407,4 +415,13 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	}
 	b.Nodes = append(b.Nodes, graph.NewNode("Add", "", prefix+"/add_shared", []string{y, sd}, []string{out}))
 	return finish(), nil
+}
+
+// ortHalfPrecision is ORTBlock.Precision for a block of I/O type io.
+func ortHalfPrecision(io string) string {
+	p := "float32 MoE between Casts from " + io + ", weights widened exactly"
+	if io == moe.IOBFloat16 {
+		p += "; ONNX Runtime registers com.microsoft::MoE for float and float16 only, on CPU and CUDA"
+	}
+	return p
 }

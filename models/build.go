@@ -121,7 +121,7 @@ func (b *builder) reserve() {
 	b.g.Initializer = make([]*pb.TensorProto, 0, inits*c.Layers+c.Experts+16)
 }
 
-// valueInfo declares a float [T, H] value.
+// valueInfo declares a [T, H] value of the config's element type.
 func (b *builder) valueInfo(name string) *pb.ValueInfoProto {
 	tok := &pb.TensorShapeProto_Dimension{}
 	if b.cfg.Tokens > 0 {
@@ -133,7 +133,7 @@ func (b *builder) valueInfo(name string) *pb.ValueInfoProto {
 	return &pb.ValueInfoProto{
 		Name: proto.String(name),
 		Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
-			ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)),
+			ElemType: proto.Int32(int32(b.cfg.elemType())),
 			Shape:    &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{tok, hid}},
 		}}},
 	}
@@ -166,18 +166,29 @@ func (b *builder) vec(v ...int64) string { return b.ints([]int64{int64(len(v))},
 // scalarInt is a 0-D INT64 constant.
 func (b *builder) scalarInt(v int64) string { return b.ints(nil, v) }
 
-// zeros is a shared all-zero FLOAT constant of the given dims.
+// zeroTensor is an all-zero tensor of the config's element type.
+func (b *builder) zeroTensor(name string, dims ...int64) *pb.TensorProto {
+	dt := b.cfg.elemType()
+	if dt == pb.TensorProto_FLOAT {
+		n := int64(1)
+		for _, d := range dims {
+			n *= d
+		}
+		return moe.Float32Tensor(name, dims, make([]float32, n))
+	}
+	size, _ := graph.ByteSize(dt, dims) // dims were validated by normalized()
+	return &pb.TensorProto{Name: proto.String(name), Dims: dims, DataType: proto.Int32(int32(dt)), RawData: make([]byte, size)}
+}
+
+// zeros is a shared all-zero constant of the given dims and the config's
+// element type.
 func (b *builder) zeros(dims ...int64) string {
 	key := fmt.Sprint("z", dims)
 	if name, ok := b.consts[key]; ok {
 		return name
 	}
 	name := "const_" + strconv.Itoa(len(b.consts))
-	n := int64(1)
-	for _, d := range dims {
-		n *= d
-	}
-	b.g.Initializer = append(b.g.Initializer, moe.Float32Tensor(name, dims, make([]float32, n)))
+	b.g.Initializer = append(b.g.Initializer, b.zeroTensor(name, dims...))
 	b.consts[key] = name
 	return name
 }
@@ -191,16 +202,18 @@ func (b *builder) zerosLike(p, v string, dims ...int64) string {
 	}
 	sh := b.node("Shape", p+"zeros_shape", []string{v})
 	return b.node("ConstantOfShape", p+"zeros", []string{sh},
-		graph.TensorAttr("value", moe.Float32Tensor("", []int64{1}, []float32{0})))
+		graph.TensorAttr("value", b.zeroTensor("", 1)))
 }
 
-// weight adds a FLOAT initializer whose data comes from src: deferred
-// (streamed at save time) when the config asks for external data, else
-// generated now into raw_data.
+// weight adds an initializer of the config's element type whose data comes
+// from src: deferred (streamed at save time) when the config asks for
+// external data, else generated now into raw_data.
 func (b *builder) weight(name string, dims []int64, src *source) string {
-	t := &pb.TensorProto{Name: proto.String(name), Dims: dims, DataType: proto.Int32(int32(pb.TensorProto_FLOAT))}
+	dt := b.cfg.elemType()
+	src = src.in(dt)
+	t := &pb.TensorProto{Name: proto.String(name), Dims: dims, DataType: proto.Int32(int32(dt))}
 	if b.cfg.External {
-		b.m.SetDeferred(t, graph.DeferredData{Size: 4 * src.numel(), Write: src.writeTo})
+		b.m.SetDeferred(t, graph.DeferredData{Size: src.elemBytes() * src.numel(), Write: src.writeTo})
 	} else {
 		t.RawData = src.bytes()
 	}
@@ -211,7 +224,10 @@ func (b *builder) weight(name string, dims []int64, src *source) string {
 // router emits view = Reshape(h, [-1, H]), the router Gemm with weight
 // [E, H] (transB=1), its activation, TopK and the optional renormalisation.
 // It returns view, the routing weights [T, k], the expert indices [T, k]
-// and the router logits.
+// and the router logits. In a half-precision model the Gemm computes in
+// the half type and its logits are cast to float32 for the routing, as
+// transformers' softmax(router_logits, dtype=torch.float) exports: the
+// routing weights are float32.
 func (b *builder) router(l int, p, h string) (view, w, idx, logits string) {
 	c := b.cfg
 	E, H := int64(c.Experts), int64(c.Hidden)
@@ -220,11 +236,15 @@ func (b *builder) router(l int, p, h string) (view, w, idx, logits string) {
 	wr := b.weight("model."+p+"mlp.gate.weight", []int64{E, H}, contiguous(k.router, 0, E*H, H, c.Hidden))
 	logits = b.node("Gemm", p+"router_logits", []string{view, wr},
 		graph.FloatAttr("alpha", 1), graph.FloatAttr("beta", 1), graph.IntAttr("transA", 0), graph.IntAttr("transB", 1))
+	lf := logits
+	if c.half() {
+		lf = b.cast(p+"router_logits_float", logits, pb.TensorProto_FLOAT)
+	}
 	var scores string
 	if c.Router == moe.Sigmoid {
-		scores = b.node("Sigmoid", p+"router_scores", []string{logits})
+		scores = b.node("Sigmoid", p+"router_scores", []string{lf})
 	} else {
-		scores = b.node("Softmax", p+"router_scores", []string{logits}, graph.IntAttr("axis", -1))
+		scores = b.node("Softmax", p+"router_scores", []string{lf}, graph.IntAttr("axis", -1))
 	}
 	vals, ids := p+"topk_values", p+"topk_indices"
 	b.g.Node = append(b.g.Node, graph.NewNode("TopK", "", "node_"+p+"topk", []string{scores, b.vec(int64(c.TopK))}, []string{vals, ids},
@@ -235,6 +255,22 @@ func (b *builder) router(l int, p, h string) (view, w, idx, logits string) {
 		w = b.node("Div", p+"routing_weights", []string{vals, sum})
 	}
 	return view, w, ids, logits
+}
+
+// cast emits Cast(x, to) named out.
+func (b *builder) cast(out, x string, to pb.TensorProto_DataType) string {
+	return b.node("Cast", out, []string{x}, graph.IntAttr("to", int64(to)))
+}
+
+// weightsInType casts the float32 routing weights w of a half-precision
+// model to its type (transformers' routing_weights.to(hidden_states.dtype),
+// before the experts' outputs are weighted in that type); w as is for
+// float32.
+func (b *builder) weightsInType(p, w string) string {
+	if !b.cfg.half() {
+		return w
+	}
+	return b.cast(p+"routing_weights_cast", w, b.cfg.elemType())
 }
 
 // swiglu emits silu(g) * u with SiLU written as Sigmoid + Mul.
@@ -302,6 +338,9 @@ func (b *builder) batched(l int, p, h string) string {
 	ds := b.node("Squeeze", p+"down", []string{d, b.vec(-1)})
 	wf := b.node("Reshape", p+"weights_flat", []string{w, b.vec(-1)}, graph.IntAttr("allowzero", 1))
 	wu := b.node("Unsqueeze", p+"weights_col", []string{wf, b.vec(-1)})
+	if c.half() { // the expert outputs are weighted and summed in float32
+		ds = b.cast(p+"down_float", ds, pb.TensorProto_FLOAT)
+	}
 	m := b.node("Mul", p+"weighted", []string{ds, wu})
 	tk := int64(-1)
 	if c.Tokens > 0 {
@@ -309,6 +348,9 @@ func (b *builder) batched(l int, p, h string) string {
 	}
 	m3 := b.node("Reshape", p+"per_slot", []string{m, b.vec(tk, K, H)}, graph.IntAttr("allowzero", 1))
 	y := b.node("ReduceSum", p+"routed", []string{m3, b.vec(1)}, graph.IntAttr("keepdims", 0), graph.IntAttr("noop_with_empty_axes", 0))
+	if c.half() {
+		y = b.cast(p+"routed_cast", y, c.elemType())
+	}
 	return b.shared(l, p, view, y)
 }
 
@@ -323,6 +365,7 @@ func (b *builder) unrolled(l int, p, h string) string {
 	E, H, I := int64(c.Experts), int64(c.Hidden), int64(c.Inter)
 	k := keysFor(c, l)
 	view, w, idx, _ := b.router(l, p, h)
+	w = b.weightsInType(p, w)
 	arange := make([]int64, E)
 	for i := range arange {
 		arange[i] = int64(i)
@@ -378,6 +421,7 @@ func (b *builder) dense(l int, p, h string) string {
 	E, H, I := int64(c.Experts), int64(c.Hidden), int64(c.Inter)
 	k := keysFor(c, l)
 	view, w, idx, logits := b.router(l, p, h)
+	w = b.weightsInType(p, w)
 	q := "model." + p + "mlp."
 	wg := b.weight(q+"w_gate", []int64{E, H, I}, transposedStack(k.gate, E, I, H))
 	wup := b.weight(q+"w_up", []int64{E, H, I}, transposedStack(k.up, E, I, H))

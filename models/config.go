@@ -26,8 +26,10 @@ package models
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
 )
 
@@ -95,7 +97,58 @@ type Config struct {
 	// QuantBlockSize is QMoE's block_size (a power of two >= 16 dividing
 	// Hidden and Inter); 0 means one scale per output row.
 	QuantBlockSize int `json:"quant_block_size,omitempty"`
+	// DType is the element type of the model's input, output, weights and
+	// compute: DTypeFloat32 (the default, also ""), DTypeFloat16 or
+	// DTypeBFloat16. A half-precision model is written the way torch.onnx
+	// exports a model cast to that type: weights stored in it, the router
+	// linear and the experts computing in it, and the routing (activation,
+	// top-k, renormalisation) in float32 between Casts, as transformers
+	// does; see Build.
+	DType string `json:"dtype,omitempty"`
 }
+
+// Element types Config.DType can name.
+const (
+	DTypeFloat32  = "float32"
+	DTypeFloat16  = "float16"
+	DTypeBFloat16 = "bfloat16"
+)
+
+// DTypes lists the valid Config.DType values.
+var DTypes = []string{DTypeFloat32, DTypeFloat16, DTypeBFloat16}
+
+// dtypeAliases maps the short names the CLI accepts to Config.DType values.
+var dtypeAliases = map[string]string{"fp32": DTypeFloat32, "fp16": DTypeFloat16, "bf16": DTypeBFloat16, "float": DTypeFloat32, "half": DTypeFloat16}
+
+// ParseDType returns the Config.DType that s names: fp32, fp16, bf16 or
+// one of DTypes; "" is float32. Anything else is an error naming the
+// accepted values.
+func ParseDType(s string) (string, error) {
+	if s == "" {
+		return DTypeFloat32, nil
+	}
+	if slices.Contains(DTypes, s) {
+		return s, nil
+	}
+	if d, ok := dtypeAliases[s]; ok {
+		return d, nil
+	}
+	return "", fmt.Errorf("dtype %q (want fp32, fp16 or bf16, or float32, float16, bfloat16)", s)
+}
+
+// elemType is the ONNX element type of cfg.DType.
+func (cfg Config) elemType() pb.TensorProto_DataType {
+	switch cfg.DType {
+	case DTypeFloat16:
+		return pb.TensorProto_FLOAT16
+	case DTypeBFloat16:
+		return pb.TensorProto_BFLOAT16
+	}
+	return pb.TensorProto_FLOAT
+}
+
+// half reports whether cfg's model computes in a 16-bit float type.
+func (cfg Config) half() bool { return cfg.elemType() != pb.TensorProto_FLOAT }
 
 // quantBits returns the weight bits of cfg.Quant (0 when not quantized).
 func (cfg Config) quantBits() int {
@@ -109,6 +162,13 @@ func (cfg Config) normalized() (Config, error) {
 		cfg.Router = moe.Softmax
 	}
 	var errs []string
+	if d, err := ParseDType(cfg.DType); err != nil {
+		errs = append(errs, err.Error())
+	} else if d == DTypeFloat32 {
+		cfg.DType = "" // the default: float32 configs keep their JSON
+	} else {
+		cfg.DType = d
+	}
 	switch cfg.Shape {
 	case ShapeBatched, ShapeUnrolled, ShapeDense, ShapeORT:
 	default:
@@ -160,6 +220,12 @@ func (cfg Config) normalized() (Config, error) {
 			errs = append(errs, "quant int4 needs even hidden and inter sizes")
 		}
 	}
+	if cfg.half() && cfg.Quant != "" {
+		errs = append(errs, fmt.Sprintf("quant with dtype %s (com.microsoft::QMoE here takes float32 activations and scales)", cfg.DType))
+	}
+	if cfg.Shape == ShapeORT && cfg.elemType() == pb.TensorProto_BFLOAT16 {
+		errs = append(errs, "shape ort with dtype bfloat16 (ONNX Runtime registers com.microsoft::MoE for float and float16 only, on CPU and CUDA)")
+	}
 	if b := cfg.QuantBlockSize; b != 0 && (cfg.Quant == "" || b < 16 || b&(b-1) != 0 || cfg.Hidden%b != 0 || cfg.Inter%b != 0) {
 		errs = append(errs, fmt.Sprintf("quant block size %d (needs quant, a power of two >= 16 dividing hidden %d and inter %d)", b, cfg.Hidden, cfg.Inter))
 	}
@@ -197,5 +263,6 @@ func Spec(cfg Config) (moe.Spec, error) {
 		SwiGLUAlpha:         1,
 		SharedInter:         cfg.SharedInter,
 		EPSize:              1,
+		IOType:              cfg.DType,
 	}, nil
 }

@@ -377,9 +377,14 @@ func checkORTNode(t *testing.T, m *graph.Model, g *graph.Graph, n *pb.NodeProto,
 // TestExternalMatchesInline writes every shape with external data, reloads
 // it, and compares each initializer's bytes with the inline build.
 func TestExternalMatchesInline(t *testing.T) {
-	for _, shape := range Shapes {
-		t.Run(shape, func(t *testing.T) {
-			cfg := Config{Shape: shape, Layers: 2, Experts: 8, TopK: 2, Hidden: 64, Inter: 32, Normalize: true, Seed: 11}
+	for _, tc := range []struct{ shape, dtype string }{{ShapeBatched, ""}, {ShapeUnrolled, ""}, {ShapeDense, ""}, {ShapeORT, ""},
+		{ShapeBatched, DTypeBFloat16}, {ShapeUnrolled, DTypeFloat16}, {ShapeORT, DTypeFloat16}} {
+		shape := tc.shape
+		t.Run(shape+"/"+tc.dtype, func(t *testing.T) {
+			cfg := Config{Shape: shape, Layers: 2, Experts: 8, TopK: 2, Hidden: 64, Inter: 32, Normalize: true, Seed: 11, DType: tc.dtype}
+			if tc.dtype != "" {
+				cfg.Inter = 48 // a gate_up of 49,152 half values streams in two chunks
+			}
 			if shape != ShapeORT {
 				cfg.SharedInter = 16
 			}
@@ -673,4 +678,71 @@ func TestValueRange(t *testing.T) {
 			t.Errorf("fan-in %d: values in [%g, %g] mean %g, want within [-%g, %g) and centred", h, lo, hi, sum/n, bound, bound)
 		}
 	}
+}
+
+// TestHalfDTypeDetected: a model generated in float16 or bfloat16 stores
+// every weight in that type, declares its input and output so, and the
+// detector finds each block with the generator's spec (io_type the type)
+// and its rounded weights, bit for bit, in every exporter shape.
+func TestHalfDTypeDetected(t *testing.T) {
+	for _, dt := range []string{DTypeFloat16, DTypeBFloat16} {
+		for _, shape := range []string{ShapeBatched, ShapeUnrolled, ShapeDense} {
+			cfg := Config{Shape: shape, Layers: 1, Experts: 8, TopK: 2, Hidden: 64, Inter: 32, SharedInter: 48, Normalize: true, Seed: 5, DType: dt}
+			t.Run(dt+"/"+shape, func(t *testing.T) {
+				m, err := Build(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				et := cfg.elemType()
+				for _, ti := range m.Proto.Graph.Initializer {
+					if len(ti.GetDims()) >= 2 && graph.DataType(ti) != et {
+						t.Errorf("weight %q is %s, want %s", ti.GetName(), graph.DataType(ti), et)
+					}
+				}
+				for _, vi := range append(m.Proto.Graph.Input, m.Proto.Graph.Output...) {
+					if got := pb.TensorProto_DataType(vi.GetType().GetTensorType().GetElemType()); got != et {
+						t.Errorf("%s declared %s, want %s", vi.GetName(), got, et)
+					}
+				}
+				det, err := passes.Detect(m)
+				if err != nil || len(det.Blocks) != 1 {
+					t.Fatalf("detect: %v, %d blocks, near-misses %v", err, len(det.Blocks), det.NearMiss)
+				}
+				want, err := Spec(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want.IOType != dt {
+					t.Fatalf("Spec io_type %q, want %q", want.IOType, dt)
+				}
+				b := det.Blocks[0]
+				if !reflect.DeepEqual(b.Spec, want) {
+					t.Fatalf("spec\n got %+v\nwant %+v", b.Spec, want)
+				}
+				w, err := b.W.Materialize(m, &b.Spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				gen, err := Weights(cfg, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(w.Gate, gen.Gate) || !reflect.DeepEqual(w.Down, gen.Down) || !reflect.DeepEqual(w.SharedUp, gen.SharedUp) {
+					t.Fatal("materialised weights differ from the generator's rounded ones")
+				}
+				for _, v := range gen.Gate[:64] {
+					if r := roundCopy(et, v); r != v {
+						t.Fatalf("generator weight %g is not a %s value (%g)", v, dt, r)
+					}
+				}
+			})
+		}
+	}
+}
+
+// roundCopy is v rounded to et.
+func roundCopy(et pb.TensorProto_DataType, v float32) float32 {
+	s := []float32{v}
+	roundTo(et, s)
+	return s[0]
 }

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/moe"
 )
@@ -67,9 +69,32 @@ type source struct {
 	rows, rowLen int64
 	step         float32
 	row          func(r int64) (key uint64, start, stride int64)
+	// enc, when set, stores each element as the 16 bits it returns (a
+	// float16 or bfloat16 rounding) instead of as float32.
+	enc func(float32) uint16
 }
 
 func (s *source) numel() int64 { return s.rows * s.rowLen }
+
+// elemBytes is the stored size of one element: 4, or 2 with enc.
+func (s *source) elemBytes() int64 {
+	if s.enc != nil {
+		return 2
+	}
+	return 4
+}
+
+// in returns s storing its elements in element type dt: float32 as is,
+// float16 or bfloat16 rounded to nearest even.
+func (s *source) in(dt pb.TensorProto_DataType) *source {
+	switch dt {
+	case pb.TensorProto_FLOAT16:
+		s.enc = graph.Float32ToHalf
+	case pb.TensorProto_BFLOAT16:
+		s.enc = graph.Float32ToBFloat16
+	}
+	return s
+}
 
 // fill writes physical elements off .. off+len(dst)-1 into dst.
 func (s *source) fill(dst []float32, off int64) {
@@ -82,9 +107,19 @@ func (s *source) fill(dst []float32, off int64) {
 	})
 }
 
-// fillBytes writes physical elements off .. off+len(dst)/4-1 into dst as
-// little-endian float32.
+// fillBytes writes physical elements off .. off+len(dst)/elemBytes-1 into
+// dst as little-endian float32, or as 16-bit floats with enc.
 func (s *source) fillBytes(dst []byte, off int64) {
+	if s.enc != nil {
+		s.walk(off, int64(len(dst)/2), func(i int, key uint64, idx, stride int64, n int) {
+			out := dst[2*i : 2*(i+n)]
+			for t := 0; t < len(out); t += 2 {
+				binary.LittleEndian.PutUint16(out[t:], s.enc(value(key, idx, s.step)))
+				idx += stride
+			}
+		})
+		return
+	}
 	s.walk(off, int64(len(dst)/4), func(i int, key uint64, idx, stride int64, n int) {
 		out := dst[4*i : 4*(i+n)]
 		for t := 0; t < len(out); t += 4 {
@@ -118,10 +153,10 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, chunkBytes); retur
 // GOMAXPROCS+1 pooled buffers per tensor) while earlier ones are written, so
 // generation overlaps the writes and uses every core.
 func (s *source) writeTo(w io.Writer) error {
-	n := s.numel()
-	per := int64(chunkBytes / 4)
+	n, eb := s.numel(), s.elemBytes()
+	per := chunkBytes / eb
 	chunks := (n + per - 1) / per
-	size := func(c int64) int { return int(4 * min(per, n-c*per)) }
+	size := func(c int64) int { return int(eb * min(per, n-c*per)) }
 	if chunks <= 1 {
 		bp := chunkPool.Get().(*[]byte)
 		defer chunkPool.Put(bp)
@@ -171,7 +206,7 @@ func (s *source) writeTo(w io.Writer) error {
 
 // bytes generates the whole tensor's raw data.
 func (s *source) bytes() []byte {
-	raw := make([]byte, 4*s.numel())
+	raw := make([]byte, s.elemBytes()*s.numel())
 	s.fillBytes(raw, 0)
 	return raw
 }
@@ -211,6 +246,22 @@ func gateUp(gate, up uint64, e, i, h int64, interleaved bool) *source {
 	}}
 }
 
+// roundTo rounds v in place to element type dt (float16 or bfloat16, to
+// nearest even; float32 leaves it as is): the values a model storing them
+// in dt computes with.
+func roundTo(dt pb.TensorProto_DataType, v []float32) {
+	switch dt {
+	case pb.TensorProto_FLOAT16:
+		for i, x := range v {
+			v[i] = graph.HalfToFloat32(graph.Float32ToHalf(x))
+		}
+	case pb.TensorProto_BFLOAT16:
+		for i, x := range v {
+			v[i] = graph.BFloat16ToFloat32(graph.Float32ToBFloat16(x))
+		}
+	}
+}
+
 // keys of one layer's logical tensors.
 type layerKeys struct{ router, gate, up, down, sGate, sUp, sDown uint64 }
 
@@ -237,6 +288,7 @@ func Weights(cfg Config, layer int) (*moe.Weights, error) {
 	gen := func(key uint64, n, fanIn int64) []float32 {
 		f := make([]float32, n)
 		contiguous(key, 0, n, fanIn, int(fanIn)).fill(f, 0)
+		roundTo(cfg.elemType(), f)
 		return f
 	}
 	w := &moe.Weights{

@@ -11,8 +11,9 @@ import (
 )
 
 // elemType returns v's element type: declared, an initializer's, or
-// followed back through shape ops to a Cast or a declared value; UNDEFINED
-// when it cannot be told.
+// followed back through shape ops and ops whose result has their first
+// input's type to a Cast or a declared value; UNDEFINED when it cannot be
+// told.
 func (c *ctx) elemType(v string) pb.TensorProto_DataType {
 	c.declare()
 	for steps := 0; steps < 64; steps++ {
@@ -30,6 +31,11 @@ func (c *ctx) elemType(v string) pb.TensorProto_DataType {
 		case "Cast":
 			return pb.TensorProto_DataType(graph.AttrInt(p, "to", 0))
 		case "Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand", "Transpose":
+			v = p.Input[0]
+		case "ReduceSum", "Mul", "Add", "Sub", "Div", "MatMul", "Gemm", "Sigmoid", "Softmax", "Neg", "Concat", "GatherND", "ScatterND", "ScatterElements":
+			// the result has the type of the first input (ONNX's type
+			// constraint T): an export without value_info (TorchScript, a
+			// generated model) still tells a half-precision sum
 			v = p.Input[0]
 		default:
 			return pb.TensorProto_UNDEFINED

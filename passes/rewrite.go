@@ -92,6 +92,15 @@ type Fused struct {
 	Overload     string `json:"overload"`
 	NodesRemoved int    `json:"nodes_removed"`
 	InitsRemoved int    `json:"initializers_removed"`
+	// CheckPrecision is the half type (float16, bfloat16) the block's
+	// original computes in, which its numerical check compares at, with
+	// CheckRTol, the relative tolerance of that type (eval.HalfTolerance;
+	// the absolute one is that fraction of the output's peak) and
+	// CheckTolerance, how it is made; empty for float32 blocks, which use
+	// CheckTolerance.
+	CheckPrecision string  `json:"check_precision,omitempty"`
+	CheckRTol      float64 `json:"check_rtol,omitempty"`
+	CheckTolerance string  `json:"check_tolerance,omitempty"`
 }
 
 // Report is the result of Rewrite.
@@ -358,5 +367,10 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTens
 	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s, TracedExperts: b.TracedExperts, SourceType: sourceType(b)}
 	js, _ := json.Marshal(prov)
 	m.SetMetadata(ProvenanceKey+name, string(js))
-	return &Fused{Block: b, Node: name, Variant: s.Variant(), Overload: s.Overload(), NodesRemoved: len(removedNodes), InitsRemoved: len(removedInits)}, nil
+	f := &Fused{Block: b, Node: name, Variant: s.Variant(), Overload: s.Overload(), NodesRemoved: len(removedNodes), InitsRemoved: len(removedInits)}
+	if dt := computeType(b, s.IOElemType()); dt != pb.TensorProto_FLOAT {
+		f.CheckRTol, _ = eval.HalfTolerance(dt)
+		f.CheckPrecision, f.CheckTolerance = strings.ToLower(dt.String()), eval.HalfToleranceText(dt)
+	}
+	return f, nil
 }

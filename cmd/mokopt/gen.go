@@ -31,6 +31,7 @@ func newGenCmd() *cobra.Command {
 	var cfg models.Config
 	var out string
 	var inline, asJSON bool
+	var dtype string
 	var epg epGenFlags
 	c := &cobra.Command{
 		Use:   "gen -o FILE",
@@ -50,6 +51,10 @@ SwiGLU experts in the shape one exporter writes:
             no shared expert); with --quant int8|int4 one com.microsoft::QMoE
             node (quantized interleaved fc1 and fc2 with float scales)
 
+--dtype fp16 or bf16 writes the model as torch.onnx exports one cast to that
+type: input, output and weights in it, the router linear and the experts
+computing in it, the routing between Casts in float32.
+
 The same flags always give the same bytes; the same flags with another shape
 give a model computing the same function. Weights are streamed into FILE.data
 unless --inline.`,
@@ -62,6 +67,13 @@ unless --inline.`,
 				return usageErr(errors.New("--json and -o - would share standard output"))
 			}
 			cfg.External = !inline && out != mokopt.Stdio // a stream carries one file: weights inline
+			dt, err := models.ParseDType(dtype)
+			if err != nil {
+				return usageErr(err)
+			}
+			if cfg.DType = dt; dt == models.DTypeFloat32 {
+				cfg.DType = ""
+			}
 			if err := genPrecheck(cfg); err != nil {
 				return err
 			}
@@ -110,8 +122,8 @@ unless --inline.`,
 			if out == mokopt.Stdio {
 				w = c.ErrOrStderr() // standard output holds the model
 			}
-			fmt.Fprintf(w, "%s: %s, %d layers, E=%d k=%d H=%d I=%d: %d nodes, %d initializers, %d initializer bytes (%s), %.1fs\n",
-				out, cfg.Shape, cfg.Layers, cfg.Experts, cfg.TopK, cfg.Hidden, cfg.Inter, s.Nodes, s.Initializers, s.InitializerBytes, where, s.Seconds)
+			fmt.Fprintf(w, "%s: %s %s, %d layers, E=%d k=%d H=%d I=%d: %d nodes, %d initializers, %d initializer bytes (%s), %.1fs\n",
+				out, cfg.Shape, dt, cfg.Layers, cfg.Experts, cfg.TopK, cfg.Hidden, cfg.Inter, s.Nodes, s.Initializers, s.InitializerBytes, where, s.Seconds)
 			return nil
 		},
 	}
@@ -130,6 +142,7 @@ unless --inline.`,
 	f.BoolVar(&cfg.ORTSwiGLU, "ort-swiglu", false, "ort: activation_type swiglu with an interleaved fused fc1 (swiglu_fusion=1) instead of silu with fc1/fc3")
 	f.StringVar(&cfg.Quant, "quant", "", "ort: int8 or int4 expert weights in a com.microsoft::QMoE node")
 	f.IntVar(&cfg.QuantBlockSize, "quant-block-size", 0, "ort --quant: block-wise scales over N inputs (power of two >= 16; 0: one scale per row)")
+	f.StringVar(&dtype, "dtype", "fp32", "element type of input, output, weights and compute: fp32, fp16 or bf16")
 	f.BoolVar(&inline, "inline", false, "store the weights inside FILE (2 GiB protobuf limit) instead of FILE.data (always with -o -)")
 	f.StringVarP(&out, "output", "o", "", "output model path")
 	f.BoolVar(&asJSON, "json", false, "machine-readable output")

@@ -159,6 +159,9 @@ func printRewrite(w, errw io.Writer, in, out string, rep *passes.Report) {
 		if f.Block.Scope != "" {
 			fmt.Fprintf(w, "    in %s\n", f.Block.Scope)
 		}
+		if f.CheckPrecision != "" {
+			fmt.Fprintf(w, "    checked at %s precision: %s, atol that fraction of the output's peak\n", f.CheckPrecision, f.CheckTolerance)
+		}
 	}
 	for _, n := range rep.NearMiss {
 		fmt.Fprintf(w, "  not fused %s: %s\n", n.Node, n.Reason)

@@ -83,6 +83,8 @@ func TestUsageExitCodes(t *testing.T) {
 		{[]string{"gen", "x", "-o", out}, `unknown command "x"`},
 		{[]string{"gen", "-o", out, "--experts", "x"}, `invalid argument "x"`},
 		{[]string{"gen", "-o", out, "--shape", "weird"}, "shape"},
+		{[]string{"gen", "-o", out, "--dtype", "fp8"}, `dtype "fp8" (want fp32, fp16 or bf16`},
+		{[]string{"gen", "-o", out, "--shape", "ort", "--dtype", "bf16"}, "float and float16 only"},
 		{[]string{"gen", "-o", "-", "--json"}, "share standard output"},
 	}
 	for _, tc := range cases {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
@@ -95,18 +96,49 @@ func Compare(got, want *Tensor, rtol, atol float64) (Diff, error) {
 	return d, nil
 }
 
-// HalfTolerance is the relative tolerance a comparison gives float16 (1e-2)
-// and bfloat16 (4e-2) values: the precision their 11 and 8 significant bits
-// carry, so that a graph that computes in float32 where another rounds every
-// step to the half type still compares equal. Callers also scale an
-// absolute tolerance by it (that fraction of the values' magnitude). ok is
-// false for other types.
-func HalfTolerance(dt pb.TensorProto_DataType) (rel float64, ok bool) {
+// UnitRoundoff is the largest relative error of one rounding to type dt,
+// nearest even: 2^-11 for float16 (11 significant bits), 2^-8 for bfloat16
+// (8), 2^-24 for float32; 0 for other types.
+func UnitRoundoff(dt pb.TensorProto_DataType) float64 {
 	switch dt {
 	case pb.TensorProto_FLOAT16:
-		return 1e-2, true
+		return 0x1p-11
 	case pb.TensorProto_BFLOAT16:
-		return 4e-2, true
+		return 0x1p-8
+	case pb.TensorProto_FLOAT:
+		return 0x1p-24
+	}
+	return 0
+}
+
+// HalfULPs is how many unit roundoffs of its type a half-precision
+// comparison allows: an MoE block's output passes through about ten
+// roundings in series (router linear, gate/up product, sigmoid, two
+// products, down product, weighting, sum, casts), each off by up to one
+// unit roundoff of the values it rounds, so a graph that computes in
+// float32 where another rounds every op to the half type differs by that
+// many, relative to the output's magnitude.
+const HalfULPs = 10
+
+// HalfTolerance is the relative tolerance a comparison gives float16 and
+// bfloat16 values: HalfULPs unit roundoffs of the type, 10 x 2^-11 =
+// 0.0049 for float16 and 10 x 2^-8 = 0.039 for bfloat16. Callers also
+// scale an absolute tolerance by it (that fraction of the values'
+// magnitude). ok is false for other types.
+func HalfTolerance(dt pb.TensorProto_DataType) (rel float64, ok bool) {
+	switch dt {
+	case pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16:
+		return HalfULPs * UnitRoundoff(dt), true
 	}
 	return 0, false
+}
+
+// HalfToleranceText says how HalfTolerance(dt) is made, for reports:
+// "rtol 0.039 = 10 x 2^-8, bfloat16's unit roundoff"; "" for other types.
+func HalfToleranceText(dt pb.TensorProto_DataType) string {
+	rel, ok := HalfTolerance(dt)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("rtol %.2g = %d x 2^%d, %s's unit roundoff", rel, HalfULPs, math.Ilogb(UnitRoundoff(dt)), strings.ToLower(dt.String()))
 }

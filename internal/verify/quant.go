@@ -144,8 +144,7 @@ func halfMode(opt *Options, r *Report, ms ...*graph.Model) {
 		}
 		if dt, ok := halfWeights(m); ok {
 			opt.halfCompute = dt
-			rel, _ := eval.HalfTolerance(dt)
-			r.Notes = append(r.Notes, fmt.Sprintf("%s computes at %s precision (its weights, or those its fused nodes replaced, are stored so): float outputs are compared at that precision (rtol %g, atol %g of the output's largest magnitude); --elementwise keeps --rtol/--atol", m.Name(), strings.ToLower(dt.String()), rel, rel))
+			r.Notes = append(r.Notes, fmt.Sprintf("%s computes at %s precision (its weights, or those its fused nodes replaced, are stored so): float outputs are compared at that precision (%s; atol that fraction of the output's largest magnitude); --elementwise keeps --rtol/--atol", m.Name(), strings.ToLower(dt.String()), eval.HalfToleranceText(dt)))
 			return
 		}
 	}

@@ -54,8 +54,8 @@ type Options struct {
 	// Eval is passed to eval.Run (memory limit, threads, ...).
 	Eval eval.Options
 	// Exact keeps RTol and ATol for half-precision (float16, bfloat16)
-	// outputs too; by default those are compared within 1e-2 (float16) or
-	// 4e-2 (bfloat16) relative and that fraction of the output's largest
+	// outputs too; by default those are compared within eval.HalfTolerance
+	// (0.0049 float16, 0.039 bfloat16) relative and that fraction of the output's largest
 	// magnitude absolute, the precision the type carries. Exact also keeps
 	// the element-wise comparison for models holding MXFP8 weights.
 	Exact bool

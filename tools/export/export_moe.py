@@ -6,6 +6,7 @@ The graphs are what real export pipelines produce; nobody on the project wrote
 them. Runs where torch + transformers + onnx + onnxruntime are installed.
 
 usage: python3 export_moe.py OUTDIR [family ...]
+       python3 export_moe.py --half OUTDIR [family ...]   (float16 and bfloat16 blocks; see half_main)
 Importable: the block classes, fams(), find_moe, First, set_sizes, set_experts_impl and
 save_case are reused by export_producers.py; importing runs nothing.
 Sizes and modes come from the environment: MOE_H (hidden, 64), MOE_I (intermediate, 128),
@@ -231,5 +232,180 @@ def main():
     print("done")
 
 
+HALF_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
+
+
+def _strip(m):
+    """Drop node doc strings and node metadata (the exporter's stack traces with local paths)."""
+    def walk(g):
+        for n in g.node:
+            n.doc_string = ""
+            del n.metadata_props[:]
+            for a in n.attribute:
+                if a.g is not None and a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g)
+    walk(m.graph)
+    for f in m.functions:
+        for n in f.node:
+            n.doc_string = ""
+            del n.metadata_props[:]
+
+
+def _f32_edges(m):
+    """A copy of model m whose float16/bfloat16 graph inputs and outputs are float32 with a Cast
+    beside each (exact both ways for values of the half type), so ONNX Runtime's Python API, which
+    has no bfloat16 arrays, can feed and read the model; the graph between the casts is m's."""
+    m = onnx.ModelProto.FromString(m.SerializeToString())
+    g = m.graph
+    half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    pre, post = [], []
+    for vi in g.input:
+        et = vi.type.tensor_type.elem_type
+        if et in half:
+            inner = vi.name + "__half"
+            for n in list(g.node):
+                n.input[:] = [inner if x == vi.name else x for x in n.input]
+            pre.append(onnx.helper.make_node("Cast", [vi.name], [inner], to=et))
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    for vo in g.output:
+        et = vo.type.tensor_type.elem_type
+        if et in half:
+            inner = vo.name + "__half"
+            for n in g.node:
+                n.output[:] = [inner if x == vo.name else x for x in n.output]
+                n.input[:] = [inner if x == vo.name else x for x in n.input]
+            post.append(onnx.helper.make_node("Cast", [inner], [vo.name], to=onnx.TensorProto.FLOAT))
+            vo.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    nodes = pre + list(g.node) + post
+    del g.node[:]
+    g.node.extend(nodes)
+    return m
+
+
+def _ort_run(m, feeds, eps):
+    """Run model m (float32 edges) on the first EP of eps that takes it, with no CPU fallback
+    for the CUDA EP. Returns (outputs, EP name, errors of the EPs tried before)."""
+    errs = {}
+    for ep in eps:
+        try:
+            so = ort.SessionOptions()
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+            sess = ort.InferenceSession(m.SerializeToString(), so, providers=[ep])
+            return sess.run(None, feeds), ep, errs
+        except Exception as e:
+            errs[ep] = repr(e)[:300]
+    raise RuntimeError(f"no EP ran the model: {errs}")
+
+
+def _half_tensor(a, name, et):
+    """A FLOAT16 or BFLOAT16 TensorProto holding float32 array a, whose values are of that type."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if et == onnx.TensorProto.FLOAT16:
+        return numpy_helper.from_array(a.astype(np.float16), name)
+    bits = (a.view(np.uint32) >> 16).astype("<u2")
+    assert np.array_equal((bits.astype(np.uint32) << 16).view(np.float32), a), "not bfloat16 values"
+    t = onnx.TensorProto(name=name, data_type=et, dims=list(a.shape))
+    t.raw_data = bits.tobytes()
+    return t
+
+
+def _probe_ort_moe():
+    """Which EPs of this ONNX Runtime run com.microsoft::MoE with T = float16 / bfloat16."""
+    from onnx import helper
+    res = {}
+    h, e, i = 16, 2, 16
+    for name, et in (("float16", onnx.TensorProto.FLOAT16), ("bfloat16", onnx.TensorProto.BFLOAT16)):
+        rng = np.random.default_rng(0)
+        def init(n, shape):
+            a = torch.from_numpy(rng.standard_normal(shape).astype(np.float32) * 0.1)
+            a = a.to(torch.float16 if name == "float16" else torch.bfloat16).float().numpy()
+            return _half_tensor(a, n, et)
+        node = helper.make_node("MoE", ["x", "r", "fc1", "", "fc2"], ["y"], domain="com.microsoft", k=1,
+                                activation_type="silu", normalize_routing_weights=1)
+        g = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", et, [4, h]), helper.make_tensor_value_info("r", et, [4, e])],
+                              [helper.make_tensor_value_info("y", et, [4, h])], [init("fc1", [e, i, h]), init("fc2", [e, h, i])])
+        m = _f32_edges(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)], ir_version=10))
+        feeds = {"x": rng.standard_normal((4, h)).astype(np.float32), "r": rng.standard_normal((4, e)).astype(np.float32)}
+        for ep in ("CPUExecutionProvider", "CUDAExecutionProvider"):
+            try:
+                _ort_run(m, feeds, [ep])
+                res[f"{name}/{ep}"] = "ok"
+            except Exception as ex:
+                res[f"{name}/{ep}"] = repr(ex)[:300]
+    return res
+
+
+def half_main():
+    """Export the MoE block of each family in float16 and bfloat16 (the module cast with .to(dtype),
+    the dynamo exporter, batched_mm experts), with ONNX Runtime outputs on two random inputs as
+    golden data, and manifest.json recording which EP computed each case's goldens. ONNX Runtime
+    runs the exported graph between exact float32 Casts at its edges (_f32_edges: its Python API
+    has no bfloat16 arrays); the CPU EP is tried first, the CUDA EP (no CPU fallback) where the
+    CPU EP lacks a kernel, as it does for most bfloat16 ops."""
+    OUT = sys.argv[2]
+    ONLY = set(sys.argv[3:])
+    os.makedirs(OUT, exist_ok=True)
+    set_sizes(H=int(os.environ.get("MOE_H", 32)), I=int(os.environ.get("MOE_I", 64)), MI=int(os.environ.get("MOE_MI", 32)),
+              E=int(os.environ.get("MOE_E", 4)), K=int(os.environ.get("MOE_K", 2)), L=1)
+    manifest = {"versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                             "onnx": onnx.__version__, "onnxruntime": ort.__version__},
+                "sizes": {"H": H, "I": I, "MI": MI, "E": E, "K": K}, "ort_moe_kernels": _probe_ort_moe(), "cases": []}
+    print("ort MoE kernels:", manifest["ort_moe_kernels"], flush=True)
+    for fam, mkcfg, clsname in fams():
+        if fam not in HALF_FAMILIES or (ONLY and fam not in ONLY):
+            continue
+        for dt in (torch.float16, torch.bfloat16):
+            dname = str(dt).split(".")[-1]
+            tag = f"{fam}_block_dynamo_{dname}"
+            rec = {"case": tag, "family": fam, "dtype": dname, "experts_implementation": "batched_mm"}
+            t0 = time.time()
+            try:
+                torch.manual_seed(0)
+                model = getattr(transformers, clsname)(mkcfg()).eval()
+                set_experts_impl(model, "batched_mm")
+                name, moe = find_moe(model)
+                moe = moe.to(dt)
+                rec["moe_module"], rec["moe_class"] = name, type(moe).__name__
+                p = os.path.join(OUT, tag + ".onnx")
+                xs = [torch.randn(2, 8, H).to(dt) for _ in range(2)]
+                with torch.no_grad():
+                    torch.onnx.export(First(moe), (xs[0],), p, input_names=["hidden_states"], output_names=["moe_out"],
+                                      dynamo=True, opset_version=18, external_data=False)
+                    refs = [First(moe)(x).float().numpy() for x in xs]
+                m = onnx.load(p)
+                _strip(m)
+                onnx.save(m, p)
+                ops = {}
+                for n in m.graph.node:
+                    ops[n.op_type] = ops.get(n.op_type, 0) + 1
+                rec.update(nodes=len(m.graph.node), ops=ops, bytes=os.path.getsize(p), sets=[])
+                et = onnx.TensorProto.FLOAT16 if dt == torch.float16 else onnx.TensorProto.BFLOAT16
+                wrapped = _f32_edges(m)
+                for si, x in enumerate(xs):
+                    xin = x.float().numpy()
+                    outs, ep, errs = _ort_run(wrapped, {"hidden_states": xin}, ["CPUExecutionProvider", "CUDAExecutionProvider"])
+                    got = np.asarray(outs[0], dtype=np.float32)
+                    d = os.path.join(OUT, tag + "_data", f"test_data_set_{si}")
+                    os.makedirs(d, exist_ok=True)
+                    open(os.path.join(d, "input_0.pb"), "wb").write(_half_tensor(xin, "hidden_states", et).SerializeToString())
+                    open(os.path.join(d, "output_0.pb"), "wb").write(_half_tensor(got, "moe_out", et).SerializeToString())
+                    rec["sets"].append({"ep": ep, "eps_refused": errs,
+                                        "max_abs_err_vs_torch": float(np.abs(got - refs[si]).max()),
+                                        "max_abs_out": float(np.abs(refs[si]).max())})
+                rec["s"] = round(time.time() - t0, 1)
+                print(tag, "OK", rec["nodes"], "nodes", [(s["ep"], s["max_abs_err_vs_torch"]) for s in rec["sets"]], flush=True)
+            except Exception as e:
+                c = e
+                while c.__cause__ is not None: c = c.__cause__
+                rec["error"] = repr(c)[:1200]
+                print(tag, "FAIL", repr(c)[:600], flush=True)
+            manifest["cases"].append(rec)
+    json.dump(manifest, open(os.path.join(OUT, "manifest.json"), "w"), indent=1)
+    print("done")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--half":
+        half_main()
+    else:
+        main()
