@@ -21,12 +21,7 @@ import "slices"
 // ops alone: neither they nor any node of the region they depend on is a
 // MatMul/Gemm with a constant weight.
 func (c *ctx) inputOnly(region []int32) map[int32]bool {
-	ps := slices.Clone(region)
-	slices.Sort(ps)
-	in := make(map[int32]bool, len(ps))
-	for _, p := range ps {
-		in[p] = true
-	}
+	ps, in := sortedSet(region)
 	d := c.d
 	weighted := map[int32]bool{}
 	only := map[int32]bool{}
@@ -44,4 +39,15 @@ func (c *ctx) inputOnly(region []int32) map[int32]bool {
 		}
 	}
 	return only
+}
+
+// sortedSet returns the positions ps sorted (a copy) and as a set.
+func sortedSet(ps []int32) ([]int32, map[int32]bool) {
+	ps = slices.Clone(ps)
+	slices.Sort(ps)
+	in := make(map[int32]bool, len(ps))
+	for _, p := range ps {
+		in[p] = true
+	}
+	return ps, in
 }
