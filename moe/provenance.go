@@ -20,6 +20,10 @@ type Provenance struct {
 	// TracedExperts is non-zero when the block was restored from a trace
 	// that computed only that many experts.
 	TracedExperts int `json:"traced_experts,omitempty"`
+	// NullExperts is non-zero when the last NullExperts of the spec's
+	// experts are null experts of the original router, held as zero
+	// weights.
+	NullExperts int `json:"null_experts,omitempty"`
 	// SourceType is the element type the replaced weights were stored in
 	// when that was a half type ("float16" or "bfloat16"): the original
 	// block computed at that precision, and the fused node, which takes

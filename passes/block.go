@@ -125,6 +125,9 @@ func (c *ctx) analyze(tk *pb.NodeProto) (*Block, error) {
 		return nil, err
 	}
 	b.Kind = kind
+	if err := padNullExperts(plan, b.NullExperts); err != nil { // nullexperts.go
+		return nil, rejectf("null experts: %v", err)
+	}
 	if sharedVal != "" {
 		if err := c.sharedExpert(sharedVal, x0, &s, plan); err != nil {
 			return nil, err

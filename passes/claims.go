@@ -41,8 +41,10 @@ func (c *ctx) blockPos(b *Block) []int32 {
 	return ps
 }
 
-// dropOverlaps refuses every pair of blocks whose regions share a node:
-// fusing both would delete nodes the other's fused node stands for (the
+// dropOverlaps refuses every pair of blocks whose regions share a node
+// that one of them computes after a weight (a node both only read, the
+// input's common reshape, is shared: see sharedfront.go): fusing both
+// would delete nodes the other's fused node stands for (the
 // detector's boundaries keep blocks apart, chained ones included, so this
 // only fails closed on a graph they misjudge). Both are refused, so that
 // the outcome does not depend on which was found first.
@@ -52,13 +54,24 @@ func (c *ctx) dropOverlaps(det *Detection) {
 	}
 	owner := make(map[int32]int, 0)
 	bad := make([]int, len(det.Blocks)) // 1 + the index of a block it overlaps
+	only := make([]map[int32]bool, len(det.Blocks))
 	for i, b := range det.Blocks {
-		for _, p := range c.blockPos(b) {
-			if j, ok := owner[p]; ok && j != i {
-				bad[i], bad[j] = j+1, i+1
+		ps := c.blockPos(b)
+		for _, p := range ps {
+			j, ok := owner[p]
+			if !ok || j == i {
+				owner[p] = i
 				continue
 			}
-			owner[p] = i
+			if only[i] == nil {
+				only[i] = c.inputOnly(ps) // sharedfront.go
+			}
+			if only[j] == nil {
+				only[j] = c.inputOnly(c.blockPos(det.Blocks[j]))
+			}
+			if !only[i][p] || !only[j][p] {
+				bad[i], bad[j] = j+1, i+1
+			}
 		}
 	}
 	kept := det.Blocks[:0]

@@ -50,6 +50,12 @@ type Block struct {
 	// contributions of experts past the first TracedExperts hit.
 	TracedExperts int `json:"traced_experts,omitempty"`
 
+	// NullExperts, when non-zero, says that the last NullExperts of the
+	// router's Spec.NumExperts outputs are null experts: the graph has no
+	// expert for them and their selections contribute nothing, and the
+	// fused node holds zero weights for them (see nullexperts.go).
+	NullExperts int `json:"null_experts,omitempty"`
+
 	// RouterLogits, when set, names the value of the router's logits that
 	// the fused node's optional second output takes over: values computed
 	// from them are also read outside the block (see logits.go).

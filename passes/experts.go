@@ -370,6 +370,9 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 			}
 		}
 		if len(missing) > 0 {
+			b.NullExperts = c.nullExperts(b, tk, seen, E) // nullexperts.go
+		}
+		if len(missing) > 0 && b.NullExperts == 0 {
 			return "", rejectf("expert(s) %s missing from the graph: %d of %d experts have compute (a trace that baked in only the experts hit at trace time, or router outputs without expert weights, such as zero-computation experts, which ai.mok::MoE cannot express)", strings.Join(missing, ", "), len(branches), E)
 		}
 	}

@@ -387,22 +387,9 @@ func TestOverlappingBlocksRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Blocks name the nodes of the graph detection searched: the
-	// canonical working copy when canonicalization changes the model
-	// (its nodes are messages of its own, new on each call), else the
-	// model itself. Detect's steps are run here over one such view, so
-	// that the blocks and the context share it.
-	view, _, _ := canonicalView(context.Background(), m)
-	if view == nil {
-		view = m
-	}
-	det, err := detectIn(view, view.Graph(), DetectOptions{})
-	if err != nil || len(det.Blocks) != 1 {
-		t.Fatalf("detect: %v", err)
-	}
-	c, err := newCtx(view, view.Graph())
-	if err != nil {
-		t.Fatal(err)
+	c, det := detectView(t, m)
+	if len(det.Blocks) != 1 {
+		t.Fatalf("detect: %d blocks", len(det.Blocks))
 	}
 	b := det.Blocks[0]
 	half := &Block{TopK: b.TopK, Output: "other", Region: b.Region[len(b.Region)/2:]}
@@ -418,4 +405,27 @@ func TestOverlappingBlocksRefused(t *testing.T) {
 	if len(d.Blocks) != 1 {
 		t.Fatal("a lone block was dropped")
 	}
+}
+
+// detectView runs detection on m and returns it with a context over the
+// same graph. Blocks name the nodes of the graph detection searched: the
+// canonical working copy when canonicalization changes the model (its
+// nodes are messages of its own, new on each call), else the model
+// itself. Detect's steps are run here over one such view, so that the
+// blocks and the context share it.
+func detectView(t *testing.T, m *graph.Model) (*ctx, *Detection) {
+	t.Helper()
+	view, _, _ := canonicalView(context.Background(), m)
+	if view == nil {
+		view = m
+	}
+	det, err := detectIn(view, view.Graph(), DetectOptions{})
+	if err != nil {
+		t.Fatalf("detect: %v", err)
+	}
+	c, err := newCtx(view, view.Graph())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, det
 }

@@ -364,7 +364,7 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTens
 	}
 	// Remove the region's nodes that are now dead, and the initializers only they read.
 	removedNodes, removedInits := dc.removeDeadIn(b.Region)
-	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s, TracedExperts: b.TracedExperts, SourceType: sourceType(b)}
+	prov := Provenance{Node: name, Kind: b.Kind, Nodes: removedNodes, Initializers: removedInits, Spec: *s, TracedExperts: b.TracedExperts, NullExperts: b.NullExperts, SourceType: sourceType(b)}
 	js, _ := json.Marshal(prov)
 	m.SetMetadata(ProvenanceKey+name, string(js))
 	f := &Fused{Block: b, Node: name, Variant: s.Variant(), Overload: s.Overload(), NodesRemoved: len(removedNodes), InitsRemoved: len(removedInits)}

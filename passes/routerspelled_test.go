@@ -20,10 +20,10 @@ func TestSpelledRouters(t *testing.T) {
 		"router_sigmoid_hand_cbias_deepseek_torchscript", "router_sigmoid_norm_eps_deepseek_dynamo",
 		"router_softmax_after_topk_mixtral_dynamo", "router_softmax_explogsoftmax_mixtral_dynamo",
 		"router_softmax_expmax_mixtral_dynamo", "router_softmax_expsum_mixtral_dynamo",
-		"router_temperature_mixtral_dynamo", "router_topk_neg_mixtral_dynamo"}
+		"router_temperature_mixtral_dynamo", "router_topk_neg_mixtral_dynamo",
+		"router_null_experts_norm_mixtral_dynamo"}
 	refused := map[string]string{
 		"router_extra_cols_softmax_then_slice_qwen2_dynamo": "no expert's",
-		"router_null_experts_norm_mixtral_dynamo":           "router outputs without expert weights",
 	}
 	dir := filepath.Join("..", "testdata", "spelled")
 	for _, name := range fused {

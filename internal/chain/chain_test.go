@@ -101,3 +101,40 @@ func TestCompose(t *testing.T) {
 		t.Fatal("a chain of 0 copies was built")
 	}
 }
+
+// TestParallelShareFront puts two copies of the block on one input, once
+// with their common computations merged (ShareFront) and once without:
+// the copies' equal MatMuls of the shared input (their weights equal by
+// content, under two names) become one node read by both Adds, its weight
+// one initializer, and both graphs compute x·W + x on each output.
+func TestParallelShareFront(t *testing.T) {
+	for _, share := range []bool{false, true} {
+		mp, err := Parallel([]*graph.Model{block(t), block(t)}, ParallelOptions{ShareFront: share})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := mp.Graph
+		nodes, inits := 4, 2
+		if share {
+			nodes, inits = 3, 1
+		}
+		if len(g.Node) != nodes || len(g.Initializer) != inits {
+			t.Fatalf("share %v: %d nodes, %d initializers; want %d, %d", share, len(g.Node), len(g.Initializer), nodes, inits)
+		}
+		b, _ := proto.Marshal(mp)
+		cm, err := graph.Parse(b, "parallel")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := eval.Run(context.Background(), cm, map[string]*eval.Tensor{"x": eval.NewFloat32([]int{1, 2}, []float32{1, -1})}, eval.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []float32{1*1 - 1*3 + 1, 1*2 - 1*4 - 1} // x·W + x, W = [[1, 2], [3, 4]]
+		for _, o := range g.Output {
+			if got := out[o.GetName()].F32; got[0] != want[0] || got[1] != want[1] {
+				t.Fatalf("share %v: %s = %v, want %v", share, o.GetName(), got, want)
+			}
+		}
+	}
+}

@@ -19,6 +19,11 @@ type ParallelOptions struct {
 	// output too (named "b<i>/" and its name): a block output that is
 	// also read elsewhere than by the sum.
 	KeepOutputs bool
+	// ShareFront writes once what the branches compute alike from the
+	// shared input (the flatten of the tokens, shape reads), as an
+	// exporter's common-subexpression pass does, so that the blocks read
+	// those nodes in common (see shareFront).
+	ShareFront bool
 }
 
 // Parallel returns one model in which every model of ms reads the same
@@ -81,6 +86,9 @@ func Parallel(ms []*graph.Model, opt ParallelOptions) (*pb.ModelProto, error) {
 		vi := proto.Clone(shared).(*pb.ValueInfoProto)
 		vi.Name = proto.String(out)
 		ng.Output = append([]*pb.ValueInfoProto{vi}, ng.Output...)
+	}
+	if opt.ShareFront {
+		shareFront(ng)
 	}
 	mp := &pb.ModelProto{IrVersion: proto.Int64(ir), ProducerName: proto.String("mokopt parallel"), Graph: ng, Functions: funcs}
 	for _, d := range []string{"", "ai.onnx", "com.microsoft", "ai.mok"} {

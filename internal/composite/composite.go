@@ -55,6 +55,11 @@ func Cases() []Case {
 	return []Case{
 		{Name: "two MoE blocks (E=8, E=16) summed", Build: parallel(true, false, qwen3, synth(16, models.ShapeBatched)), Experts: []int{8, 16}},
 		{Name: "two MoE blocks (E=8, E=4) as two outputs", Build: parallel(false, false, exported("olmoe_block_dynamo_batched_mm"), synth(4, models.ShapeUnrolled)), Experts: []int{4, 8}},
+		{Name: "two batched MoE blocks (E=4, E=6) sharing their input's reshape, summed", Build: sharedFront(true, synth(4, models.ShapeBatched), synth(6, models.ShapeBatched)), Experts: []int{4, 6}},
+		{Name: "two batched MoE blocks (E=4, E=6) sharing their input's reshape, as two outputs", Build: sharedFront(false, synth(4, models.ShapeBatched), synth(6, models.ShapeBatched)), Experts: []int{4, 6}},
+		{Name: "two unrolled MoE blocks (E=4, E=6) sharing their input's reshape, summed", Build: sharedFront(true, synth(4, models.ShapeUnrolled), synth(6, models.ShapeUnrolled)), Experts: []int{4, 6}},
+		{Name: "two unrolled MoE blocks (E=4, E=6) sharing their input's reshape, as two outputs", Build: sharedFront(false, synth(4, models.ShapeUnrolled), synth(6, models.ShapeUnrolled)), Experts: []int{4, 6}},
+		{Name: "an unrolled (E=4) and a batched (E=6) MoE block sharing their input's reshape, summed", Build: sharedFront(true, synth(4, models.ShapeUnrolled), synth(6, models.ShapeBatched)), Experts: []int{4, 6}},
 		{Name: "two MoE blocks of two exporters summed", Build: parallel(true, false, exported("qwen3_moe_block_torchscript"), fixture("mixtral_block_dynamo_batched_mm")), Experts: []int{8, 8}},
 		{Name: "MoE block and dense SwiGLU MLP summed", Build: parallel(true, false, qwen3, mlp(models.MLPConfig{Activation: models.MLPSwiGLU})), Experts: []int{8}, Shared: 1},
 		{Name: "MoE block and gated dense SwiGLU MLP summed", Build: parallel(true, false, qwen3, mlp(models.MLPConfig{Activation: models.MLPSwiGLU, Gated: true})), Experts: []int{8}, Shared: 1},
@@ -125,6 +130,11 @@ func mlp(cfg models.MLPConfig) source {
 
 // parallel puts the models of srcs on one input (chain.Parallel).
 func parallel(sum, keep bool, srcs ...source) source {
+	return composed(chain.ParallelOptions{Sum: sum, KeepOutputs: keep}, srcs...)
+}
+
+// composed puts the models of srcs on one input with opt (chain.Parallel).
+func composed(opt chain.ParallelOptions, srcs ...source) source {
 	return func() (*graph.Model, error) {
 		ms := make([]*graph.Model, len(srcs))
 		for i, s := range srcs {
@@ -134,12 +144,20 @@ func parallel(sum, keep bool, srcs ...source) source {
 			}
 			ms[i] = m
 		}
-		mp, err := chain.Parallel(ms, chain.ParallelOptions{Sum: sum, KeepOutputs: keep})
+		mp, err := chain.Parallel(ms, opt)
 		if err != nil {
 			return nil, err
 		}
 		return parse(mp, "parallel")
 	}
+}
+
+// sharedFront is parallel with the computations of the shared input that
+// the branches write alike merged into one (chain.ParallelOptions.ShareFront):
+// two blocks that read one flatten of the hidden state, as an exporter's
+// common-subexpression pass writes them.
+func sharedFront(sum bool, srcs ...source) source {
+	return composed(chain.ParallelOptions{Sum: sum, ShareFront: true}, srcs...)
 }
 
 // routerOut adds router outputs to src's block (chain.WithRouterOutputs).
