@@ -61,6 +61,7 @@ func Rules() []Rule {
 		FastGelu,
 		ContribGelu,
 		SplitSqueezeToGather,
+		ArgMaxToTopK,
 		TopKOfNeg,
 		FoldConstants,
 		DropDead,
