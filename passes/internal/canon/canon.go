@@ -62,6 +62,8 @@ func Rules() []Rule {
 		ContribGelu,
 		SplitSqueezeToGather,
 		ArgMaxToTopK,
+		StaticDim,
+		TopKSlice,
 		TopKOfNeg,
 		FoldConstants,
 		DropDead,
