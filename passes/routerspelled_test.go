@@ -22,7 +22,7 @@ func TestSpelledRouters(t *testing.T) {
 		"router_softmax_expmax_mixtral_dynamo", "router_softmax_expsum_mixtral_dynamo",
 		"router_temperature_mixtral_dynamo", "router_topk_neg_mixtral_dynamo"}
 	refused := map[string]string{
-		"router_extra_cols_softmax_then_slice_qwen2_dynamo": "no expert's",
+		"router_extra_cols_softmax_then_slice_qwen2_dynamo": "columns that are not experts",
 		"router_null_experts_norm_mixtral_dynamo":           "router outputs without expert weights",
 	}
 	dir := filepath.Join("..", "testdata", "spelled")

@@ -365,7 +365,7 @@ def save_sets(p, name, feeds_list):
 
 
 def verdict_text(v):
-    return "fuse" if v["verdict"] == "fuse" else "refuse: " + v["reason"]
+    return "fuse" if v["verdict"] == "fuse" else v["verdict"] + ": " + v["reason"]
 
 
 def finish(name, cls, family, sizes, call, verdict, feeds_list, refs=None, extra=None):
@@ -471,6 +471,11 @@ def fuse(**kw):
 
 def refuse(reason, **kw):
     return dict(verdict="refuse", reason=reason, **kw)
+
+
+def none(reason, **kw):
+    """No router in the written graph: rewrite fuses nothing, without error."""
+    return dict(verdict="none", reason=reason, **kw)
 
 
 def act_verdict(act, e, k, fam, gated):
@@ -673,9 +678,11 @@ def postfix(rec):
         exp["activation"] = "gelu_tanh (com.microsoft::FastGelu, made from an exact GELU source)"
         rec["note"] = ("enable_gelu_approximation replaced the exact GELU by FastGelu: the file computes the tanh "
                        "approximation and differs from PyTorch by its max_abs_err_vs_torch")
-    if rec["class"] == "router" and exp["verdict"] == "refuse" and "TopK" not in ops:
+    if rec["class"] == "router" and exp["verdict"] == "refuse" and "TopK" not in ops and "ArgMax" not in ops:
         rec["note"] = ("no TopK left: the exporter folded the fixed routing into constant indices, so there is no router "
                        "in the graph; nothing to fuse and no router top-k to report")
+        rec["expected"] = exp = none("the trace folded the routing to constants (no selection in the graph, no router "
+                                     "to fuse or refuse)", **{k: v for k, v in exp.items() if k not in ("verdict", "reason")})
     rec["expected_verdict"] = verdict_text(exp)
     return rec
 
