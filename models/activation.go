@@ -202,6 +202,22 @@ var ActivationCases = []ActCase{
 			return op(b, "Mul", sc(b, 1.0507009873554805), op(b, "Add", op(b, "Max", x, sc(b, 0)), neg))
 		})},
 	}},
+	{Act: moe.HardSwish, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.HardSwish, moe.ActParams{Alpha: 1})},
+		{Name: "x-hardsigmoid", Emit: ungated(func(b *moe.Builder, x string) string { // x·hardsigmoid(x), PyTorch's constants
+			hs := b.Op("HardSigmoid", []string{x}, graph.FloatAttr("alpha", float32(1.0/6)), graph.FloatAttr("beta", 0.5))
+			return op(b, "Mul", x, hs)
+		})},
+		{Name: "relu6", Emit: ungated(func(b *moe.Builder, x string) string { // x·relu6(x+3)/6
+			return op(b, "Div", op(b, "Mul", x, op(b, "Clip", op(b, "Add", x, sc(b, 3)), sc(b, 0), sc(b, 6))), sc(b, 6))
+		})},
+	}},
+	{Act: moe.LeakyReLU, Params: moe.ActParams{Alpha: 0.1}, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.LeakyReLU, moe.ActParams{Alpha: 0.1})},
+		{Name: "where", Emit: ungated(func(b *moe.Builder, x string) string { // where(x > 0, x, 0.1·x)
+			return op(b, "Where", op(b, "Greater", x, sc(b, 0)), x, op(b, "Mul", x, sc(b, 0.1)))
+		})},
+	}},
 }
 
 // ActivationCase returns the case of activation act, or nil.

@@ -2,6 +2,8 @@ package moe
 
 import (
 	"math"
+
+	"github.com/mokopt/mokopt/graph"
 	"sort"
 )
 
@@ -30,6 +32,12 @@ const (
 	GeGLUTanh = "geglu_tanh"
 	// ReGLU is relu(gate)·up.
 	ReGLU = "reglu"
+	// HardSwish is down(up·max(0, min(1, up/6 + 1/2))), MobileNetV3's
+	// hard swish (ONNX HardSwish, PyTorch nn.Hardswish).
+	HardSwish = "hardswish"
+	// LeakyReLU is down(max(up, 0) + α·min(up, 0)); its negative slope α
+	// is the swiglu_alpha attribute.
+	LeakyReLU = "leaky_relu"
 )
 
 // ActParams are the parameters of a parametrised activation: Alpha
@@ -231,6 +239,16 @@ var Activations = []ActivationDef{
 		},
 		Body: func(b *Builder, _, u string, _ ActParams) string { return b.Op("Selu", []string{u}) },
 		ORT:  noORT("selu, which the op lacks")},
+	{Name: HardSwish, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(_, u float64, _ ActParams) float64 { return u * math.Max(0, math.Min(1, u/6+0.5)) },
+		Body: func(b *Builder, _, u string, _ ActParams) string { return b.Op("HardSwish", []string{u}) },
+		ORT:  noORT("hardswish, which the op lacks")},
+	{Name: LeakyReLU, Alpha: true, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(_, u float64, p ActParams) float64 { return math.Max(u, 0) + float64(p.Alpha)*math.Min(u, 0) },
+		Body: func(b *Builder, _, u string, p ActParams) string {
+			return b.Op("LeakyRelu", []string{u}, graph.FloatAttr("alpha", p.Alpha))
+		},
+		ORT: noORT("leaky ReLU, which the op lacks")},
 }
 
 // LookupActivation returns the table row named name, or nil.

@@ -251,7 +251,7 @@ func (s *Spec) Overload() string {
 	if s.RoutedScalingFactor != 1 && s.RoutedScalingFactor != 0 {
 		parts = append(parts, "rs"+f(s.RoutedScalingFactor))
 	}
-	if s.Activation == SwiGLUOAI && s.SwiGLUAlpha != 1 {
+	if d := s.ActivationDef(); d != nil && d.Alpha && s.SwiGLUAlpha != 1 {
 		parts = append(parts, "a"+f(s.SwiGLUAlpha))
 	}
 	if s.SwiGLULimit > 0 {

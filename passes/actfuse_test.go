@@ -121,7 +121,7 @@ func TestFuseActivationUnknownRefused(t *testing.T) {
 	}}
 	m := respelledBlock(t, models.ShapeDense, sp, 1)
 	_, err := Rewrite(m, Options{Check: true})
-	if err == nil || !strings.Contains(err.Error(), "expert activation not recognised (ops: Pow, Tanh, Mul)") {
+	if err == nil || !strings.Contains(err.Error(), "expert activation is not a known function (made of Pow, Tanh, Mul)") {
 		t.Fatalf("want a refusal naming the ops, got %v", err)
 	}
 }

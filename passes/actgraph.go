@@ -25,6 +25,8 @@ var actElementwise = map[string]bool{
 	"Clip": true, "Where": true, "Equal": true, "Less": true, "Greater": true, "LessOrEqual": true,
 	"GreaterOrEqual": true, "Not": true, "And": true, "Or": true, "Cast": true, "CastLike": true, "Sign": true,
 	"Floor": true, "Ceil": true, "Round": true, "PRelu": true, "Identity": true,
+	"Sin": true, "Cos": true, "Tan": true, "Asin": true, "Acos": true, "Atan": true, "Sinh": true, "Cosh": true,
+	"Asinh": true, "Acosh": true, "Atanh": true,
 	"com.microsoft::Gelu": true, "com.microsoft::FastGelu": true, "com.microsoft::QuickGelu": true,
 	"com.microsoft::BiasGelu": true,
 }
@@ -131,6 +133,7 @@ func (c *ctx) actSubgraph(out string, ins []string, dtype pb.TensorProto_DataTyp
 			cl = graph.NewNode("Identity", "", n.GetName(), []string{n.Input[0]}, []string{n.Output[0]})
 		}
 		a.nodes = append(a.nodes, cl)
+		a.scalars = append(a.scalars, attrScalars(n)...)
 		if op != "Identity" && !actPassThrough[op] && !slices.Contains(a.ops, op) {
 			a.ops = append(a.ops, op)
 		}
@@ -280,4 +283,17 @@ func (a *actGraph) key() string {
 	}
 	sb.WriteString("->" + local[a.out])
 	return sb.String()
+}
+
+// attrScalars returns the float attributes of an activation node (the
+// slope of LeakyRelu, the α of Elu): candidate parameters, as constants
+// are.
+func attrScalars(n *pb.NodeProto) []float64 {
+	var out []float64
+	for _, a := range n.GetAttribute() {
+		if a.GetType() == pb.AttributeProto_FLOAT {
+			out = append(out, float64(a.GetF()))
+		}
+	}
+	return out
 }

@@ -204,7 +204,7 @@ func (c *ctx) identifyActEval(a *actGraph, want *actID) (*actID, error) {
 	case best == nil && want != nil:
 		return nil, rejectf("expert activation (ops: %s) differs from the first expert's %s", a.opsList(), want.def.Name)
 	case best == nil:
-		return nil, rejectf("expert activation not recognised (ops: %s)", a.opsList())
+		return nil, rejectf("expert activation is not a known function (made of %s)", a.opsList())
 	}
 	for _, f := range fits {
 		if f.def == best.def && f.swap != best.swap {

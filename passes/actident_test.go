@@ -142,24 +142,24 @@ func TestIdentifyActivationRefuses(t *testing.T) {
 	}{
 		{"x·tanh(x²)+1", false, func(b *moe.Builder, _, u string) string {
 			return b.Op("Add", []string{b.Op("Mul", []string{u, b.Op("Tanh", []string{b.Op("Pow", []string{u, b.Scalar(2)})})}), b.Scalar(1)})
-		}, "expert activation not recognised (ops: Pow, Tanh, Mul, Add)"},
+		}, "expert activation is not a known function (made of Pow, Tanh, Mul, Add)"},
 		{"tanh GELU with 0.045", false, func(b *moe.Builder, _, u string) string {
 			c := b.Op("Mul", []string{b.Scalar(0.045), b.Op("Pow", []string{u, b.Scalar(3)})})
 			th := b.Op("Tanh", []string{b.Op("Mul", []string{b.Scalar(0.7978845608), b.Op("Add", []string{u, c})})})
 			return b.Op("Mul", []string{b.Op("Mul", []string{b.Scalar(0.5), u}), b.Op("Add", []string{b.Scalar(1), th})})
-		}, "expert activation not recognised (ops: Pow, Mul, Add, Tanh)"},
+		}, "expert activation is not a known function (made of Pow, Mul, Add, Tanh)"},
 		{"GELU by erf of x/1.4", false, func(b *moe.Builder, _, u string) string {
 			e := b.Op("Erf", []string{b.Op("Div", []string{u, b.Scalar(1.4)})})
 			return b.Op("Mul", []string{b.Op("Mul", []string{u, b.Scalar(0.5)}), b.Op("Add", []string{e, b.Scalar(1)})})
-		}, "not recognised"},
+		}, "not a known function"},
 		{"half SwiGLU", true, func(b *moe.Builder, g, u string) string {
 			return b.Op("Mul", []string{b.Op("Mul", []string{b.Op("Mul", []string{g, b.Op("Sigmoid", []string{g})}), u}), b.Scalar(0.5)})
-		}, "expert activation not recognised (ops: Sigmoid, Mul)"},
+		}, "expert activation is not a known function (made of Sigmoid, Mul)"},
 		{"gate clamped, up not", true, func(b *moe.Builder, g, u string) string {
 			g = b.Op("Min", []string{g, b.Scalar(7)})
 			return b.Op("Mul", []string{b.Op("Mul", []string{g, b.Op("Sigmoid", []string{g})}), u})
-		}, "not recognised (ops: Min, Sigmoid, Mul)"},
-		{"product g·u", true, func(b *moe.Builder, g, u string) string { return b.Op("Mul", []string{g, u}) }, "not recognised (ops: Mul)"},
+		}, "not a known function (made of Min, Sigmoid, Mul)"},
+		{"product g·u", true, func(b *moe.Builder, g, u string) string { return b.Op("Mul", []string{g, u}) }, "not a known function (made of Mul)"},
 		{"softmax between", false, func(b *moe.Builder, _, u string) string {
 			return b.Op("Mul", []string{u, b.Op("Softmax", []string{u}, graph.IntAttr("axis", -1))})
 		}, "not elementwise (ops: Softmax)"},

@@ -25,7 +25,7 @@ func (c *ctx) analyze(tk *pb.NodeProto) (*Block, error) {
 	} else {
 		k, ok := c.scalarInt(tk.Input[1])
 		if !ok {
-			return nil, rejectf("TopK k is not a constant")
+			return nil, rejectf("TopK k is not a constant: %q is computed at run time (from a dimension that is not static, such as the number of tokens), and the fused op's top_k is fixed", tk.Input[1])
 		}
 		if graph.AttrInt(tk, "largest", 1) != 1 {
 			return nil, rejectf("TopK selects the smallest values, not a router")

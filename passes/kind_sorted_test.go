@@ -501,7 +501,7 @@ func TestSortedRefused(t *testing.T) {
 		{"a group sliced over two experts", "other than from one expert group's start to its end", func(o *sortedOpts) { o.sliceGroups = "inclusive"; o.breakSlice = true }},
 		{"counts of twos", "not a one-hot of the top-k indices", func(o *sortedOpts) { o.breakOnes = true }},
 		{"pairs given the next pair's token", "does not give the pairs' tokens", func(o *sortedOpts) { o.tokGather, o.breakTok = "const", true }},
-		{"up half scaled", "expert activation not recognised (ops: Mul, Sigmoid)", func(o *sortedOpts) { o.halveUp = true }},
+		{"up half scaled", "expert activation is not a known function (made of Mul, Sigmoid)", func(o *sortedOpts) { o.halveUp = true }},
 		{"groups sliced at constant rows", "slices the sorted rows at constant bounds", func(o *sortedOpts) { o.sliceGroups = "traced" }},
 		{"per-pair outputs", "before the experts' down projections", func(o *sortedOpts) { o.perPair = true }},
 		{"split by constant sizes", "a trace baked in the group sizes", func(o *sortedOpts) { o.breakSplit = "const" }},

@@ -283,6 +283,9 @@ func fitScale(got, want []float32, half bool) (float32, bool) {
 
 // explain says what the router computes that no candidate expresses.
 func (run *routingRun) explain(cands []routerCand, ref func(int) *refRouting) string {
+	if why := run.wideSoftmax(); why != "" {
+		return why
+	}
 	if run.E != run.W {
 		return fmt.Sprintf("the router's linear layer has %d outputs but the TopK ranks %d scores made from them in a way no router of ai.mok::MoE reproduces (for example a softmax over all %d outputs, those that are no expert's included, before the top-k over %d)", run.W, run.E, run.W, run.E)
 	}

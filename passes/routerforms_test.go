@@ -162,7 +162,7 @@ func routerForms() []routerForm {
 				l := r.node("Slice", []string{r.logits, r.ints(0), r.ints(E), r.ints(-1)})
 				return r.topk(r.softmax(l), k, 1)
 			}},
-		{name: "softmax over extra router columns", k: 2, extra: 3, refused: "no expert's",
+		{name: "softmax over extra router columns", k: 2, extra: 3, refused: "columns that are not experts",
 			form: func(r *routerSurgery, k int) (string, string) {
 				p := r.node("Slice", []string{r.softmax(r.logits), r.ints(0), r.ints(E), r.ints(-1)})
 				return r.topk(p, k, 1)
@@ -193,6 +193,28 @@ func routerForms() []routerForm {
 			form: func(r *routerSurgery, k int) (string, string) {
 				_, i := r.topk(r.node("Abs", []string{r.logits}), k, 1)
 				return r.node("GatherElements", []string{r.softmax(r.logits), i}, graph.IntAttr("axis", -1)), i
+			}},
+		{name: "top-1 as ArgMax and ReduceMax (Switch)", k: 1, act: moe.Softmax, order: moe.ActivationThenTopK, scale: 1,
+			form: func(r *routerSurgery, _ int) (string, string) {
+				p := r.softmax(r.logits)
+				return r.node("ReduceMax", []string{p, r.ints(-1)}, graph.IntAttr("keepdims", 1)),
+					r.node("ArgMax", []string{p}, graph.IntAttr("axis", -1), graph.IntAttr("keepdims", 1))
+			}},
+		{name: "top-1 as ArgMax, weight the max of p times its one-hot", k: 1, act: moe.Softmax, order: moe.ActivationThenTopK, scale: 1,
+			form: func(r *routerSurgery, _ int) (string, string) {
+				p := r.softmax(r.logits)
+				i := r.node("ArgMax", []string{p}, graph.IntAttr("axis", -1), graph.IntAttr("keepdims", 1))
+				r.n++
+				rng := fmt.Sprintf("rf_range%d", r.n)
+				r.g.Initializer = append(r.g.Initializer, moe.Int64Tensor(rng, []int64{E}, []int64{0, 1, 2, 3, 4, 5, 6, 7}))
+				oh := r.node("Cast", []string{r.node("Equal", []string{i, rng})}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+				return r.node("ReduceMax", []string{r.node("Mul", []string{p, oh}), r.ints(-1)}, graph.IntAttr("keepdims", 1)), i
+			}},
+		{name: "softmax as exp(x - logsumexp)", k: 2, act: moe.Softmax, order: moe.ActivationThenTopK, norm: true, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				lse := r.node("ReduceLogSumExp", []string{r.logits, r.ints(-1)}, graph.IntAttr("keepdims", 1))
+				v, i := r.topk(r.node("Exp", []string{r.node("Sub", []string{r.logits, lse})}), k, 1)
+				return r.node("Div", []string{v, r.sum(v)}), i
 			}},
 		{name: "routing ignores the hidden state", k: 2, refused: "routing does not depend on the hidden state",
 			form: func(r *routerSurgery, k int) (string, string) {

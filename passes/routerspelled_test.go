@@ -23,7 +23,7 @@ func TestSpelledRouters(t *testing.T) {
 		"router_temperature_mixtral_dynamo", "router_topk_neg_mixtral_dynamo",
 		"router_null_experts_norm_mixtral_dynamo"}
 	refused := map[string]string{
-		"router_extra_cols_softmax_then_slice_qwen2_dynamo": "no expert's",
+		"router_extra_cols_softmax_then_slice_qwen2_dynamo": "columns that are not experts",
 	}
 	dir := filepath.Join("..", "testdata", "spelled")
 	for _, name := range fused {

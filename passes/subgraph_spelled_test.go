@@ -13,12 +13,14 @@ import (
 )
 
 // spelledCase is the part of a testdata/spelled manifest entry the
-// control-flow test reads.
+// control-flow and manifest tests read.
 type spelledCase struct {
-	Name     string `json:"name"`
-	Class    string `json:"class"`
-	Sets     int    `json:"test_data_sets"`
-	Expected struct {
+	Name            string `json:"name"`
+	Class           string `json:"class"`
+	OK              bool   `json:"ok"`
+	ExpectedVerdict string `json:"expected_verdict"`
+	Sets            int    `json:"test_data_sets"`
+	Expected        struct {
 		Verdict string `json:"verdict"`
 		Blocks  int    `json:"blocks"`
 	} `json:"expected"`

@@ -59,6 +59,10 @@ ACTS = {
     "elu": (F.elu, "elu"),
     "hardswish": (F.hardswish, "hardswish"),
     "sinx_unknown": (lambda x: torch.sin(x) * x, None),
+    # forms added later (class "new"): hand spellings of table rows
+    "hardswish_hardsigmoid": (lambda x: x * F.hardsigmoid(x), "hardswish"),
+    "leakyrelu_where": (lambda x: torch.where(x > 0, x, 0.2 * x), "leaky_relu(0.2)"),
+    "mish_softplus": (lambda x: x * torch.tanh(F.softplus(x)), "mish"),
 }
 # gated: act(gate) * up, unless noted
 GATED = {
@@ -179,6 +183,19 @@ class MoE(nn.Module):
                 w = w / w.sum(dim=-1, keepdim=True)
             if r == "softmax_topk_norm_scaled":
                 w = w * 2.5
+            return w, ids, p
+        if r == "softmax_lse":  # softmax as exp(z - logsumexp(z))
+            p = torch.exp(z - torch.logsumexp(z, dim=-1, keepdim=True))
+            w, ids = torch.topk(p, k, dim=-1)
+            return w / w.sum(-1, keepdim=True), ids, p
+        if r == "sigmoid_tanh":  # sigmoid as 0.5 * (1 + tanh(z / 2))
+            p = 0.5 * (1 + torch.tanh(z / 2))
+            w, ids = torch.topk(p, k, dim=-1)
+            return w / w.sum(-1, keepdim=True), ids, p
+        if r == "onehot_max_top1":  # top-1: argmax, weight = max of the probabilities masked by its one-hot
+            p = torch.softmax(z, dim=-1)
+            ids = p.argmax(dim=-1, keepdim=True)
+            w = (p * F.one_hot(ids[:, 0], e).to(p.dtype)).amax(dim=-1, keepdim=True)
             return w, ids, p
         if r == "softmax_max_top1":  # Switch: the max probability and its argmax
             p = torch.softmax(z, dim=-1)
@@ -365,7 +382,7 @@ def save_sets(p, name, feeds_list):
 
 
 def verdict_text(v):
-    return "fuse" if v["verdict"] == "fuse" else "refuse: " + v["reason"]
+    return "fuse" if v["verdict"] == "fuse" else v["verdict"] + ": " + v["reason"]
 
 
 def finish(name, cls, family, sizes, call, verdict, feeds_list, refs=None, extra=None):
@@ -473,6 +490,11 @@ def refuse(reason, **kw):
     return dict(verdict="refuse", reason=reason, **kw)
 
 
+def none(reason, **kw):
+    """No router in the written graph: rewrite fuses nothing, without error."""
+    return dict(verdict="none", reason=reason, **kw)
+
+
 def act_verdict(act, e, k, fam, gated):
     ident = ACTS[act][1]
     shared = FAMILIES[fam]["shared"]
@@ -527,8 +549,8 @@ def act_opset20(act, fam, k):
 def act_jobs():
     jobs = []
     for act in ACTS:
-        if act == "silu":
-            continue  # the exporters' own spelling: covered by the existing fixtures
+        if act == "silu" or act in {a for a, *_ in NEW_ACTS}:
+            continue  # the exporters' own spelling: covered by the existing fixtures; class new
         for fam, exp, k in ACT_UNGATED_JOBS:
             core = act in ACT_CORE_BOTH or (act, fam) in ACT_CORE
             jobs.append((act_case, dict(act=act, fam=fam, exporter=exp, k=k), core))
@@ -647,6 +669,15 @@ ROUTERS = [
     ("fixed_table", "mixtral", "fixed_table", 4, 1, 0, 0, refuse("routing does not depend on the hidden state", E=4, k=1)),
     ("position_table", "nllb", "position_table", 4, 2, 0, 0, refuse("routing does not depend on the hidden state", E=4, k=2)),
 ]
+# forms added later (class "new"), each exported once
+NEW_ROUTERS = [
+    ("softmax_lse", "mixtral", "softmax_lse", 4, 2, 0, 0, rv("softmax as exp(z - logsumexp(z)), top-k, normalised", 4, 2), "dynamo"),
+    ("sigmoid_tanh", "mixtral", "sigmoid_tanh", 4, 2, 0, 0, rv("sigmoid as 0.5(1 + tanh(z/2)), top-k, normalised", 4, 2), "torchscript"),
+    ("onehot_max_top1", "switch", "onehot_max_top1", 4, 1, 0, 0,
+     fuse(blocks=1, E=4, k=1, router="softmax, top-1 by argmax, weight the max of p times its one-hot", activation="gelu_exact"), "dynamo"),
+]
+NEW_ACTS = [("hardswish_hardsigmoid", "nllb", "dynamo", 2), ("leakyrelu_where", "nllb", "torchscript", 2),
+            ("mish_softplus", "nllb", "dynamo", 2)]
 # the committed subset: each router once, through this exporter (the other exporter's file is made too)
 ROUTER_CORE = {"softmax_expsum": "dynamo", "softmax_expmax": "dynamo", "softmax_explogsoftmax": "dynamo", "topk_neg": "dynamo",
                "gather_probs": "dynamo", "softmax_after_topk": "dynamo", "temperature": "dynamo", "l1_normalize": "dynamo",
@@ -673,9 +704,11 @@ def postfix(rec):
         exp["activation"] = "gelu_tanh (com.microsoft::FastGelu, made from an exact GELU source)"
         rec["note"] = ("enable_gelu_approximation replaced the exact GELU by FastGelu: the file computes the tanh "
                        "approximation and differs from PyTorch by its max_abs_err_vs_torch")
-    if rec["class"] == "router" and exp["verdict"] == "refuse" and "TopK" not in ops:
+    if rec["class"] == "router" and exp["verdict"] == "refuse" and "TopK" not in ops and "ArgMax" not in ops:
         rec["note"] = ("no TopK left: the exporter folded the fixed routing into constant indices, so there is no router "
                        "in the graph; nothing to fuse and no router top-k to report")
+        rec["expected"] = exp = none("the trace folded the routing to constants (no selection in the graph, no router "
+                                     "to fuse or refuse)", **{k: v for k, v in exp.items() if k not in ("verdict", "reason")})
     rec["expected_verdict"] = verdict_text(exp)
     return rec
 
@@ -1028,8 +1061,16 @@ def twice_jobs():
 
 # ------------------------------------------------------------------ driver
 
+def new_jobs():
+    """The forms added after the first run: python3 export_spelled.py OUTDIR new."""
+    jobs = [(router_case, dict(tag=t, fam=f, router=r, e=e, k=k, n_extra=x, n_null=z, verdict=v, exporter=ex), True)
+            for t, f, r, e, k, x, z, v, ex in NEW_ROUTERS]
+    jobs += [(act_case, dict(act=a, fam=f, exporter=ex, k=k), True) for a, f, ex, k in NEW_ACTS]
+    return jobs
+
+
 CLASSES = [("act", act_jobs), ("ortopt", ortopt_jobs), ("router", router_jobs), ("ctrl", ctrl_jobs),
-           ("pair", pair_jobs), ("twice", twice_jobs)]
+           ("pair", pair_jobs), ("twice", twice_jobs), ("new", new_jobs)]
 JOBS = []
 
 

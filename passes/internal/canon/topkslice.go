@@ -1,0 +1,97 @@
+package canon
+
+import (
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// TopKSlice turns the first k' of a sorted top-k — TopK(x, k) (a full
+// sort when k is the axis' size) whose values and indices are each read
+// only through one Slice of its axis from 0 to k' ≤ k with step 1 — into
+// TopK(x, k'): a sorted TopK lists the largest (or smallest) first, so its
+// first k' entries are exactly the top k', ties included (lower index
+// first either way). Routers written as a sort followed by taking the
+// first k then read as the top-k they are.
+var TopKSlice = Rule{
+	Name: "topk-slice",
+	Ops:  []string{"TopK"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if len(n.Input) != 2 || len(n.Output) != 2 || graph.AttrInt(n, "sorted", 1) == 0 {
+			return false, nil
+		}
+		ks, ok := w.ConstInts(n.Input[1])
+		if !ok || len(ks) != 1 {
+			return false, nil
+		}
+		axis := graph.AttrInt(n, "axis", -1)
+		var slices []*pb.NodeProto
+		kk := int64(-1)
+		for _, o := range n.Output {
+			if o == "" || w.G.IsOutput(o) {
+				if o != "" {
+					return false, nil
+				}
+				continue
+			}
+			cs := w.Consumers(o)
+			if len(cs) == 0 {
+				continue
+			}
+			if len(cs) != 1 {
+				return false, nil
+			}
+			e, ok := headSlice(w, cs[0], o, n.Input[0], axis)
+			if !ok || e > ks[0] || (kk >= 0 && e != kk) {
+				return false, nil
+			}
+			kk = e
+			slices = append(slices, cs[0])
+		}
+		if kk < 1 || kk == ks[0] {
+			return false, nil
+		}
+		attrs := make([]*pb.AttributeProto, len(n.Attribute))
+		for i, a := range n.Attribute {
+			attrs[i] = proto.Clone(a).(*pb.AttributeProto)
+		}
+		outs := []string{"", ""}
+		for _, s := range slices {
+			for i, o := range n.Output {
+				if s.Input[0] == o {
+					outs[i] = s.Output[0]
+				}
+			}
+			w.Remove(s)
+		}
+		k := w.Int64s(n.GetName()+"/k", false, kk)
+		w.Replace(n, graph.NewNode("TopK", "", n.GetName(), []string{n.Input[0], k}, outs, attrs...))
+		return true, nil
+	},
+}
+
+// headSlice returns k' when s is Slice(v, [0], [k'], [axis], [1]) over the
+// TopK's axis of x.
+func headSlice(w *Work, s *pb.NodeProto, v, x string, axis int64) (int64, bool) {
+	if s.GetOpType() != "Slice" || s.GetDomain() != "" || len(s.Input) < 3 || s.Input[0] != v || len(s.Output) != 1 {
+		return 0, false
+	}
+	one := func(i int, def int64) (int64, bool) {
+		if len(s.Input) <= i || s.Input[i] == "" {
+			return def, def != -1<<62
+		}
+		c, ok := w.ConstInts(s.Input[i])
+		if !ok || len(c) != 1 {
+			return 0, false
+		}
+		return c[0], true
+	}
+	st, ok1 := one(1, -1<<62)
+	en, ok2 := one(2, -1<<62)
+	ax, ok3 := one(3, 0)
+	step, ok4 := one(4, 1)
+	if !ok1 || !ok2 || !ok3 || !ok4 || st != 0 || step != 1 || en < 1 || !sameAxis(w, x, []int64{ax}, axis) {
+		return 0, false
+	}
+	return en, true
+}
