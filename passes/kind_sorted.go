@@ -426,16 +426,7 @@ func (r *sortedReader) fillPlan(plan *WeightPlan) error {
 			return err
 		}
 	}
-	up := plan.Experts[0].Up
-	d := up.Init.GetDims()
-	out := int(d[len(d)-2])
-	if up.InOut {
-		out = int(d[len(d)-1])
-	}
-	if up.Part != PartWhole {
-		out /= 2
-	}
-	r.s.Inter = out
+	r.s.Inter = expertInter(plan)
 	e0 := plan.Experts[0]
 	r.s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
 	return nil
