@@ -107,6 +107,27 @@ func viewed(rep *Report, err error, wc *graph.Model, res *canon.Result, skipped 
 	return rep, err
 }
 
+// splicer carries the state of one splice (see splice): the model m, the
+// working copy wc, and what the copy added, detached and removed per fused
+// node.
+type splicer struct {
+	m, wc        *graph.Model
+	mg, wg       *graph.Graph
+	rep          *Report
+	callsBefore  map[string]bool          // functions m's nodes called before
+	rename       map[string]string        // wc value name -> name in m, for values m lacks
+	copied       map[*pb.NodeProto]bool   // nodes of wc already copied
+	detached     [][]*pb.NodeProto        // per fused node: old producers of values it took over
+	added        []*pb.NodeProto          // the copies, added to m together
+	domains      map[string]bool          // domains of the copies
+	dead         map[*pb.NodeProto]bool   // nodes of m that feed no graph output
+	owner        map[*pb.NodeProto]int    // dead node -> the fused node it is attributed to
+	removedNodes [][]string               // per fused node: the nodes removed
+	removedInits [][]string               // per fused node: the initializers removed
+	initOwner    map[string]int           // initializer dead nodes read -> fused node
+	byName       map[string]*pb.NodeProto // fused nodes of wc by name
+}
+
 // splice copies the fused nodes of the working copy wc into m, which
 // computes the same values under the same names wherever wc kept them.
 //
@@ -125,134 +146,186 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 			return err
 		}
 	}
-	mg := m.Graph()
-	wg := wc.Graph()
-	has := func(v string) bool {
-		return v == "" || mg.Producer(v) != nil || mg.Initializer(v) != nil || mg.IsInput(v)
-	}
-	var callsBefore map[string]bool
+	sp := &splicer{m: m, wc: wc, mg: m.Graph(), wg: wc.Graph(), rep: rep,
+		rename: map[string]string{}, copied: map[*pb.NodeProto]bool{}, detached: make([][]*pb.NodeProto, len(rep.Fused)),
+		domains: map[string]bool{}, byName: map[string]*pb.NodeProto{}}
 	if len(m.Proto.Functions) > 0 {
-		callsBefore = calledFunctions(mg.P.Node)
+		sp.callsBefore = calledFunctions(sp.mg.P.Node)
 	}
-
-	byName := map[string]*pb.NodeProto{}
-	for _, n := range wg.P.Node {
+	for _, n := range sp.wg.P.Node {
 		if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType {
-			byName[n.GetName()] = n
+			sp.byName[n.GetName()] = n
 		}
 	}
-	rename := map[string]string{} // wc value name -> name in m, for values m lacks
-	nameIn := func(v string) string {
-		if has(v) {
-			return v
+	for i := range rep.Fused {
+		if err := sp.copyFused(i); err != nil {
+			return err
 		}
-		if r, ok := rename[v]; ok {
-			return r
-		}
-		r := mg.UniqueName(v)
-		rename[v] = r
+	}
+	for _, c := range sp.added {
+		sp.mg.AddNode(c) // now the producer of the values it takes over
+	}
+	sp.addDeclarations()
+	sp.findDead()
+	sp.attributeDead()
+	sp.removeDead()
+	if err := sp.mg.Sort(); err != nil {
+		return err
+	}
+	sp.recordProvenance()
+	if errs := sp.mg.Validate(); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// has reports whether m has value v (the empty name stands for a missing
+// optional input).
+func (sp *splicer) has(v string) bool {
+	return v == "" || sp.mg.Producer(v) != nil || sp.mg.Initializer(v) != nil || sp.mg.IsInput(v)
+}
+
+// nameIn is the name in m of wc's value v: its own when m has it, else a
+// new unique one.
+func (sp *splicer) nameIn(v string) string {
+	if sp.has(v) {
+		return v
+	}
+	if r, ok := sp.rename[v]; ok {
 		return r
 	}
-	copied := map[*pb.NodeProto]bool{}
-	detached := make([][]*pb.NodeProto, len(rep.Fused))
-	var added []*pb.NodeProto
-	usedDomains := map[string]bool{}
-	for i := range rep.Fused {
-		f := &rep.Fused[i]
-		F := byName[f.Node]
-		if F == nil {
-			return fmt.Errorf("fused node %s not found in the working copy", f.Node)
+	r := sp.mg.UniqueName(v)
+	sp.rename[v] = r
+	return r
+}
+
+// copyFused copies the i-th fused node of wc, and what lies between it and
+// values m has, into m.
+func (sp *splicer) copyFused(i int) error {
+	f := &sp.rep.Fused[i]
+	F := sp.byName[f.Node]
+	if F == nil {
+		return fmt.Errorf("fused node %s not found in the working copy", f.Node)
+	}
+	set, seen, err := sp.forwardSet(F)
+	if err != nil {
+		return err
+	}
+	if set, err = sp.backwardSet(set, seen); err != nil {
+		return err
+	}
+	for _, n := range set {
+		if sp.copied[n] {
+			continue
 		}
-		// Forward: from F to the values m has.
-		set := []*pb.NodeProto{F}
-		seen := map[*pb.NodeProto]bool{F: true}
-		queue := slices.Clone(F.Output)
-		for len(queue) > 0 {
-			v := queue[0]
-			queue = queue[1:]
-			if v == "" || has(v) {
-				continue
-			}
-			if wg.IsOutput(v) {
-				return fmt.Errorf("graph output %q exists only in the canonical form", v)
-			}
-			for _, c := range wg.Consumers(v) {
-				if !seen[c] {
-					seen[c] = true
-					set = append(set, c)
-					queue = append(queue, c.Output...)
-				}
-			}
-		}
-		// Backward: what the copied nodes read that m lacks.
-		for j := 0; j < len(set); j++ {
-			for _, v := range graph.NodeInputs(set[j]) {
-				if has(v) {
-					continue
-				}
-				if t := wg.Initializer(v); t != nil {
-					if mg.Initializer(nameIn(v)) == nil {
-						nt := proto.Clone(t).(*pb.TensorProto)
-						nt.Name = proto.String(nameIn(v))
-						if d, ok := wc.Deferred(t); ok {
-							m.SetDeferred(nt, d)
-						}
-						mg.AddInitializer(nt)
-					}
-					continue
-				}
-				p := wg.Producer(v)
-				if p == nil {
-					return fmt.Errorf("value %q of the canonical form has no producer", v)
-				}
-				if !seen[p] {
-					seen[p] = true
-					set = append(set, p)
-				}
-			}
-		}
-		for _, n := range set {
-			if copied[n] {
-				continue
-			}
-			copied[n] = true
-			c := graph.CopyNode(n)
-			for k, v := range c.Input {
-				c.Input[k] = nameIn(v)
-			}
-			for k, o := range c.Output {
-				if o != "" && has(o) {
-					old := mg.Producer(o)
-					if old == nil {
-						return fmt.Errorf("value %q is not computed by a node in the model", o)
-					}
-					d := mg.UniqueName(o + "__unfused")
-					for x := range old.Output {
-						if old.Output[x] == o {
-							old.Output[x] = d
-						}
-					}
-					detached[i] = append(detached[i], old)
-					continue
-				}
-				c.Output[k] = nameIn(o)
-			}
-			if c.GetName() != "" {
-				c.Name = proto.String(mg.UniqueName(c.GetName()))
-				if n == F {
-					f.Node = c.GetName()
-				}
-			}
-			usedDomains[c.GetDomain()] = true
-			added = append(added, c)
+		sp.copied[n] = true
+		if err := sp.copyNode(i, n, F, f); err != nil {
+			return err
 		}
 	}
-	for _, c := range added {
-		mg.AddNode(c) // now the producer of the values it takes over
+	return nil
+}
+
+// forwardSet lists F and the nodes of wc from F forward to the values m has.
+func (sp *splicer) forwardSet(F *pb.NodeProto) ([]*pb.NodeProto, map[*pb.NodeProto]bool, error) {
+	set := []*pb.NodeProto{F}
+	seen := map[*pb.NodeProto]bool{F: true}
+	queue := slices.Clone(F.Output)
+	for len(queue) > 0 {
+		v := queue[0]
+		queue = queue[1:]
+		if v == "" || sp.has(v) {
+			continue
+		}
+		if sp.wg.IsOutput(v) {
+			return nil, nil, fmt.Errorf("graph output %q exists only in the canonical form", v)
+		}
+		for _, c := range sp.wg.Consumers(v) {
+			if !seen[c] {
+				seen[c] = true
+				set = append(set, c)
+				queue = append(queue, c.Output...)
+			}
+		}
 	}
-	// Domains, functions and versions the copied nodes need.
-	domains := make([]string, 0, len(usedDomains))
-	for d := range usedDomains {
+	return set, seen, nil
+}
+
+// backwardSet adds to set what its nodes read that m lacks: wc's
+// initializers are added to m, their producers to set.
+func (sp *splicer) backwardSet(set []*pb.NodeProto, seen map[*pb.NodeProto]bool) ([]*pb.NodeProto, error) {
+	for j := 0; j < len(set); j++ {
+		for _, v := range graph.NodeInputs(set[j]) {
+			if sp.has(v) {
+				continue
+			}
+			if t := sp.wg.Initializer(v); t != nil {
+				if sp.mg.Initializer(sp.nameIn(v)) == nil {
+					nt := proto.Clone(t).(*pb.TensorProto)
+					nt.Name = proto.String(sp.nameIn(v))
+					if d, ok := sp.wc.Deferred(t); ok {
+						sp.m.SetDeferred(nt, d)
+					}
+					sp.mg.AddInitializer(nt)
+				}
+				continue
+			}
+			p := sp.wg.Producer(v)
+			if p == nil {
+				return nil, fmt.Errorf("value %q of the canonical form has no producer", v)
+			}
+			if !seen[p] {
+				seen[p] = true
+				set = append(set, p)
+			}
+		}
+	}
+	return set, nil
+}
+
+// copyNode copies wc's node n for the i-th fused node f (whose node in wc
+// is F): its inputs renamed into m, and each output m has taken from its old
+// producer, which is detached.
+func (sp *splicer) copyNode(i int, n, F *pb.NodeProto, f *Fused) error {
+	mg := sp.mg
+	c := graph.CopyNode(n)
+	for k, v := range c.Input {
+		c.Input[k] = sp.nameIn(v)
+	}
+	for k, o := range c.Output {
+		if o != "" && sp.has(o) {
+			old := mg.Producer(o)
+			if old == nil {
+				return fmt.Errorf("value %q is not computed by a node in the model", o)
+			}
+			d := mg.UniqueName(o + "__unfused")
+			for x := range old.Output {
+				if old.Output[x] == o {
+					old.Output[x] = d
+				}
+			}
+			sp.detached[i] = append(sp.detached[i], old)
+			continue
+		}
+		c.Output[k] = sp.nameIn(o)
+	}
+	if c.GetName() != "" {
+		c.Name = proto.String(mg.UniqueName(c.GetName()))
+		if n == F {
+			f.Node = c.GetName()
+		}
+	}
+	sp.domains[c.GetDomain()] = true
+	sp.added = append(sp.added, c)
+	return nil
+}
+
+// addDeclarations adds the domains, functions and versions the copied
+// nodes need.
+func (sp *splicer) addDeclarations() {
+	m, wc := sp.m, sp.wc
+	domains := make([]string, 0, len(sp.domains))
+	for d := range sp.domains {
 		domains = append(domains, d)
 	}
 	slices.Sort(domains)
@@ -276,48 +349,56 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	if m.Proto.GetIrVersion() < 10 {
 		m.Proto.IrVersion = proto.Int64(10) // function overloads need IR 10
 	}
-	// Remove what became dead.
-	// As rewriteIn does, dead code that was there before goes too (it is
-	// attributed to the first fused node).
+}
+
+// findDead marks what became dead. As rewriteIn does, dead code that was
+// there before goes too (it is attributed to the first fused node).
+func (sp *splicer) findDead() {
+	mg := sp.mg
 	liveAfter := liveNodes(mg)
-	dead := make(map[*pb.NodeProto]bool, len(mg.P.Node)-len(liveAfter))
+	sp.dead = make(map[*pb.NodeProto]bool, len(mg.P.Node)-len(liveAfter))
 	for _, n := range mg.P.Node {
 		if !liveAfter[n] {
-			dead[n] = true
+			sp.dead[n] = true
 		}
 	}
-	// Attribute the dead nodes to the fused node whose detached producers
-	// they fed.
-	owner := map[*pb.NodeProto]int{}
-	for i, ds := range detached {
+}
+
+// attributeDead attributes the dead nodes to the fused node whose detached
+// producers they fed (the first one for the others), and each initializer
+// they read to the last fused node among its readers' owners.
+func (sp *splicer) attributeDead() {
+	mg := sp.mg
+	sp.owner = map[*pb.NodeProto]int{}
+	for i, ds := range sp.detached {
 		stack := slices.Clone(ds)
 		for len(stack) > 0 {
 			p := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
-			if p == nil || !dead[p] {
+			if p == nil || !sp.dead[p] {
 				continue
 			}
-			if _, ok := owner[p]; ok {
+			if _, ok := sp.owner[p]; ok {
 				continue
 			}
-			owner[p] = i
+			sp.owner[p] = i
 			for _, v := range graph.NodeInputs(p) {
 				stack = append(stack, mg.Producer(v))
 			}
 		}
 	}
-	removedNodes := make([][]string, len(rep.Fused))
-	removedInits := make([][]string, len(rep.Fused))
-	initOwner := map[string]int{}
+	nf := len(sp.rep.Fused)
+	sp.removedNodes, sp.removedInits = make([][]string, nf), make([][]string, nf)
+	sp.initOwner = map[string]int{}
 	for _, n := range mg.P.Node {
-		if !dead[n] {
+		if !sp.dead[n] {
 			continue
 		}
-		if _, ok := owner[n]; !ok {
-			owner[n] = 0
+		if _, ok := sp.owner[n]; !ok {
+			sp.owner[n] = 0
 		}
-		i := owner[n]
-		removedNodes[i] = append(removedNodes[i], graph.NodeLabel(n))
+		i := sp.owner[n]
+		sp.removedNodes[i] = append(sp.removedNodes[i], graph.NodeLabel(n))
 		for _, v := range graph.NodeInputs(n) {
 			if mg.Initializer(v) == nil {
 				continue
@@ -325,19 +406,24 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 			// As in block-by-block removal, an initializer several
 			// blocks read goes with the last of them: the one whose
 			// removal leaves it without readers.
-			if j, ok := initOwner[v]; !ok || i > j {
-				initOwner[v] = i
+			if j, ok := sp.initOwner[v]; !ok || i > j {
+				sp.initOwner[v] = i
 			}
 		}
 	}
-	// An initializer goes when dead nodes read it and no other node does
-	// (with its graph input, when it is one: see deadCode.removeDeadIn).
+}
+
+// removeDead removes the dead nodes, the initializers only they read (with
+// their graph inputs, when they are ones: see deadCode.removeDeadIn), and
+// the model-local functions no node calls any more.
+func (sp *splicer) removeDead() {
+	m, mg := sp.m, sp.mg
 	keptInits := mg.P.Initializer[:0]
 	goneInputs := map[string]bool{}
 	for _, t := range mg.P.Initializer {
 		v := t.GetName()
-		if i, ok := initOwner[v]; ok && !mg.IsOutput(v) && !slices.ContainsFunc(mg.Consumers(v), func(c *pb.NodeProto) bool { return !dead[c] }) {
-			removedInits[i] = append(removedInits[i], v)
+		if i, ok := sp.initOwner[v]; ok && !mg.IsOutput(v) && !slices.ContainsFunc(mg.Consumers(v), func(c *pb.NodeProto) bool { return !sp.dead[c] }) {
+			sp.removedInits[i] = append(sp.removedInits[i], v)
 			goneInputs[v] = mg.IsInput(v)
 			continue
 		}
@@ -345,7 +431,7 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	}
 	mg.P.Initializer = keptInits
 	mg.P.Input = slices.DeleteFunc(mg.P.Input, func(in *pb.ValueInfoProto) bool { return goneInputs[in.GetName()] })
-	mg.RemoveNodes(dead) // reindexes, initializers included
+	mg.RemoveNodes(sp.dead) // reindexes, initializers included
 	var callsAfter map[string]bool
 	if len(m.Proto.Functions) > 0 {
 		callsAfter = calledFunctions(mg.P.Node)
@@ -353,27 +439,25 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 	keptFuncs := m.Proto.Functions[:0]
 	for _, f := range m.Proto.Functions {
 		k := funcKey(f.GetDomain(), f.GetName(), f.GetOverload())
-		if callsBefore[k] && !callsAfter[k] && f.GetDomain() != moe.Domain {
+		if sp.callsBefore[k] && !callsAfter[k] && f.GetDomain() != moe.Domain {
 			continue
 		}
 		keptFuncs = append(keptFuncs, f)
 	}
 	m.Proto.Functions = keptFuncs
-	if err := mg.Sort(); err != nil {
-		return err
-	}
-	for i := range rep.Fused {
-		f := &rep.Fused[i]
+}
+
+// recordProvenance writes each fused node's provenance and removal counts.
+func (sp *splicer) recordProvenance() {
+	for i := range sp.rep.Fused {
+		f := &sp.rep.Fused[i]
 		b := f.Block
-		prov := Provenance{Node: f.Node, Kind: b.Kind, Nodes: removedNodes[i], Initializers: removedInits[i], Spec: b.Spec, TracedExperts: b.TracedExperts, SourceType: sourceType(b)}
+		nodes, inits := sp.removedNodes[i], sp.removedInits[i]
+		prov := Provenance{Node: f.Node, Kind: b.Kind, Nodes: nodes, Initializers: inits, Spec: b.Spec, TracedExperts: b.TracedExperts, SourceType: sourceType(b)}
 		js, _ := json.Marshal(prov)
-		m.SetMetadata(ProvenanceKey+f.Node, string(js))
-		f.NodesRemoved, f.InitsRemoved = len(removedNodes[i]), len(removedInits[i])
+		sp.m.SetMetadata(ProvenanceKey+f.Node, string(js))
+		f.NodesRemoved, f.InitsRemoved = len(nodes), len(inits)
 	}
-	if errs := mg.Validate(); len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	return nil
 }
 
 // liveNodes returns the nodes of g whose outputs reach a graph output.

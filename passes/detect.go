@@ -126,7 +126,6 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	if cx == nil {
 		cx = context.Background()
 	}
-	progress := opt.Progress
 	tbl := opt.EPTable
 	if tbl == nil {
 		tbl = ep.DefaultTable()
@@ -136,92 +135,117 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 		return nil, err
 	}
 	c.restore, c.epTable = opt.RestoreTracedExperts, tbl
-	topo := c.topo
-	det := &Detection{}
-	claimed := make([]bool, len(topo)) // by position: nodes of a found block
-	var missed []*pb.NodeProto         // TopK candidates reported as near-misses
+	l := &candidateLoop{c: c, det: &Detection{}, claimed: make([]bool, len(c.topo)), cols: c.epOps()}
 	total, done := 0, 0
-	cols := c.epOps()
-	for _, n := range topo {
+	for _, n := range c.topo {
 		if n.GetOpType() == "TopK" || isORTMoE(n) {
 			total++
 		}
 	}
-	syn, found, err := c.speculate(cx, cols)
-	if err != nil {
+	if l.syn, l.found, err = c.speculate(cx, l.cols); err != nil {
 		return nil, err
 	}
-	inner := c.innerSelections(syn, found)
-	for i, n := range topo {
+	l.inner = c.innerSelections(l.syn, l.found)
+	for i, n := range c.topo {
 		if n.GetOpType() == "TopK" || isORTMoE(n) {
 			if err := cx.Err(); err != nil {
 				return nil, err
 			}
-			if done++; progress != nil {
-				progress(done, total)
+			if done++; opt.Progress != nil {
+				opt.Progress(done, total)
 			}
 		}
-		if n.GetOpType() == ep.ShardedMoEOp && n.GetDomain() == ep.ShardedMoEDomain {
-			b, err := c.detectShardedMoE(n)
-			if err != nil {
-				det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
-				continue
-			}
-			det.Blocks = append(det.Blocks, b)
-			continue
-		}
-		if isORTMoE(n) {
-			b, err := c.detectORT(n)
-			if err != nil {
-				det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
-				continue
-			}
-			det.Blocks = append(det.Blocks, b)
-			continue
-		}
-		if n.GetOpType() == "ArgMax" && !claimed[i] && syn[i] != nil {
-			n = syn[i] // a sparsemixer router's selection, as a TopK
-		}
-		if n.GetOpType() != "TopK" || n.GetDomain() != "" || claimed[i] && n == topo[i] || inner[int32(i)] {
-			continue
-		}
-		if c.isAuxTopK(n) {
-			continue
-		}
-		if len(cols) > 0 && len(c.reachCollectives(cols, n.Output...)) > 0 {
-			b, err := c.detectEPAt(n, cols)
-			if err != nil {
-				det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
-				c.claimEPLocal(n, cols, claimed)
-				continue
-			}
-			c.claim(claimed, b)
-			det.Blocks = append(det.Blocks, b)
-			continue
-		}
-		r := found[n]
-		if r == nil { // not foreseen by speculate (cannot happen)
-			r = c.detectTopK(n)
-		}
-		if r.err != nil {
-			if !r.candidate {
-				continue // a TopK used for something else entirely: not a candidate
-			}
-			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: r.err.Error()})
-			missed = append(missed, n)
-			continue
-		}
-		c.claim(claimed, r.b)
-		det.Blocks = append(det.Blocks, r.b)
+		l.candidate(i, n)
 	}
+	l.finish()
+	return l.det, nil
+}
+
+// candidateLoop carries the state of detectIn's loop over the graph's
+// selections: what was found, which nodes found blocks claim (by position),
+// and the speculated analyses the loop applies in order.
+type candidateLoop struct {
+	c       *ctx
+	det     *Detection
+	claimed []bool          // by position: nodes of a found block
+	missed  []*pb.NodeProto // TopK candidates reported as near-misses
+	cols    map[*pb.NodeProto]ep.Op
+	syn     map[int]*pb.NodeProto
+	found   map[*pb.NodeProto]*topKResult
+	inner   map[int32]bool
+}
+
+// nearMiss reports n as a near-miss for err.
+func (l *candidateLoop) nearMiss(n *pb.NodeProto, err error) {
+	l.det.NearMiss = append(l.det.NearMiss, NearMiss{Node: graph.NodeLabel(n), Reason: err.Error()})
+}
+
+// candidate detects the block of the i-th node n in topological order, if
+// it is a candidate: an ONNX Runtime MoE node, a selection of an EP block,
+// or a router TopK (or a sparsemixer's selection standing for one).
+func (l *candidateLoop) candidate(i int, n *pb.NodeProto) {
+	c, det := l.c, l.det
+	if n.GetOpType() == ep.ShardedMoEOp && n.GetDomain() == ep.ShardedMoEDomain || isORTMoE(n) {
+		detect := c.detectORT
+		if !isORTMoE(n) {
+			detect = c.detectShardedMoE
+		}
+		b, err := detect(n)
+		if err != nil {
+			l.nearMiss(n, err)
+			return
+		}
+		det.Blocks = append(det.Blocks, b)
+		return
+	}
+	if n.GetOpType() == "ArgMax" && !l.claimed[i] && l.syn[i] != nil {
+		n = l.syn[i] // a sparsemixer router's selection, as a TopK
+	}
+	if n.GetOpType() != "TopK" || n.GetDomain() != "" || l.claimed[i] && n == c.topo[i] || l.inner[int32(i)] {
+		return
+	}
+	if c.isAuxTopK(n) {
+		return
+	}
+	if len(l.cols) > 0 && len(c.reachCollectives(l.cols, n.Output...)) > 0 {
+		b, err := c.detectEPAt(n, l.cols)
+		if err != nil {
+			l.nearMiss(n, err)
+			c.claimEPLocal(n, l.cols, l.claimed)
+			return
+		}
+		c.claim(l.claimed, b)
+		det.Blocks = append(det.Blocks, b)
+		return
+	}
+	r := l.found[n]
+	if r == nil { // not foreseen by speculate (cannot happen)
+		r = c.detectTopK(n)
+	}
+	if r.err != nil {
+		if r.candidate { // else a TopK used for something else entirely
+			l.nearMiss(n, r.err)
+			l.missed = append(l.missed, n)
+		}
+		return
+	}
+	c.claim(l.claimed, r.b)
+	det.Blocks = append(det.Blocks, r.b)
+}
+
+// finish drops overlapping blocks and side selections, reports routerless
+// experts, refuses capacity-limited and quantized blocks and those whose
+// I/O type cannot be set, and names the blocks.
+func (l *candidateLoop) finish() {
+	c, det := l.c, l.det
 	c.dropOverlaps(det)
-	c.dropSideSelections(det, missed) // logits.go
+	c.dropSideSelections(det, l.missed) // logits.go
 	// Expert compute selected by a TopK that was reported already is not
 	// routerless: only what no TopK reaches is reported by routerlessExperts.
-	covered := claimed
-	if len(missed) > 0 {
-		covered = slices.Clone(claimed)
-		for _, tk := range missed {
+	covered := l.claimed
+	if len(l.missed) > 0 {
+		covered = slices.Clone(l.claimed)
+		for _, tk := range l.missed {
 			for _, p := range c.selectedPos(tk) {
 				covered[p] = true
 			}
@@ -233,7 +257,7 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 	kept := det.Blocks[:0]
 	for _, b := range det.Blocks {
 		if err := attempt(func() error { return c.setIOType(b) }); err != nil {
-			det.NearMiss = append(det.NearMiss, NearMiss{Node: graph.NodeLabel(b.TopK), Reason: err.Error()})
+			l.nearMiss(b.TopK, err)
 			continue
 		}
 		kept = append(kept, b)
@@ -250,7 +274,6 @@ func detectIn(m *graph.Model, g *graph.Graph, opt DetectOptions) (*Detection, er
 			detectedHook(b)
 		}
 	}
-	return det, nil
 }
 
 // newCtx indexes g, the main graph of m, for detection.

@@ -86,29 +86,79 @@ func (c *ctx) detectEPAt(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (b *Blo
 	return b, nil
 }
 
+// epReader carries the state of recognising one rank's EP block (see
+// detectEPAt): the router, the dispatch and combine collectives, the local
+// experts between them and the block's output.
+type epReader struct {
+	c       *ctx
+	tk      *pb.NodeProto
+	cols    map[*pb.NodeProto]ep.Op
+	s       moe.Spec
+	ri      *routerInfo
+	E       int
+	x0      string          // the router's input, through noise
+	disp    []*pb.NodeProto // the dispatch collectives, in topological order
+	dOuts   []string        // their outputs
+	kind    string          // KindEPAllToAll, KindEPAllGather or KindEPDispatch
+	group   int             // the EP group size the collectives agree on (-1: none read yet)
+	cn      *pb.NodeProto   // the combine collective
+	G, L    int             // group size, local experts per rank
+	local   map[*pb.NodeProto]bool
+	roles   roleSet
+	xDeps   map[*pb.NodeProto]bool // nodes computed from x0
+	wDeps   map[*pb.NodeProto]bool // nodes computed from the top-k weights
+	y       string                 // the block output
+	after   bool                   // the routing weights multiply after the combine
+	shared  string                 // the shared expert's output added after the combine
+	region  []*pb.NodeProto
+	placing string
+	plan    *WeightPlan
+}
+
 func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (*Block, error) {
-	s := moe.Spec{RoutedScalingFactor: 1, SwiGLUAlpha: 1}
+	r := &epReader{c: c, tk: tk, cols: cols, s: moe.Spec{RoutedScalingFactor: 1, SwiGLUAlpha: 1}, group: -1}
+	for _, step := range []func() error{r.readRouter, r.readDispatch, r.readCombine, r.readLocalExperts, r.readOutput, r.readPlacement, r.readRegion, r.fillPlan, r.setSharding} {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	b := &Block{Kind: r.kind, Spec: r.s, Input: c.inputLike(r.x0, r.ri.x, r.y), Router: r.ri.x, Output: r.y, TopK: tk,
+		Region: r.region, Nodes: len(r.region), W: r.plan, Placement: r.placing}
+	b.Name = blockName(r.y, r.ri.w.GetName(), r.region)
+	return b, nil
+}
+
+// readRouter reads the top-k, the router and its shape.
+func (r *epReader) readRouter() error {
+	c, tk, s := r.c, r.tk, &r.s
 	k, ok := c.scalarInt(tk.Input[1])
 	if !ok {
-		return nil, rejectf("TopK k is not a constant")
+		return rejectf("TopK k is not a constant")
 	}
 	s.TopK = int(k)
 	ri, err := c.router(tk)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	r.ri = ri
 	s.RouterActivation, s.RouterOrder, s.NGroup, s.TopKGroup = ri.act, ri.order, ri.nGroup, ri.topkGroup
-	if err := c.routerShape(ri, &s); err != nil {
-		return nil, err
+	if err := c.routerShape(ri, s); err != nil {
+		return err
 	}
-	E := s.NumExperts
-	// Dispatch and combine.
-	// The dispatch: the collectives reached from the top-k indices, plus
-	// those reached from the top-k weights that are not downstream of the
-	// former (weights applied after combine flow on to later layers).
-	first := c.reachCollectives(cols, tk.Output[1])
+	r.E = s.NumExperts
+	return nil
+}
+
+// readDispatch finds the dispatch: the collectives reached from the top-k
+// indices, plus those reached from the top-k weights that are not
+// downstream of the former (weights applied after combine flow on to later
+// layers), plus an all-gather of the block input itself (tokens gathered
+// apart from the routing).
+func (r *epReader) readDispatch() error {
+	c, tk := r.c, r.tk
+	first := c.reachCollectives(r.cols, tk.Output[1])
 	if len(first) == 0 {
-		return nil, rejectf("no collective after the router")
+		return rejectf("no collective after the router")
 	}
 	var firstOuts []string
 	for _, n := range first {
@@ -116,94 +166,114 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (*Block, e
 	}
 	later := c.forward(firstOuts...)
 	disp := first
-	for _, n := range c.reachCollectives(cols, tk.Output[0]) {
+	for _, n := range c.reachCollectives(r.cols, tk.Output[0]) {
 		if !later[n] && !containsNode(disp, n) {
 			disp = append(disp, n)
 		}
 	}
-	// An all-gather of the block input itself (tokens gathered apart from
-	// the routing) belongs to the dispatch too.
-	x0 := c.through(ri.x)
-	for n, o := range cols {
-		if o.Kind == ep.AllGather && len(n.Input) > 0 && c.through(n.Input[0]) == x0 && !containsNode(disp, n) {
+	r.x0 = c.through(r.ri.x)
+	for n, o := range r.cols {
+		if o.Kind == ep.AllGather && len(n.Input) > 0 && c.through(n.Input[0]) == r.x0 && !containsNode(disp, n) {
 			disp = append(disp, n)
 		}
 	}
 	c.sortByOrder(disp)
-	var dOuts []string
-	group := -1
-	kindOf := func(n *pb.NodeProto) string { return cols[n].Kind }
-	checkGroup := func(n *pb.NodeProto) error {
-		o := cols[n]
-		gs, ok := attrIntOK(n, o.GroupAttr)
-		if !ok || gs < 1 {
-			return rejectf("%s::%s %q has no %s attribute (the EP group size)", o.Domain, o.Name, graph.NodeLabel(n), o.GroupAttr)
-		}
-		if group >= 0 && int(gs) != group {
-			return rejectf("collectives of one block disagree on the group size (%d and %d at %q)", group, gs, graph.NodeLabel(n))
-		}
-		group = int(gs)
-		return nil
-	}
-	kind := ""
+	r.disp = disp
 	for _, n := range disp {
-		switch kindOf(n) {
-		case ep.AllToAll, ep.AllGather:
-			k := KindEPAllToAll
-			if kindOf(n) == ep.AllGather {
-				k = KindEPAllGather
-			}
-			if kind != "" && kind != k {
-				return nil, rejectf("mixed %s and %s collectives after the router (%q)", kind, k, graph.NodeLabel(n))
-			}
-			kind = k
-		case ep.Dispatch:
-			if kind != "" {
-				return nil, rejectf("more than one dispatch after the router (%q)", graph.NodeLabel(n))
-			}
-			kind = KindEPDispatch
-			if e, ok := attrIntOK(n, cols[n].ExpertsAttr); ok && int(e) != E {
-				return nil, rejectf("dispatch %q routes %d experts but the router has %d", graph.NodeLabel(n), e, E)
-			}
-		default:
-			return nil, rejectf("%s collective %q after the router: an EP dispatch is all_to_all, all_gather or dispatch", kindOf(n), graph.NodeLabel(n))
+		if err := r.dispatchKind(n); err != nil {
+			return err
 		}
-		if err := checkGroup(n); err != nil {
-			return nil, err
+		if err := r.checkGroup(n); err != nil {
+			return err
 		}
-		dOuts = append(dOuts, n.Output...)
+		r.dOuts = append(r.dOuts, n.Output...)
 	}
-	comb := c.reachCollectives(cols, dOuts...)
+	return nil
+}
+
+// dispatchKind reads the block's kind from one dispatch collective n; the
+// collectives of one dispatch must agree on it.
+func (r *epReader) dispatchKind(n *pb.NodeProto) error {
+	switch r.cols[n].Kind {
+	case ep.AllToAll, ep.AllGather:
+		k := KindEPAllToAll
+		if r.cols[n].Kind == ep.AllGather {
+			k = KindEPAllGather
+		}
+		if r.kind != "" && r.kind != k {
+			return rejectf("mixed %s and %s collectives after the router (%q)", r.kind, k, graph.NodeLabel(n))
+		}
+		r.kind = k
+	case ep.Dispatch:
+		if r.kind != "" {
+			return rejectf("more than one dispatch after the router (%q)", graph.NodeLabel(n))
+		}
+		r.kind = KindEPDispatch
+		if e, ok := attrIntOK(n, r.cols[n].ExpertsAttr); ok && int(e) != r.E {
+			return rejectf("dispatch %q routes %d experts but the router has %d", graph.NodeLabel(n), e, r.E)
+		}
+	default:
+		return rejectf("%s collective %q after the router: an EP dispatch is all_to_all, all_gather or dispatch", r.cols[n].Kind, graph.NodeLabel(n))
+	}
+	return nil
+}
+
+// checkGroup reads collective n's EP group size; the collectives of one
+// block must agree on it.
+func (r *epReader) checkGroup(n *pb.NodeProto) error {
+	o := r.cols[n]
+	gs, ok := attrIntOK(n, o.GroupAttr)
+	if !ok || gs < 1 {
+		return rejectf("%s::%s %q has no %s attribute (the EP group size)", o.Domain, o.Name, graph.NodeLabel(n), o.GroupAttr)
+	}
+	if r.group >= 0 && int(gs) != r.group {
+		return rejectf("collectives of one block disagree on the group size (%d and %d at %q)", r.group, gs, graph.NodeLabel(n))
+	}
+	r.group = int(gs)
+	return nil
+}
+
+// readCombine finds the one collective after the dispatch, checks that it
+// combines what the dispatch sent, and derives the local expert count.
+func (r *epReader) readCombine() error {
+	comb := r.c.reachCollectives(r.cols, r.dOuts...)
 	if len(comb) != 1 {
-		return nil, rejectf("%d collectives after the dispatch, want exactly one combine", len(comb))
+		return rejectf("%d collectives after the dispatch, want exactly one combine", len(comb))
 	}
 	cn := comb[0]
+	ck := r.cols[cn].Kind
 	switch {
-	case kind == KindEPAllToAll && kindOf(cn) == ep.AllToAll, kind == KindEPDispatch && kindOf(cn) == ep.Combine,
-		kind == KindEPAllGather && kindOf(cn) == ep.AllReduce:
+	case r.kind == KindEPAllToAll && ck == ep.AllToAll, r.kind == KindEPDispatch && ck == ep.Combine,
+		r.kind == KindEPAllGather && ck == ep.AllReduce:
 	default:
-		return nil, rejectf("the collective after the dispatch (%q, %s) is not its combine", graph.NodeLabel(cn), kindOf(cn))
+		return rejectf("the collective after the dispatch (%q, %s) is not its combine", graph.NodeLabel(cn), ck)
 	}
-	if err := checkGroup(cn); err != nil {
-		return nil, err
+	if err := r.checkGroup(cn); err != nil {
+		return err
 	}
-	G := group
-	if E%G != 0 {
-		return nil, rejectf("the EP group of %d ranks does not divide the router's %d experts", G, E)
+	r.cn, r.G = cn, r.group
+	if r.E%r.G != 0 {
+		return rejectf("the EP group of %d ranks does not divide the router's %d experts", r.G, r.E)
 	}
-	L := E / G
-	// Local region: after the dispatch, before the combine.
-	local := map[*pb.NodeProto]bool{}
-	fwd := c.forward(dOuts...)
-	for n := range c.backward(cn.Input[0], nil) {
+	r.L = r.E / r.G
+	return nil
+}
+
+// readLocalExperts reads the local experts' matmuls between the dispatch
+// and the combine, and their roles.
+func (r *epReader) readLocalExperts() error {
+	c := r.c
+	r.local = map[*pb.NodeProto]bool{}
+	fwd := c.forward(r.dOuts...)
+	for n := range c.backward(r.cn.Input[0], nil) {
 		if fwd[n] {
-			local[n] = true
+			r.local[n] = true
 		}
 	}
 	var ems []*emm
 	byNode := map[*pb.NodeProto]*emm{}
 	for _, n := range c.topo {
-		if local[n] {
+		if r.local[n] {
 			if e := c.expertMatMul(n); e != nil && len(e.w.t.GetDims()) == 3 {
 				ems = append(ems, e)
 				byNode[n] = e
@@ -211,14 +281,31 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (*Block, e
 		}
 	}
 	if len(ems) < 2 {
-		return nil, rejectf("%d expert matmuls between dispatch and combine, want 2 or 3 (gate/up or fused gate_up, down)", len(ems))
+		return rejectf("%d expert matmuls between dispatch and combine, want 2 or 3 (gate/up or fused gate_up, down)", len(ems))
 	}
+	l1, l2, err := r.layers(ems, byNode)
+	if err != nil {
+		return err
+	}
+	for _, e := range ems {
+		if d := e.w.t.GetDims(); int(d[0]) != r.L {
+			return rejectf("local expert weight %q has %d experts, the group of %d ranks over %d experts needs %d per rank", e.w.t.GetName(), d[0], r.G, r.E, r.L)
+		}
+	}
+	c.setLimit(slices.Collect(maps.Keys(r.local)))
+	r.roles, err = c.roles(l1, l2, &r.s, true)
+	c.setLimit(nil)
+	return err
+}
+
+// layers splits the local expert matmuls into first projections (no expert
+// matmul before them) and the one down projection.
+func (r *epReader) layers(ems []*emm, byNode map[*pb.NodeProto]*emm) ([]*emm, *emm, error) {
 	var l1 []*emm
 	var l2 *emm
 	for _, e := range ems {
-		deps := c.backward(e.act, nil)
 		second := false
-		for n := range deps {
+		for n := range r.c.backward(e.act, nil) {
 			if byNode[n] != nil {
 				second = true
 			}
@@ -226,125 +313,144 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (*Block, e
 		if !second {
 			l1 = append(l1, e)
 		} else if l2 != nil {
-			return nil, rejectf("two down projections between dispatch and combine (%q, %q)", graph.NodeLabel(l2.n), graph.NodeLabel(e.n))
+			return nil, nil, rejectf("two down projections between dispatch and combine (%q, %q)", graph.NodeLabel(l2.n), graph.NodeLabel(e.n))
 		} else {
 			l2 = e
 		}
 	}
 	if l2 == nil || len(l1) == 0 || len(l1) > 2 {
-		return nil, rejectf("expert compute with %d input projections and no single down projection", len(l1))
+		return nil, nil, rejectf("expert compute with %d input projections and no single down projection", len(l1))
 	}
-	for _, e := range ems {
-		if d := e.w.t.GetDims(); int(d[0]) != L {
-			return nil, rejectf("local expert weight %q has %d experts, the group of %d ranks over %d experts needs %d per rank", e.w.t.GetName(), d[0], G, E, L)
-		}
-	}
-	c.setLimit(slices.Collect(maps.Keys(local)))
-	roles, err := c.roles(l1, l2, &s, true)
-	c.setLimit(nil)
-	if err != nil {
-		return nil, err
-	}
-	// Block output: after the combine, through noise, the sum over source
-	// ranks and slots, the router-weight multiply, and a shared expert.
-	xDeps := c.forward(x0)
-	wDeps := c.forward(tk.Output[0])
-	y := cn.Output[0]
-	fwdComb := c.forward(y)
-	after, sharedVal := false, ""
+	return l1, l2, nil
+}
+
+// readOutput follows the combine to the block output: through noise, the
+// sum over source ranks and slots, the router-weight multiply, and a shared
+// expert.
+func (r *epReader) readOutput() error {
+	c := r.c
+	r.xDeps = c.forward(r.x0)
+	r.wDeps = c.forward(r.tk.Output[0])
+	r.y = r.cn.Output[0]
+	fwdComb := c.forward(r.y)
 	for {
-		cons := c.g.Consumers(y)
-		if len(cons) != 1 || c.g.IsOutput(y) {
-			break
+		cons := c.g.Consumers(r.y)
+		if len(cons) != 1 || c.g.IsOutput(r.y) {
+			return nil
 		}
-		n := cons[0]
-		op := n.GetOpType()
-		if noiseOps[op] && op != "Cast" || op == "ReduceSum" || op == "Slice" && kind == KindEPAllGather {
-			y = n.Output[0]
-			continue
+		next, ok := r.outputStep(cons[0], fwdComb)
+		if !ok {
+			return nil
 		}
-		if op == "Mul" && !after {
-			other := n.Input[0]
-			if other == y {
-				other = n.Input[1]
-			}
-			if p := c.g.Producer(other); other == tk.Output[0] || p != nil && wDeps[p] && !fwdComb[p] {
-				after = true
-				y = n.Output[0]
-				continue
-			}
-		}
-		if op == "Add" && sharedVal == "" {
-			other := n.Input[0]
-			if other == y {
-				other = n.Input[1]
-			}
-			if p := c.g.Producer(other); p != nil && xDeps[p] && !wDeps[p] && c.hasWeightMatMul(other, x0) {
-				sharedVal = other
-				y = n.Output[0]
-				continue
-			}
-		}
-		break
+		r.y = next
 	}
+}
+
+// outputStep reports whether n, the one consumer of the output so far,
+// extends the block output, and the output then.
+func (r *epReader) outputStep(n *pb.NodeProto, fwdComb map[*pb.NodeProto]bool) (string, bool) {
+	c := r.c
+	op := n.GetOpType()
+	if noiseOps[op] && op != "Cast" || op == "ReduceSum" || op == "Slice" && r.kind == KindEPAllGather {
+		return n.Output[0], true
+	}
+	if op == "Mul" && !r.after {
+		other := otherInput(n, r.y)
+		if p := c.g.Producer(other); other == r.tk.Output[0] || p != nil && r.wDeps[p] && !fwdComb[p] {
+			r.after = true
+			return n.Output[0], true
+		}
+	}
+	if op == "Add" && r.shared == "" {
+		other := otherInput(n, r.y)
+		if p := c.g.Producer(other); p != nil && r.xDeps[p] && !r.wDeps[p] && c.hasWeightMatMul(other, r.x0) {
+			r.shared = other
+			return n.Output[0], true
+		}
+	}
+	return "", false
+}
+
+// otherInput is the input of a binary node n that is not y (its first when
+// neither or both are).
+func otherInput(n *pb.NodeProto, y string) string {
+	if n.Input[0] == y {
+		return n.Input[1]
+	}
+	return n.Input[0]
+}
+
+// readPlacement decides whether the routing weights multiply before the
+// combine (a dispatched tensor carrying them is used locally) or after.
+func (r *epReader) readPlacement() error {
 	before := false
-	for _, d := range disp {
+	for _, d := range r.disp {
 		for i, in := range d.Input {
-			if p := c.g.Producer(in); in != tk.Output[0] && (p == nil || !wDeps[p]) {
+			if p := r.c.g.Producer(in); in != r.tk.Output[0] && (p == nil || !r.wDeps[p]) {
 				continue
 			}
-			// a dispatched tensor carrying the routing weights: used locally?
 			out := d.Output[0]
-			if kind == KindEPDispatch {
+			if r.kind == KindEPDispatch {
 				if i != 2 || len(d.Output) < 3 {
 					continue
 				}
 				out = d.Output[2]
 			}
-			for n := range c.forward(out) {
-				if local[n] {
+			for n := range r.c.forward(out) {
+				if r.local[n] {
 					before = true
 				}
 			}
 		}
 	}
-	placement := PlacementAfterCombine
+	r.placing = PlacementAfterCombine
 	switch {
-	case before && after:
-		return nil, rejectf("the routing weights are applied both before and after combine")
-	case !before && !after:
-		return nil, rejectf("the routing weights are applied neither before nor after combine")
+	case before && r.after:
+		return rejectf("the routing weights are applied both before and after combine")
+	case !before && !r.after:
+		return rejectf("the routing weights are applied neither before nor after combine")
 	case before:
-		placement = PlacementBeforeCombine
+		r.placing = PlacementBeforeCombine
 	}
-	region := c.regionBetween(x0, y, xDeps)
-	inRegion := map[*pb.NodeProto]bool{}
-	for _, n := range region {
-		inRegion[n] = true
-		if _, ok := cols[n]; ok && n != cn && !containsNode(disp, n) {
-			return nil, rejectf("another collective %q inside the block", graph.NodeLabel(n))
+	return nil
+}
+
+// readRegion takes the block's region, refuses another collective inside
+// it, and reads what the router computes after the top-k within it.
+func (r *epReader) readRegion() error {
+	c := r.c
+	r.region = c.regionBetween(r.x0, r.y, r.xDeps)
+	for _, n := range r.region {
+		if _, ok := r.cols[n]; ok && n != r.cn && !containsNode(r.disp, n) {
+			return rejectf("another collective %q inside the block", graph.NodeLabel(n))
 		}
 	}
-	c.setLimit(region)
-	if err := c.routerPost(tk, ri, &s); err != nil {
-		c.setLimit(nil)
-		return nil, rejectf("%v", err)
+	c.setLimit(r.region)
+	defer c.setLimit(nil)
+	if err := c.routerPost(r.tk, r.ri, &r.s); err != nil {
+		return rejectf("%v", err)
 	}
-	c.setLimit(nil)
-	plan := &WeightPlan{Router: Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}, Experts: make([]ExpertProj, L)}
+	return nil
+}
+
+// fillPlan fills the weight plan of the L local experts, the intermediate
+// size, and the shared expert.
+func (r *epReader) fillPlan() error {
+	ri, roles, s := r.ri, r.roles, &r.s
+	plan := &WeightPlan{Router: Proj{Init: ri.w, Expert: -1, InOut: ri.wInOut}, Experts: make([]ExpertProj, r.L)}
 	if ri.bias != nil {
 		plan.RouterB = &Proj{Init: ri.bias, Expert: -1}
 	}
 	if ri.corr != nil {
 		plan.Corr = &Proj{Init: ri.corr, Expert: -1}
 	}
-	mk := func(r *roleRef, e int) *Proj {
-		if r == nil {
+	mk := func(rr *roleRef, e int) *Proj {
+		if rr == nil {
 			return nil
 		}
-		return &Proj{Init: r.w.t, Expert: e, InOut: r.inOut, Part: r.part}
+		return &Proj{Init: rr.w.t, Expert: e, InOut: rr.inOut, Part: rr.part}
 	}
-	for e := 0; e < L; e++ {
+	for e := 0; e < r.L; e++ {
 		plan.Experts[e] = ExpertProj{Gate: mk(roles.gate, e), Up: mk(roles.up, e), Down: mk(roles.down, e),
 			GateB: mk(roles.gateB, e), UpB: mk(roles.upB, e), DownB: mk(roles.downB, e)}
 	}
@@ -358,26 +464,28 @@ func (c *ctx) epBlock(tk *pb.NodeProto, cols map[*pb.NodeProto]ep.Op) (*Block, e
 		s.Inter /= 2
 	}
 	s.ExpertBias = roles.gateB != nil || roles.upB != nil || roles.downB != nil
-	if sharedVal != "" {
-		if err := c.sharedExpert(sharedVal, x0, &s, plan); err != nil {
-			return nil, err
-		}
+	r.plan = plan
+	if r.shared != "" {
+		return r.c.sharedExpert(r.shared, r.x0, s, plan)
 	}
-	rank, err := c.epRank(G)
+	return nil
+}
+
+// setSharding records this rank's shard in the spec and validates it.
+func (r *epReader) setSharding() error {
+	rank, err := r.c.epRank(r.G)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	s.EPSize, s.ExpertOffset, s.LocalExperts = G, rank*L, L
-	if G == 1 {
+	s := &r.s
+	s.EPSize, s.ExpertOffset, s.LocalExperts = r.G, rank*r.L, r.L
+	if r.G == 1 {
 		s.LocalExperts = 0
 	}
 	if err := s.Validate(); err != nil {
-		return nil, rejectf("%v", err)
+		return rejectf("%v", err)
 	}
-	b := &Block{Kind: kind, Spec: s, Input: c.inputLike(x0, ri.x, y), Router: ri.x, Output: y, TopK: tk,
-		Region: region, Nodes: len(region), W: plan, Placement: placement}
-	b.Name = blockName(y, ri.w.GetName(), region)
-	return b, nil
+	return nil
 }
 
 func containsNode(ns []*pb.NodeProto, n *pb.NodeProto) bool {

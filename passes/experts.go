@@ -189,6 +189,39 @@ func (c *ctx) afterBias(v string) (string, *wtrace) {
 	}
 }
 
+// expertBranch is one branch of a block's experts: its first projection(s)
+// and down projection, the expert it computes (-1: not known yet), and
+// whether it computes every expert from stacked weights.
+type expertBranch struct {
+	key     string
+	l1      []*emm
+	l2      *emm
+	expert  int
+	stacked bool
+}
+
+// expertReader carries the state of reading a block's experts (see
+// experts): the expert matmuls of the region and their branches.
+type expertReader struct {
+	c          *ctx
+	b          *Block
+	tk         *pb.NodeProto
+	ri         *routerInfo
+	s          *moe.Spec
+	shared     map[*pb.NodeProto]bool
+	ems        []*emm
+	byPos      map[int32]*emm
+	deps       map[*emm][]int32 // down projection -> the positions it depends on
+	allStacked bool
+	kind       string
+	branches   []*expertBranch
+	bykey      map[string]*expertBranch
+}
+
+// experts reads the experts of block b: the expert matmuls of its region,
+// grouped into branches (one per expert, or one for stacked weights), their
+// expert ids, and each expert's weights in plan. It returns the shape kind;
+// a sort-based block is handed to sortedExperts.
 func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) (string, error) {
 	st, err := c.sortOf(tk)
 	if err != nil {
@@ -197,223 +230,283 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 	if st != nil {
 		return c.sortedExperts(b, tk, st, ri, s, shared, plan)
 	}
-	var ems []*emm
-	byPos := map[int32]*emm{}
+	r := &expertReader{c: c, b: b, tk: tk, ri: ri, s: s, shared: shared}
+	for _, step := range []func() error{r.findMatMuls, r.groupBranches, r.pairDown, r.branchIDs, r.tracedBranches, r.coverage} {
+		if err := step(); err != nil {
+			return "", err
+		}
+	}
+	if err := r.fillPlan(plan); err != nil {
+		return "", err
+	}
+	s.Inter = expertInter(plan)
+	s.ExpertBias = plan.Experts[0].GateB != nil || plan.Experts[0].UpB != nil || plan.Experts[0].DownB != nil
+	return r.kind, nil
+}
+
+// findMatMuls lists the expert matmuls of the region (but the router's and
+// the shared expert's) and marks the down projections: those that depend on
+// another expert matmul, whose dependencies pair them with their branch.
+func (r *expertReader) findMatMuls() error {
+	c, b := r.c, r.b
+	r.byPos = map[int32]*emm{}
 	for i, n := range b.Region {
-		if n == ri.linear || shared[n] {
+		if n == r.ri.linear || r.shared[n] {
 			continue
 		}
 		if e := c.expertMatMul(n); e != nil {
-			ems = append(ems, e)
+			r.ems = append(r.ems, e)
 			if len(b.regionPos) == len(b.Region) {
 				e.pos = b.regionPos[i]
 			} else {
 				e.pos, _ = c.posOf(n)
 			}
-			byPos[e.pos] = e
+			r.byPos[e.pos] = e
 		}
 	}
-	if len(ems) == 0 {
-		return "", rejectf("no expert matmuls between the router and the combine")
+	if len(r.ems) == 0 {
+		return rejectf("no expert matmuls between the router and the combine")
 	}
-	// A down projection depends on another expert matmul; its
-	// dependencies pair it with its branch below.
 	stop := c.valueIDs(b.Input)
-	deps := map[*emm][]int32{}
+	r.deps = map[*emm][]int32{}
 	var scratch []int32
-	for _, e := range ems {
+	for _, e := range r.ems {
 		scratch = c.backPosInto(scratch[:0], e.act, stop)
 		for _, p := range scratch {
-			if byPos[p] != nil {
+			if r.byPos[p] != nil {
 				e.layer2 = true
-				deps[e] = slices.Clone(scratch)
+				r.deps[e] = slices.Clone(scratch)
 				break
 			}
 		}
 	}
-	// Group into branches.
-	allStacked := true
-	for _, e := range ems {
-		if e.w.sel == selConst || e.w.sel == selSlot || (e.w.sel == selNone && len(e.w.t.GetDims()) == 2) {
-			allStacked = false
-		}
-	}
-	kind := KindBatched
-	type branch struct {
-		key     string
-		l1      []*emm
-		l2      *emm
-		expert  int
-		stacked bool
-	}
-	var branches []*branch
-	bykey := map[string]*branch{}
-	get := func(k string) *branch {
-		if br := bykey[k]; br != nil {
-			return br
-		}
-		br := &branch{key: k, expert: -1}
-		bykey[k] = br
-		branches = append(branches, br)
+	return nil
+}
+
+// branch returns the branch of key k, new ones in the order first asked.
+func (r *expertReader) branch(k string) *expertBranch {
+	if br := r.bykey[k]; br != nil {
 		return br
 	}
-	for _, e := range ems {
+	br := &expertBranch{key: k, expert: -1}
+	r.bykey[k] = br
+	r.branches = append(r.branches, br)
+	return br
+}
+
+// groupBranches groups the first projections into branches: one for
+// stacked weights used by every token (batched or dense), else one per
+// constant expert index, traced loop slot or activation input (unrolled).
+func (r *expertReader) groupBranches() error {
+	r.allStacked = true
+	for _, e := range r.ems {
+		if e.w.sel == selConst || e.w.sel == selSlot || (e.w.sel == selNone && len(e.w.t.GetDims()) == 2) {
+			r.allStacked = false
+		}
+	}
+	r.kind = KindBatched
+	r.bykey = map[string]*expertBranch{}
+	for _, e := range r.ems {
 		if e.layer2 {
 			continue
 		}
 		switch {
-		case allStacked:
+		case r.allStacked:
 			e.key = "all"
 			if e.w.sel == selNone {
-				kind = KindDense
+				r.kind = KindDense
 			}
 		case e.w.sel == selConst:
 			e.key = fmt.Sprintf("const:%d", e.w.expert)
 		case e.w.sel == selSlot:
 			e.key = "slot:" + e.w.slotKey
 		default:
-			e.key = "act:" + c.through(e.act)
+			e.key = "act:" + r.c.through(e.act)
 		}
-		get(e.key).l1 = append(get(e.key).l1, e)
+		r.branch(e.key).l1 = append(r.branch(e.key).l1, e)
 	}
-	l1Branch := map[int32]*branch{}
-	for _, br := range branches {
+	if !r.allStacked {
+		r.kind = KindUnrolled
+	}
+	return nil
+}
+
+// pairDown gives each branch the one down projection that depends on its
+// first projections.
+func (r *expertReader) pairDown() error {
+	l1Branch := map[int32]*expertBranch{}
+	for _, br := range r.branches {
 		for _, l1 := range br.l1 {
 			l1Branch[l1.pos] = br
 		}
 	}
-	for _, e := range ems {
+	for _, e := range r.ems {
 		if !e.layer2 {
 			continue
 		}
-		var owner *branch
-		for _, p := range deps[e] {
+		var owner *expertBranch
+		for _, p := range r.deps[e] {
 			if br := l1Branch[p]; br != nil {
 				if owner != nil && owner != br {
-					return "", rejectf("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
+					return rejectf("down projection %q depends on two expert branches", graph.NodeLabel(e.n))
 				}
 				owner = br
 			}
 		}
 		if owner == nil || owner.l2 != nil {
-			return "", rejectf("cannot pair down projection %q with its expert", graph.NodeLabel(e.n))
+			return rejectf("cannot pair down projection %q with its expert", graph.NodeLabel(e.n))
 		}
 		owner.l2 = e
 	}
-	for _, br := range branches {
+	for _, br := range r.branches {
 		if br.l2 == nil || len(br.l1) == 0 || len(br.l1) > 2 {
-			return "", rejectf("expert branch with %d input projections and no single down projection", len(br.l1))
+			return rejectf("expert branch with %d input projections and no single down projection", len(br.l1))
 		}
 	}
-	if !allStacked {
-		kind = KindUnrolled
-	}
-	// Expert ids per branch.
-	E := s.NumExperts
-	slots := 0
-	for _, br := range branches {
+	return nil
+}
+
+// branchIDs reads each branch's expert id: stacked, a constant index, or
+// the id that selects the branch's tokens.
+func (r *expertReader) branchIDs() error {
+	for _, br := range r.branches {
 		switch {
 		case br.key == "all":
 			br.stacked = true
 		case strings.HasPrefix(br.key, "const:"):
 			br.expert = br.l1[0].w.expert
 		case strings.HasPrefix(br.key, "slot:"):
-			slots++
 			br.stacked = true
 		default:
-			e, err := c.branchExpert(br.l1[0].act, b.Input, tk)
+			e, err := r.c.branchExpert(br.l1[0].act, r.b.Input, r.tk)
 			if err != nil {
-				return "", err
+				return err
 			}
 			br.expert = e
 		}
 	}
-	if slots > 0 {
-		if slots != len(branches) {
-			return "", rejectf("mixed traced-loop and constant expert branches")
+	return nil
+}
+
+// tracedBranches checks the branches of a traced loop over hit experts
+// (one per iteration, all on the same stacked weights) and keeps one of
+// them, which stands for all.
+func (r *expertReader) tracedBranches() error {
+	slots, E := 0, r.s.NumExperts
+	for _, br := range r.branches {
+		if strings.HasPrefix(br.key, "slot:") {
+			slots++
 		}
-		if slots < E && c.restore {
-			b.TracedExperts = slots
-		} else if slots < E {
-			return "", rejectf("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts; the RestoreTracedExperts option, mokopt rewrite --restore-traced-experts, rebuilds all experts from the stacked weights)", slots, E, E-slots, slots)
-		}
-		if slots > E {
-			return "", rejectf("%d traced expert branches for %d experts", slots, E)
-		}
-		// Every traced branch reads the same stacked weights: any one of
-		// them stands for all, whichever the node order lists first.
-		for _, br := range branches[1:] {
-			if !sameWeights(br.l1, branches[0].l1) || br.l2.w.t != branches[0].l2.w.t {
-				return "", rejectf("traced expert branches read different weights")
-			}
-		}
-		branches = branches[:1]
 	}
-	// Branches in expert order, so that the activation is read from the
-	// same branch (expert 0's) whatever the node order.
+	if slots == 0 {
+		return nil
+	}
+	if slots != len(r.branches) {
+		return rejectf("mixed traced-loop and constant expert branches")
+	}
+	if slots < E && r.c.restore {
+		r.b.TracedExperts = slots
+	} else if slots < E {
+		return rejectf("the trace unrolled its loop over hit experts %d times but there are %d experts: tokens routed to the %d expert(s) not hit at trace time are lost (the graph is right only for inputs that hit at most %d experts; the RestoreTracedExperts option, mokopt rewrite --restore-traced-experts, rebuilds all experts from the stacked weights)", slots, E, E-slots, slots)
+	}
+	if slots > E {
+		return rejectf("%d traced expert branches for %d experts", slots, E)
+	}
+	// Every traced branch reads the same stacked weights: any one of
+	// them stands for all, whichever the node order lists first.
+	for _, br := range r.branches[1:] {
+		if !sameWeights(br.l1, r.branches[0].l1) || br.l2.w.t != r.branches[0].l2.w.t {
+			return rejectf("traced expert branches read different weights")
+		}
+	}
+	r.branches = r.branches[:1]
+	return nil
+}
+
+// coverage puts the branches in expert order, so that the activation is
+// read from the same branch (expert 0's) whatever the node order, and
+// checks that per-expert branches compute each expert once.
+func (r *expertReader) coverage() error {
+	branches, E := r.branches, r.s.NumExperts
 	sort.SliceStable(branches, func(i, j int) bool { return branches[i].expert < branches[j].expert })
-	if !branches[0].stacked {
-		seen := map[int]bool{}
-		for _, br := range branches {
-			if br.expert < 0 || br.expert >= E {
-				return "", rejectf("expert branch with id %d outside 0..%d", br.expert, E-1)
-			}
-			if seen[br.expert] {
-				return "", rejectf("expert %d computed by two branches", br.expert)
-			}
-			seen[br.expert] = true
+	if branches[0].stacked {
+		return nil
+	}
+	seen := map[int]bool{}
+	for _, br := range branches {
+		if br.expert < 0 || br.expert >= E {
+			return rejectf("expert branch with id %d outside 0..%d", br.expert, E-1)
 		}
-		var missing []string
-		for e := 0; e < E; e++ {
-			if !seen[e] {
-				missing = append(missing, fmt.Sprint(e))
-			}
+		if seen[br.expert] {
+			return rejectf("expert %d computed by two branches", br.expert)
 		}
-		if len(missing) > 0 {
-			b.NullExperts = c.nullExperts(b, tk, seen, E) // nullexperts.go
-		}
-		if len(missing) > 0 && b.NullExperts == 0 {
-			return "", rejectf("expert(s) %s missing from the graph: %d of %d experts have compute (a trace that baked in only the experts hit at trace time, or router outputs without expert weights, such as zero-computation experts, which ai.mok::MoE cannot express)", strings.Join(missing, ", "), len(branches), E)
+		seen[br.expert] = true
+	}
+	var missing []string
+	for e := 0; e < E; e++ {
+		if !seen[e] {
+			missing = append(missing, fmt.Sprint(e))
 		}
 	}
-	// Roles and activation, from the first branch.
+	if len(missing) > 0 {
+		r.b.NullExperts = r.c.nullExperts(r.b, r.tk, seen, E) // nullexperts.go
+	}
+	if len(missing) > 0 && r.b.NullExperts == 0 {
+		return rejectf("expert(s) %s missing from the graph: %d of %d experts have compute (a trace that baked in only the experts hit at trace time, or router outputs without expert weights, such as zero-computation experts, which ai.mok::MoE cannot express)", strings.Join(missing, ", "), len(branches), E)
+	}
+	return nil
+}
+
+// fillPlan reads each branch's roles (the activation from the first
+// branch) and fills plan with each expert's weights.
+func (r *expertReader) fillPlan(plan *WeightPlan) error {
+	c, s, E := r.c, r.s, r.s.NumExperts
 	plan.Experts = make([]ExpertProj, E)
-	rwDeps := c.reachFrom(tk.Output[0])
-	for bi, br := range branches {
+	rwDeps := c.reachFrom(r.tk.Output[0])
+	for bi, br := range r.branches {
 		roles, err := c.roles(br.l1, br.l2, s, bi == 0)
 		if err != nil {
-			return "", err
+			return err
 		}
 		if br.stacked {
 			if err := c.checkStacked(roles, E); err != nil {
-				return "", err
+				return err
 			}
 		}
 		if p := c.g.Producer(br.l1[0].act); p != nil && rwDeps.has(p) {
 			s.WeightsOnInput = true
 		}
 		for e := 0; e < E; e++ {
-			if !br.stacked && e != br.expert {
-				continue
+			if br.stacked || e == br.expert {
+				plan.Experts[e] = branchProj(br, roles, e)
 			}
-			idx := -1
-			if br.stacked || br.l1[0].w.sel == selConst {
-				idx = e
-			}
-			mk := func(r *roleRef) *Proj {
-				if r == nil {
-					return nil
-				}
-				i := idx
-				if len(r.w.t.GetDims()) == 1 || (len(r.w.t.GetDims()) == 2 && r.isBias && r.w.sel == selNone) || (len(r.w.t.GetDims()) == 2 && !r.isBias) {
-					i = -1
-				}
-				return &Proj{Init: r.w.t, Expert: i, InOut: r.inOut, Part: r.part}
-			}
-			plan.Experts[e] = ExpertProj{Gate: mk(roles.gate), Up: mk(roles.up), Down: mk(roles.down), GateB: mk(roles.gateB), UpB: mk(roles.upB), DownB: mk(roles.downB)}
 		}
 	}
-	// Intermediate size from the first expert's up projection.
+	return nil
+}
+
+// branchProj is expert e's weights in branch br with roles.
+func branchProj(br *expertBranch, roles roleSet, e int) ExpertProj {
+	idx := -1
+	if br.stacked || br.l1[0].w.sel == selConst {
+		idx = e
+	}
+	mk := func(r *roleRef) *Proj {
+		if r == nil {
+			return nil
+		}
+		i := idx
+		if len(r.w.t.GetDims()) == 1 || (len(r.w.t.GetDims()) == 2 && r.isBias && r.w.sel == selNone) || (len(r.w.t.GetDims()) == 2 && !r.isBias) {
+			i = -1
+		}
+		return &Proj{Init: r.w.t, Expert: i, InOut: r.inOut, Part: r.part}
+	}
+	return ExpertProj{Gate: mk(roles.gate), Up: mk(roles.up), Down: mk(roles.down), GateB: mk(roles.gateB), UpB: mk(roles.upB), DownB: mk(roles.downB)}
+}
+
+// expertInter is the intermediate size, from the first expert's up
+// projection.
+func expertInter(plan *WeightPlan) int {
 	up := plan.Experts[0].Up
 	d := up.Init.GetDims()
 	out := int(d[len(d)-2])
@@ -423,9 +516,7 @@ func (c *ctx) experts(b *Block, tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, s
 	if up.Part != PartWhole {
 		out /= 2
 	}
-	s.Inter = out
-	s.ExpertBias = plan.Experts[0].GateB != nil || plan.Experts[0].UpB != nil || plan.Experts[0].DownB != nil
-	return kind, nil
+	return out
 }
 
 // sameWeights reports whether two branches' input projections read the

@@ -86,88 +86,140 @@ func (c *ctx) sortOf(tk *pb.NodeProto) (*pb.NodeProto, error) {
 // layout (order: 0 sorted, 1 pairs [T·k, ·], 2 pairs [T, k, ·]).
 type sortedTag struct{ stage, seg, order int }
 
+// sortedReader carries the state of reading one sort-based block's experts
+// (see sortedExperts): the dispatch found so far, and the tags of the values
+// of the expert pipeline that follows the gathered tokens.
+type sortedReader struct {
+	c       *ctx
+	b       *Block
+	tk      *pb.NodeProto
+	sortTK  *pb.NodeProto
+	ri      *routerInfo
+	s       *moe.Spec
+	shared  map[*pb.NodeProto]bool
+	E, k    int
+	sd      sortedDispatch
+	ids     expertIDs
+	xIn     string               // the router's input, through noise
+	other   []*pb.NodeProto      // gathers by the permutation of something else
+	gateSeg map[string]int       // sorted routing weights (through noise) -> their expert group (-1: all)
+	tags    map[string]sortedTag // values of the expert pipeline
+	scatter *pb.NodeProto        // the additive scatter back to token order
+	combine *pb.NodeProto        // the weighted sum over each token's k pairs (pair order)
+	segs    []sortedSeg
+	// group value -> the Concat output that joins the groups
+	concatOf map[string]string
+	// group value -> the sorted rows Split into the groups
+	splitOf map[string]string
+}
+
+// sortedSeg holds one expert group's projections: first layer(s) and down.
+type sortedSeg struct{ l1, l2 []*emm }
+
 // sortedExperts reads a sort-based block's experts: it checks that the
 // dispatch permutes, groups and scatters back the token/expert pairs
 // consistently, and fills plan with each expert's weights (see KindSorted).
 func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, s *moe.Spec, shared map[*pb.NodeProto]bool, plan *WeightPlan) (string, error) {
-	E, k := s.NumExperts, s.TopK
-	sd := &sortedDispatch{}
-	if len(sortTK.Output) < 2 || len(sortTK.Input) < 2 {
-		return "", rejectf("sort %q lacks its permutation output", graph.NodeLabel(sortTK))
+	r := &sortedReader{c: c, b: b, tk: tk, sortTK: sortTK, ri: ri, s: s, shared: shared, E: s.NumExperts, k: s.TopK}
+	for _, step := range []func() error{r.checkSort, r.readPermutation, r.readTokens, r.checkOtherGathers, r.readGates, r.followPipeline, r.checkCombine} {
+		if err := step(); err != nil {
+			return "", err
+		}
 	}
-	ids := expertIDs{c.through(tk.Output[1]), c.through(sortTK.Output[0])}
+	if err := r.fillPlan(plan); err != nil {
+		return "", err
+	}
+	return KindSorted, nil
+}
+
+// checkSort checks that the sort orders the flattened token/expert pairs,
+// and takes its permutation.
+func (r *sortedReader) checkSort() error {
+	c, sortTK := r.c, r.sortTK
+	if len(sortTK.Output) < 2 || len(sortTK.Input) < 2 {
+		return rejectf("sort %q lacks its permutation output", graph.NodeLabel(sortTK))
+	}
+	r.ids = expertIDs{c.through(r.tk.Output[1]), c.through(sortTK.Output[0])}
 	if ax := graph.AttrInt(sortTK, "axis", -1); ax != 0 && ax != -1 {
-		return "", rejectf("sort %q runs along axis %d, not over the flattened pairs", graph.NodeLabel(sortTK), ax)
+		return rejectf("sort %q runs along axis %d, not over the flattened pairs", graph.NodeLabel(sortTK), ax)
 	}
 	if graph.AttrInt(sortTK, "sorted", 1) != 1 {
-		return "", rejectf("sort %q does not order its output", graph.NodeLabel(sortTK))
+		return rejectf("sort %q does not order its output", graph.NodeLabel(sortTK))
 	}
 	if !c.flattens(sortTK.Input[0]) {
-		return "", rejectf("sort %q does not sort the flattened token/expert pairs", graph.NodeLabel(sortTK))
+		return rejectf("sort %q does not sort the flattened token/expert pairs", graph.NodeLabel(sortTK))
 	}
-	sd.perm = sortTK.Output[1]
+	r.sd.perm = sortTK.Output[1]
+	return nil
+}
 
-	// The permutation gives each sorted pair its token (perm div k) and its
-	// routing weight (the flattened weights gathered by perm).
-	xIn := c.through(ri.x)
-	var other []*pb.NodeProto // gathers by perm of something else
-	for _, n := range c.consumersThrough(sd.perm) {
+// readPermutation reads what the permutation gives each sorted pair: its
+// token (perm div k) and its routing weight (the flattened weights gathered
+// by perm).
+func (r *sortedReader) readPermutation() error {
+	c := r.c
+	r.xIn = c.through(r.ri.x)
+	for _, n := range c.consumersThrough(r.sd.perm) {
 		if !c.inLimit(n) {
 			continue
 		}
-		switch op := n.GetOpType(); {
-		case op == "Div":
-			if c.through(n.Input[0]) != c.through(sd.perm) {
-				return "", rejectf("%q divides by the sort permutation", graph.NodeLabel(n))
-			}
-			q, err := c.quotientOf(n, k)
-			if err != nil {
-				return "", err
-			}
-			if err := c.setOnce(&sd.tok, q, "token index"); err != nil {
-				return "", err
-			}
-		case op == "Gather" || op == "GatherND":
-			data, idx, ok := c.gatherRows(n)
-			if !ok || c.through(idx) != c.through(sd.perm) {
-				return "", rejectf("%q gathers by the sort permutation other than row by row", graph.NodeLabel(n))
-			}
-			if k == 1 && c.through(data) == xIn {
-				if err := c.setOnce(&sd.xs, n.Output[0], "gathered tokens"); err != nil {
-					return "", err
-				}
-				continue
-			}
-			if c.pairTokens(data, k) {
-				if err := c.setOnce(&sd.tok, n.Output[0], "token index"); err != nil {
-					return "", err
-				}
-				continue
-			}
-			if !c.flattens(data) || !c.isRoutingWeights(tk, ri, s, data) {
-				other = append(other, n) // the pipeline's, or refused below
-				continue
-			}
-			if err := c.setOnce(&sd.gates, n.Output[0], "sorted routing weights"); err != nil {
-				return "", err
-			}
-		case op == "Shape" || op == "Size":
-		case op == "ScatterND" || op == "TopK" && c.isSortTopK(n):
-			// putting the outputs back in pair order (checked in the pipeline)
-		default:
-			if k != 1 {
-				return "", rejectf("unexpected %s %q reads the sort permutation", op, graph.NodeLabel(n))
-			}
+		if err := r.permutationReader(n); err != nil {
+			return err
 		}
 	}
-	if sd.tok == "" && k == 1 {
-		sd.tok = sd.perm
+	if r.sd.tok == "" && r.k == 1 {
+		r.sd.tok = r.sd.perm
 	}
-	if sd.tok == "" {
-		return "", rejectf("the sort permutation does not give the pairs' tokens (a division by top_k)")
+	if r.sd.tok == "" {
+		return rejectf("the sort permutation does not give the pairs' tokens (a division by top_k)")
 	}
-	// The tokens gathered in sorted order; the scatter back is checked
-	// from the scatter.
+	return nil
+}
+
+// permutationReader reads one consumer n of the sort permutation.
+func (r *sortedReader) permutationReader(n *pb.NodeProto) error {
+	c, sd, k := r.c, &r.sd, r.k
+	switch op := n.GetOpType(); {
+	case op == "Div":
+		if c.through(n.Input[0]) != c.through(sd.perm) {
+			return rejectf("%q divides by the sort permutation", graph.NodeLabel(n))
+		}
+		q, err := c.quotientOf(n, k)
+		if err != nil {
+			return err
+		}
+		return c.setOnce(&sd.tok, q, "token index")
+	case op == "Gather" || op == "GatherND":
+		data, idx, ok := c.gatherRows(n)
+		if !ok || c.through(idx) != c.through(sd.perm) {
+			return rejectf("%q gathers by the sort permutation other than row by row", graph.NodeLabel(n))
+		}
+		if k == 1 && c.through(data) == r.xIn {
+			return c.setOnce(&sd.xs, n.Output[0], "gathered tokens")
+		}
+		if c.pairTokens(data, k) {
+			return c.setOnce(&sd.tok, n.Output[0], "token index")
+		}
+		if !c.flattens(data) || !c.isRoutingWeights(r.tk, r.ri, r.s, data) {
+			r.other = append(r.other, n) // the pipeline's, or refused below
+			return nil
+		}
+		return c.setOnce(&sd.gates, n.Output[0], "sorted routing weights")
+	case op == "Shape" || op == "Size":
+	case op == "ScatterND" || op == "TopK" && c.isSortTopK(n):
+		// putting the outputs back in pair order (checked in the pipeline)
+	default:
+		if k != 1 {
+			return rejectf("unexpected %s %q reads the sort permutation", op, graph.NodeLabel(n))
+		}
+	}
+	return nil
+}
+
+// readTokens finds the tokens gathered in sorted order; the scatter back
+// is checked from the scatter.
+func (r *sortedReader) readTokens() error {
+	c, sd := r.c, &r.sd
 	for _, n := range c.consumersThrough(sd.tok) {
 		if !c.inLimit(n) {
 			continue
@@ -175,318 +227,252 @@ func (c *ctx) sortedExperts(b *Block, tk, sortTK *pb.NodeProto, ri *routerInfo, 
 		switch op := n.GetOpType(); {
 		case op == "Gather" || op == "GatherND":
 			data, idx, ok := c.gatherRows(n)
-			if ok && c.through(idx) == c.through(sd.tok) && c.through(data) == xIn {
+			if ok && c.through(idx) == c.through(sd.tok) && c.through(data) == r.xIn {
 				if err := c.setOnce(&sd.xs, n.Output[0], "gathered tokens"); err != nil {
-					return "", err
+					return err
 				}
 				continue
 			}
 			if sd.tok != sd.perm { // with top_k 1 the permutation also gathers the weights
-				return "", rejectf("%q gathers by the pairs' tokens something other than the router's input", graph.NodeLabel(n))
+				return rejectf("%q gathers by the pairs' tokens something other than the router's input", graph.NodeLabel(n))
 			}
 		case op == "ScatterND" || op == "ScatterElements" || op == "Expand" || op == "Shape" || op == "Size":
 		default:
 			if sd.tok != sd.perm {
-				return "", rejectf("unexpected %s %q reads the pairs' tokens", op, graph.NodeLabel(n))
+				return rejectf("unexpected %s %q reads the pairs' tokens", op, graph.NodeLabel(n))
 			}
 		}
 	}
 	if sd.xs == "" {
-		return "", rejectf("the tokens are not gathered in sorted order")
+		return rejectf("the tokens are not gathered in sorted order")
 	}
-	if len(other) > 0 {
-		fromX := c.reachFrom(sd.xs)
-		for _, n := range other {
-			if !fromX.has(n) { // else the expert pipeline checks it
-				return "", rejectf("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
-			}
+	return nil
+}
+
+// checkOtherGathers refuses gathers by the permutation that neither the
+// routing weights nor the expert pipeline explain.
+func (r *sortedReader) checkOtherGathers() error {
+	if len(r.other) == 0 {
+		return nil
+	}
+	fromX := r.c.reachFrom(r.sd.xs)
+	for _, n := range r.other {
+		if !fromX.has(n) { // else the expert pipeline checks it
+			return rejectf("%q gathers by the sort permutation something other than the flattened routing weights", graph.NodeLabel(n))
 		}
 	}
+	return nil
+}
 
-	// The sorted routing weights, whole or split into the expert groups.
-	gateSeg := map[string]int{}
-	if sd.gates != "" {
-		gateSeg[c.through(sd.gates)] = -1
+// readGates reads the sorted routing weights, whole or split into the
+// expert groups.
+func (r *sortedReader) readGates() error {
+	c, sd := r.c, &r.sd
+	r.gateSeg = map[string]int{}
+	if sd.gates == "" {
+		return nil
 	}
+	r.gateSeg[c.through(sd.gates)] = -1
 	for _, n := range c.consumersThrough(sd.gates) {
 		switch {
-		case sd.gates == "":
 		case !c.inLimit(n):
-		case n.GetOpType() == "Split" && c.splitAxis(n) == 0 && len(n.Input) > 1 && len(n.Output) == E:
-			cnt, err := c.countsOf(n.Input[1], ids, E)
-			if err != nil {
-				return "", err
-			}
-			if err := c.setOnce(&sd.counts, cnt, "per-expert counts"); err != nil {
-				return "", err
+		case n.GetOpType() == "Split" && c.splitAxis(n) == 0 && len(n.Input) > 1 && len(n.Output) == r.E:
+			if err := r.setCounts(n.Input[1]); err != nil {
+				return err
 			}
 			for e, o := range n.Output {
-				gateSeg[o] = e
+				r.gateSeg[o] = e
 			}
 		case n.GetOpType() == "Slice" && c.rowSlice(n):
-			e, cnt, err := c.groupSlice(n, E)
+			e, err := r.groupSliceCounts(n)
 			if err != nil {
-				return "", err
+				return err
 			}
-			if cnt, err = c.countsOf(cnt, ids, E); err != nil {
-				return "", err
-			}
-			if err := c.setOnce(&sd.counts, cnt, "per-expert counts"); err != nil {
-				return "", err
-			}
-			gateSeg[n.Output[0]] = e
+			r.gateSeg[n.Output[0]] = e
 		}
 	}
-	// Follow the gathered tokens through the per-expert groups.
-	var scatter *pb.NodeProto
-	tags := map[string]sortedTag{sd.xs: {0, -1, 0}}
-	var combine *pb.NodeProto // the weighted sum over each token's k pairs (pair order)
-	type segMM struct{ l1, l2 []*emm }
-	segs := make([]segMM, E)
-	concatOf := map[string]string{} // group value -> the Concat output that joins the groups
-	splitOf := map[string]string{}  // group value -> the sorted rows Split into the groups
-	for _, n := range c.forwardNodes(sd.xs) {
-		var in []sortedTag
-		tagged := -1
-		for i, v := range n.Input {
-			if t, ok := tags[v]; ok && v != "" {
-				in = append(in, t)
-				if tagged < 0 {
-					tagged = i
-				}
-			}
+	return nil
+}
+
+// setCounts checks that cnt holds the per-expert counts and records them.
+func (r *sortedReader) setCounts(cnt string) error {
+	cnt, err := r.c.countsOf(cnt, r.ids, r.E)
+	if err != nil {
+		return err
+	}
+	return r.c.setOnce(&r.sd.counts, cnt, "per-expert counts")
+}
+
+// groupSliceCounts reads a Slice of one expert group's rows, between the
+// counts' running sums: it records the counts and returns the expert.
+func (r *sortedReader) groupSliceCounts(n *pb.NodeProto) (int, error) {
+	e, cnt, err := r.c.groupSlice(n, r.E)
+	if err != nil {
+		return 0, err
+	}
+	return e, r.setCounts(cnt)
+}
+
+// followPipeline follows the gathered tokens through the per-expert groups
+// to the scatter back or the sum over the pairs, each node by the first of
+// sortedRules that matches it.
+func (r *sortedReader) followPipeline() error {
+	r.tags = map[string]sortedTag{r.sd.xs: {0, -1, 0}}
+	r.segs = make([]sortedSeg, r.E)
+	r.concatOf, r.splitOf = map[string]string{}, map[string]string{}
+	for _, n := range r.c.forwardNodes(r.sd.xs) {
+		x, err := r.pipelineNode(n)
+		if err != nil {
+			return err
 		}
-		if len(in) == 0 {
+		if x == nil {
 			continue
 		}
-		t0 := in[0]
-		for _, t := range in[1:] {
-			if t.stage != t0.stage || t.order != t0.order || t.seg != t0.seg && n.GetOpType() != "Concat" {
-				return "", rejectf("%q mixes values of different expert groups or stages", graph.NodeLabel(n))
-			}
-		}
-		set := func(t sortedTag, outs ...string) {
-			for _, o := range outs {
-				if o != "" {
-					tags[o] = t
+		for _, rule := range sortedRules {
+			if rule.match(r, x) {
+				if err := rule.apply(r, x); err != nil {
+					return err
 				}
+				break
 			}
-		}
-		op := n.GetOpType()
-		if t0.order > 0 || t0.stage < 2 && c.permutes(n, sd.perm) {
-			sum, err := c.pairOrder(n, t0, tagged, sd, tk, ri, s, set)
-			if err != nil {
-				return "", err
-			}
-			if sum {
-				if combine != nil {
-					return "", rejectf("the weighted expert outputs are summed over the pairs twice")
-				}
-				combine = n
-			}
-			continue
-		}
-		switch {
-		case op == "Shape" || op == "Size":
-			continue
-		case op == "Identity" || op == "Cast":
-			set(t0, n.Output...)
-		case t0.stage >= 2 && t0.seg == -1 && c.permutes(n, sd.perm) && !(sd.tok == sd.perm && t0.stage == 3 && op == "ScatterND"):
-			// the outputs put back in pair order by the inverse of the sort
-			if tagged != c.permutedInput(n) {
-				return "", rejectf("%q uses the expert outputs as indices", graph.NodeLabel(n))
-			}
-			set(sortedTag{t0.stage, -1, 1}, n.Output...)
-		case op == "Split" && c.splitAxis(n) == 0:
-			if t0.seg != -1 || tagged != 0 || len(n.Input) < 2 || len(n.Output) != E {
-				return "", rejectf("%q splits the sorted pairs into %d parts, not by the %d experts' counts", graph.NodeLabel(n), len(n.Output), E)
-			}
-			cnt, err := c.countsOf(n.Input[1], ids, E)
-			if err != nil {
-				return "", err
-			}
-			if err := c.setOnce(&sd.counts, cnt, "per-expert counts"); err != nil {
-				return "", err
-			}
-			for e, o := range n.Output {
-				set(sortedTag{t0.stage, e, 0}, o)
-				splitOf[o] = n.Input[0]
-			}
-		case op == "Slice" && tagged == 0 && t0.seg == -1 && c.rowSlice(n):
-			// one expert's rows, between the counts' running sums
-			e, cnt, err := c.groupSlice(n, E)
-			if err != nil {
-				return "", err
-			}
-			if cnt, err = c.countsOf(cnt, ids, E); err != nil {
-				return "", err
-			}
-			if err := c.setOnce(&sd.counts, cnt, "per-expert counts"); err != nil {
-				return "", err
-			}
-			set(sortedTag{t0.stage, e, 0}, n.Output...)
-			splitOf[n.Output[0]] = n.Input[0]
-		case op == "Concat" && c.concatAxis(n) == 0:
-			if len(n.Input) != E || len(in) != E {
-				return "", rejectf("%q joins %d parts, not the %d expert groups", graph.NodeLabel(n), len(n.Input), E)
-			}
-			for e, v := range n.Input {
-				if tags[v].seg != e {
-					return "", rejectf("%q joins the expert groups out of order", graph.NodeLabel(n))
-				}
-			}
-			for _, v := range n.Input {
-				concatOf[v] = n.Output[0]
-			}
-			set(sortedTag{t0.stage, -1, 0}, n.Output...)
-		case op == "MatMul" || op == "Gemm":
-			e := c.expertMatMul(n)
-			if e == nil || e.act != n.Input[tagged] {
-				return "", rejectf("%q multiplies expert activations by something other than a constant weight", graph.NodeLabel(n))
-			}
-			if t0.seg < 0 {
-				return "", rejectf("%q projects every sorted pair with one weight, not one expert's group", graph.NodeLabel(n))
-			}
-			if b := gemmBias(n); b != "" && (graph.AttrFloat(n, "beta", 1) != 1 || c.matmulWeight(b) == nil) {
-				return "", rejectf("%q adds a scaled or non-constant bias inside an expert's projection", graph.NodeLabel(n))
-			}
-			switch t0.stage {
-			case 0:
-				segs[t0.seg].l1 = append(segs[t0.seg].l1, e)
-			case 1:
-				segs[t0.seg].l2 = append(segs[t0.seg].l2, e)
-			default:
-				return "", rejectf("%q is a third projection after the expert's down projection", graph.NodeLabel(n))
-			}
-			set(sortedTag{t0.stage + 1, t0.seg, 0}, n.Output...)
-		case t0.stage == 1 && (sortedElementwise[op] || op == "Split" || op == "Slice"):
-			if op == "Split" || op == "Slice" {
-				if tagged != 0 || !c.lastAxisOnly(n) {
-					return "", rejectf("%q cuts expert activations along an axis other than the last", graph.NodeLabel(n))
-				}
-				if op == "Split" && len(n.Input) > 1 && n.Input[1] != "" {
-					if sz := c.constInts(n.Input[1]); len(sz) != 2 || sz[0] != sz[1] {
-						return "", rejectf("%q cuts expert activations into parts other than two equal halves", graph.NodeLabel(n))
-					}
-				}
-			} else {
-				for i, v := range n.Input {
-					if _, ok := tags[v]; !ok && v != "" && !c.isConst(v) {
-						return "", rejectf("%q combines expert activations with the non-constant %q", graph.NodeLabel(n), n.Input[i])
-					}
-				}
-			}
-			set(t0, n.Output...)
-		case t0.stage == 2 && op == "Add" && t0.seg == -1 && len(n.Input) == 2:
-			// a bias shared by every expert (read by roles)
-			other := n.Input[1-tagged]
-			if !c.isConst(other) {
-				return "", rejectf("%q adds the non-constant %q to the experts' outputs", graph.NodeLabel(n), other)
-			}
-			set(t0, n.Output...)
-		case t0.stage == 2 && op == "Mul" && len(n.Input) == 2:
-			other := c.through(n.Input[1-tagged])
-			if g, ok := gateSeg[other]; !ok || g != t0.seg {
-				return "", rejectf("%q weights the experts' outputs by something other than the sorted routing weights", graph.NodeLabel(n))
-			}
-			set(sortedTag{3, t0.seg, 0}, n.Output...)
-		case t0.stage == 3 && t0.seg == -1 && (op == "ScatterND" || op == "ScatterElements") && tagged == 2:
-			if scatter != nil {
-				return "", rejectf("the weighted expert outputs are scattered twice")
-			}
-			scatter = n
-		default:
-			return "", rejectf("unexpected %s %q in the expert pipeline of a sort-based block (stage %d)", op, graph.NodeLabel(n), t0.stage)
 		}
 	}
+	return nil
+}
+
+// pipelineNode describes n as a node of the expert pipeline (nil when it
+// reads no tagged value); it refuses a node that mixes groups or stages.
+func (r *sortedReader) pipelineNode(n *pb.NodeProto) (*sortedNode, error) {
+	x := &sortedNode{n: n, op: n.GetOpType(), tagged: -1}
+	for i, v := range n.Input {
+		if t, ok := r.tags[v]; ok && v != "" {
+			x.in = append(x.in, t)
+			if x.tagged < 0 {
+				x.tagged = i
+			}
+		}
+	}
+	if len(x.in) == 0 {
+		return nil, nil
+	}
+	x.t = x.in[0]
+	for _, t := range x.in[1:] {
+		if t.stage != x.t.stage || t.order != x.t.order || t.seg != x.t.seg && x.op != "Concat" {
+			return nil, rejectf("%q mixes values of different expert groups or stages", graph.NodeLabel(n))
+		}
+	}
+	return x, nil
+}
+
+// set tags the values outs with t.
+func (r *sortedReader) set(t sortedTag, outs ...string) {
+	for _, o := range outs {
+		if o != "" {
+			r.tags[o] = t
+		}
+	}
+}
+
+// checkCombine checks that the block output is the scatter back to token
+// order or the weighted sum over each token's pairs, and that the groups
+// were split by the counts.
+func (r *sortedReader) checkCombine() error {
+	c := r.c
 	switch {
-	case scatter != nil && combine != nil:
-		return "", rejectf("the expert outputs are both scattered back to their tokens and summed in pair order")
-	case scatter != nil:
-		if err := c.checkScatterBack(scatter, sd.tok); err != nil {
-			return "", err
+	case r.scatter != nil && r.combine != nil:
+		return rejectf("the expert outputs are both scattered back to their tokens and summed in pair order")
+	case r.scatter != nil:
+		if err := c.checkScatterBack(r.scatter, r.sd.tok); err != nil {
+			return err
 		}
-		if c.combineInput(b.Output, shared) != scatter.Output[0] {
-			return "", rejectf("the block output is not the scatter back to token order")
+		if c.combineInput(r.b.Output, r.shared) != r.scatter.Output[0] {
+			return rejectf("the block output is not the scatter back to token order")
 		}
-	case combine != nil:
-		if c.combineInput(b.Output, shared) != combine.Output[0] {
-			return "", rejectf("the block output is not the weighted sum over each token's pairs")
+	case r.combine != nil:
+		if c.combineInput(r.b.Output, r.shared) != r.combine.Output[0] {
+			return rejectf("the block output is not the weighted sum over each token's pairs")
 		}
 	default:
-		return "", rejectf("the weighted expert outputs are not scattered back to token order")
+		return rejectf("the weighted expert outputs are not scattered back to token order")
 	}
-	if sd.counts == "" {
-		return "", rejectf("the sorted pairs are not split by the per-expert counts")
+	if r.sd.counts == "" {
+		return rejectf("the sorted pairs are not split by the per-expert counts")
 	}
-	// lift: a group's value, or the Concat output joining all groups.
-	lift := func(v string) string {
-		for {
-			if o, ok := concatOf[v]; ok {
-				return o
-			}
-			cons := c.g.Consumers(v)
-			if len(cons) != 1 || (cons[0].GetOpType() != "Identity" && cons[0].GetOpType() != "Cast") {
-				return v
-			}
-			v = cons[0].Output[0]
+	return nil
+}
+
+// lift returns the Concat output joining all groups when v is a group's
+// value (through Identity and Cast), else v.
+func (r *sortedReader) lift(v string) string {
+	for {
+		if o, ok := r.concatOf[v]; ok {
+			return o
+		}
+		cons := r.c.g.Consumers(v)
+		if len(cons) != 1 || (cons[0].GetOpType() != "Identity" && cons[0].GetOpType() != "Cast") {
+			return v
+		}
+		v = cons[0].Output[0]
+	}
+}
+
+// fillPlan fills plan with each expert's weights, and s with the
+// intermediate size and whether the experts carry biases.
+func (r *sortedReader) fillPlan(plan *WeightPlan) error {
+	plan.Experts = make([]ExpertProj, r.E)
+	for e := range r.E {
+		var err error
+		if plan.Experts[e], err = r.expertProj(e); err != nil {
+			return err
 		}
 	}
-	plan.Experts = make([]ExpertProj, E)
-	for e := range E {
-		sg := segs[e]
-		if len(sg.l1) == 0 || len(sg.l1) > 2 || len(sg.l2) != 1 {
-			return "", rejectf("expert %d's group has %d input and %d down projections, want 1 or 2 and 1", e, len(sg.l1), len(sg.l2))
-		}
-		l1 := make([]*emm, len(sg.l1))
-		for i, m := range sg.l1 {
-			cp := *m
-			cp.out = lift(m.out)
-			l1[i] = &cp
-		}
-		l2 := *sg.l2[0]
-		l2.out = lift(l2.out)
-		if v, ok := splitOf[l2.act]; ok {
-			l2.act = v // the activation of every sorted pair, read once
-		}
-		rs, err := c.roles(l1, &l2, s, e == 0)
-		if err != nil {
-			return "", err
-		}
-		if err := c.firstGemmBiases(l1, &rs); err != nil {
-			return "", err
-		}
-		for _, r := range []*roleRef{rs.gate, rs.up, rs.down, rs.gateB, rs.upB, rs.downB} {
-			if r == nil || r.w.sel == selConst || r.w.sel == selNone && (len(r.w.t.GetDims()) == 2 && !r.isBias || len(r.w.t.GetDims()) == 1 && r.isBias) {
-				continue
-			}
-			return "", rejectf("expert %d's weight %q is not one expert's matrix", e, r.w.t.GetName())
-		}
-		mk := func(r *roleRef) *Proj {
-			if r == nil {
-				return nil
-			}
-			idx := -1
-			if r.w.sel == selConst {
-				idx = r.w.expert
-			}
-			return &Proj{Init: r.w.t, Expert: idx, InOut: r.inOut, Part: r.part}
-		}
-		plan.Experts[e] = ExpertProj{Gate: mk(rs.gate), Up: mk(rs.up), Down: mk(rs.down), GateB: mk(rs.gateB), UpB: mk(rs.upB), DownB: mk(rs.downB)}
-	}
-	up := plan.Experts[0].Up
-	d := up.Init.GetDims()
-	out := int(d[len(d)-2])
-	if up.InOut {
-		out = int(d[len(d)-1])
-	}
-	if up.Part != PartWhole {
-		out /= 2
-	}
-	s.Inter = out
+	r.s.Inter = expertInter(plan)
 	e0 := plan.Experts[0]
-	s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
-	return KindSorted, nil
+	r.s.ExpertBias = e0.GateB != nil || e0.UpB != nil || e0.DownB != nil
+	return nil
+}
+
+// expertProj reads expert e's projections from its group.
+func (r *sortedReader) expertProj(e int) (ExpertProj, error) {
+	sg := r.segs[e]
+	if len(sg.l1) == 0 || len(sg.l1) > 2 || len(sg.l2) != 1 {
+		return ExpertProj{}, rejectf("expert %d's group has %d input and %d down projections, want 1 or 2 and 1", e, len(sg.l1), len(sg.l2))
+	}
+	l1 := make([]*emm, len(sg.l1))
+	for i, m := range sg.l1 {
+		cp := *m
+		cp.out = r.lift(m.out)
+		l1[i] = &cp
+	}
+	l2 := *sg.l2[0]
+	l2.out = r.lift(l2.out)
+	if v, ok := r.splitOf[l2.act]; ok {
+		l2.act = v // the activation of every sorted pair, read once
+	}
+	rs, err := r.c.roles(l1, &l2, r.s, e == 0)
+	if err != nil {
+		return ExpertProj{}, err
+	}
+	if err := r.c.firstGemmBiases(l1, &rs); err != nil {
+		return ExpertProj{}, err
+	}
+	for _, rr := range []*roleRef{rs.gate, rs.up, rs.down, rs.gateB, rs.upB, rs.downB} {
+		if rr == nil || rr.w.sel == selConst || rr.w.sel == selNone && (len(rr.w.t.GetDims()) == 2 && !rr.isBias || len(rr.w.t.GetDims()) == 1 && rr.isBias) {
+			continue
+		}
+		return ExpertProj{}, rejectf("expert %d's weight %q is not one expert's matrix", e, rr.w.t.GetName())
+	}
+	mk := func(rr *roleRef) *Proj {
+		if rr == nil {
+			return nil
+		}
+		idx := -1
+		if rr.w.sel == selConst {
+			idx = rr.w.expert
+		}
+		return &Proj{Init: rr.w.t, Expert: idx, InOut: rr.inOut, Part: rr.part}
+	}
+	return ExpertProj{Gate: mk(rs.gate), Up: mk(rs.up), Down: mk(rs.down), GateB: mk(rs.gateB), UpB: mk(rs.upB), DownB: mk(rs.downB)}, nil
 }
 
 // pairTokens reports whether v holds each token/expert pair's token, pair
