@@ -27,13 +27,21 @@ import (
 //     statistical comparison (0 for element-wise).
 //   - Pass: at least one case, and every case passed.
 //   - Notes: the choices made (shapes used, ignored options, precision).
+//   - BlockReference, BlockBound, EndToEndBound: for a block-by-block
+//     comparison of a lowered model (VerifyOptions.WholeModel unset), the
+//     model whose fused blocks are the reference, the bound each block is
+//     held to and the looser bound of the graph outputs.
 //   - Cases: one per set of inputs: Name ("tokens=N", "fixed_shapes" or
 //     the data set), Tokens, Inputs (name, dtype, shape), Pass, Message,
 //     and Outputs, one per output position: Index, NameA, NameB, DTypeA,
 //     DTypeB, ShapeA, ShapeB, Elements, Mismatches, NonFinite, MaxAbsErr,
 //     MaxRelErr, MaxAbsRef, RTol, ATol, and the worst element (WorstIndex,
 //     WorstMultiIndex, WorstA, WorstB); for a statistical comparison
-//     MeanRel (mean relative error) and RelL2 (relative L2 error).
+//     MeanRel (mean relative error) and RelL2 (relative L2 error);
+//     Blocks, for a block-by-block comparison, one per fused block: Index,
+//     Node, KernelNode, Output, Elements, MeanRel, RelL2, MaxAbsErr,
+//     MaxAbsRef, Bound, Decisions, RouterFlips, EndToEndFlips, Pass and
+//     Message.
 type VerifyReport = verify.Report
 
 // Defaults of Verify and Run, the mokopt command's: the tolerances of

@@ -456,12 +456,3 @@ func renameRefs(gp *pb.GraphProto, rename map[string]string) {
 		}
 	}
 }
-
-// joinNames is strings.Join over the labels of ns.
-func joinNames(ns []NearMiss) string {
-	var s []string
-	for _, n := range ns {
-		s = append(s, n.Node)
-	}
-	return strings.Join(s, ", ")
-}

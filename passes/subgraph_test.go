@@ -213,14 +213,14 @@ func TestControlFlowCheckCatches(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			m := loadWrapped(t, controlFlowBlocks[0], how)
 			before, _ := m.Marshal()
-			rep, err := Rewrite(m, Options{Check: true})
+			_, err := Rewrite(m, Options{Check: true})
 			if err == nil || !strings.Contains(err.Error(), "in ") || !strings.Contains(err.Error(), "differ") {
 				t.Fatalf("err %v, want a refusal naming the scope", err)
 			}
 			if after, _ := m.Marshal(); string(after) != string(before) {
 				t.Error("the model was edited")
 			}
-			rep, err = Rewrite(m, Options{Check: true, Partial: true})
+			rep, err := Rewrite(m, Options{Check: true, Partial: true})
 			if err != nil {
 				t.Fatal(err)
 			}
