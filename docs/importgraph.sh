@@ -17,7 +17,7 @@ layers='
 5 passes internal/diff
 6 lowering models
 7 . internal/composite
-8 cmd/mokopt internal/ortrun bench/loadsave bench/chain bench/stack tools/scrubpaths
+8 cmd/mokopt internal/ortrun bench/loadsave bench/chain bench/stack tools/scrubpaths tools/funclen
 '
 set -euo pipefail
 cd "$(dirname "$0")/.."
