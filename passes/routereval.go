@@ -307,6 +307,9 @@ func (c *ctx) logitsType(tk *pb.NodeProto, logits string) pb.TensorProto_DataTyp
 // given shape, in the logits' element type.
 func (c *ctx) evalRouting(tk *pb.NodeProto, logits string, nodes []*pb.NodeProto, inits []*pb.TensorProto, shape []int, run *routingRun) (map[string]*eval.Tensor, error) {
 	dt := c.logitsType(tk, logits)
+	if !eval.StoredAsFloat32(dt) {
+		return nil, rejectf("router logits %q are %s, not a float type", logits, dt)
+	}
 	_, run.half = eval.HalfTolerance(dt)
 	// The probe is rounded to the logits' type, and the reference reads
 	// the rounded values.

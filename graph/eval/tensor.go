@@ -77,6 +77,11 @@ func kindOf(dt pb.TensorProto_DataType) kind {
 // SupportedDType reports whether tensors of type dt can be evaluated.
 func SupportedDType(dt pb.TensorProto_DataType) bool { return kindOf(dt) != kNone }
 
+// StoredAsFloat32 reports whether the interpreter holds values of dt as
+// float32 (FLOAT, FLOAT16, BFLOAT16 and the float8 types): the types
+// NewFloatAs takes.
+func StoredAsFloat32(dt pb.TensorProto_DataType) bool { return kindOf(dt) == kF32 }
+
 // isFloat reports whether dt is a floating-point type.
 func isFloat(dt pb.TensorProto_DataType) bool {
 	k := kindOf(dt)
