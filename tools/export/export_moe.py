@@ -13,7 +13,7 @@ Sizes and modes come from the environment: MOE_H (hidden, 64), MOE_I (intermedia
 MOE_MI (MoE intermediate, 32), MOE_E (experts, 8), MOE_K (top-k, 2), MOE_L (layers, 2),
 MOE_B / MOE_T (batch 2, tokens 8), MOE_WHAT (block,full), MOE_EXPORTERS (dynamo,torchscript).
 """
-import json, os, sys, traceback, time
+import json, os, shutil, sys, traceback, time
 import numpy as np
 import torch
 import transformers
@@ -336,8 +336,9 @@ def _probe_ort_moe():
 
 
 def half_main():
-    """Export the MoE block of each family in float16 and bfloat16 (the module cast with .to(dtype),
-    the dynamo exporter, batched_mm experts), with ONNX Runtime outputs on two random inputs as
+    """Export the MoE block of each family in float16 and bfloat16 (the module cast with .to(dtype);
+    the dynamo exporter with batched_mm experts, and TorchScript with the default per-expert loop,
+    as MOE_EXPORTERS says), with ONNX Runtime outputs on two random inputs as
     golden data, and manifest.json recording which EP computed each case's goldens. ONNX Runtime
     runs the exported graph between exact float32 Casts at its edges (_f32_edges: its Python API
     has no bfloat16 arrays); the CPU EP is tried first, the CUDA EP (no CPU fallback) where the
@@ -354,15 +355,18 @@ def half_main():
     for fam, mkcfg, clsname in fams():
         if fam not in HALF_FAMILIES or (ONLY and fam not in ONLY):
             continue
-        for dt in (torch.float16, torch.bfloat16):
+        for exporter, dt in [(x, d) for x in os.environ.get("MOE_EXPORTERS", "dynamo,torchscript").split(",")
+                             for d in (torch.float16, torch.bfloat16)]:
             dname = str(dt).split(".")[-1]
-            tag = f"{fam}_block_dynamo_{dname}"
-            rec = {"case": tag, "family": fam, "dtype": dname, "experts_implementation": "batched_mm"}
+            tag = f"{fam}_block_{exporter}_{dname}"
+            # dynamo: transformers' batched_mm experts; TorchScript traces the default per-expert loop
+            impl = "batched_mm" if exporter == "dynamo" else None
+            rec = {"case": tag, "family": fam, "dtype": dname, "exporter": exporter, "experts_implementation": impl or "eager"}
             t0 = time.time()
             try:
                 torch.manual_seed(0)
                 model = getattr(transformers, clsname)(mkcfg()).eval()
-                set_experts_impl(model, "batched_mm")
+                set_experts_impl(model, impl)
                 name, moe = find_moe(model)
                 moe = moe.to(dt)
                 rec["moe_module"], rec["moe_class"] = name, type(moe).__name__
@@ -370,7 +374,8 @@ def half_main():
                 xs = [torch.randn(2, 8, H).to(dt) for _ in range(2)]
                 with torch.no_grad():
                     torch.onnx.export(First(moe), (xs[0],), p, input_names=["hidden_states"], output_names=["moe_out"],
-                                      dynamo=True, opset_version=18, external_data=False)
+                                      dynamo=(exporter == "dynamo"), opset_version=18 if exporter == "dynamo" else 17,
+                                      external_data=False)
                     refs = [First(moe)(x).float().numpy() for x in xs]
                 m = onnx.load(p)
                 _strip(m)
@@ -399,6 +404,9 @@ def half_main():
                 while c.__cause__ is not None: c = c.__cause__
                 rec["error"] = repr(c)[:1200]
                 print(tag, "FAIL", repr(c)[:600], flush=True)
+                if os.path.exists(os.path.join(OUT, tag + ".onnx")):
+                    os.remove(os.path.join(OUT, tag + ".onnx"))
+                shutil.rmtree(os.path.join(OUT, tag + "_data"), ignore_errors=True)
             manifest["cases"].append(rec)
     json.dump(manifest, open(os.path.join(OUT, "manifest.json"), "w"), indent=1)
     print("done")
