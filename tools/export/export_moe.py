@@ -284,12 +284,13 @@ def _f32_edges(m):
 
 def _ort_run(m, feeds, eps):
     """Run model m (float32 edges) on the first EP of eps that takes it, with no CPU fallback
-    for the CUDA EP. Returns (outputs, EP name, errors of the EPs tried before)."""
+    for an EP other than the CPU's. Returns (outputs, EP name, errors of the EPs tried before)."""
     errs = {}
     for ep in eps:
         try:
             so = ort.SessionOptions()
-            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+            if ep != "CPUExecutionProvider":
+                so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
             sess = ort.InferenceSession(m.SerializeToString(), so, providers=[ep])
             return sess.run(None, feeds), ep, errs
         except Exception as e:
