@@ -86,6 +86,7 @@ def main() -> None:
         # The first sparse MoE block (named block_sparse_moe or mlp, by transformers version).
         blk = next(m for m in model.modules() if type(m).__name__.endswith("SparseMoeBlock"))
         mod, x, names = FirstOutput(blk), torch.randn(2, 8, 64), (["hidden_states"], ["moe_out"])
+    mod.eval()  # the wrappers are new modules, in training mode until told
     exported = os.path.join(out, f"mixtral_{a.what}.onnx")
     with torch.no_grad():
         want = mod(x).numpy()
