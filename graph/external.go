@@ -573,3 +573,35 @@ func (r *rangeWriter) Write(p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// ReadTensorAt fills p with the raw little-endian bytes of t from byte
+// offset off on, for a tensor whose bytes lie in a side file or in its
+// raw_data; it reads only that range. It is how a weight is streamed, a
+// slice at a time, instead of being loaded whole (TensorBytes).
+func (m *Model) ReadTensorAt(t *pb.TensorProto, p []byte, off int64) error {
+	if _, ok := m.deferred[t]; ok {
+		return badInput(m.Name(), m.tensorLabel(t), "its bytes are produced when the model is saved and cannot be read by range")
+	}
+	if !IsExternal(t) {
+		raw := t.GetRawData()
+		if off < 0 || off > int64(len(raw)) || int64(len(p)) > int64(len(raw))-off {
+			return badInput(m.Name(), m.tensorLabel(t), "range %d+%d is outside its %d bytes of raw_data", off, len(p), len(raw))
+		}
+		copy(p, raw[off:])
+		return nil
+	}
+	sf, base, length, err := m.section(t)
+	if err != nil {
+		return err
+	}
+	if off < 0 || off > length || int64(len(p)) > length-off {
+		return badInput(m.Name(), m.tensorLabel(t), "range %d+%d is outside its %d bytes of external data", off, len(p), length)
+	}
+	if _, err := sf.f.ReadAt(p, base+off); err != nil {
+		return &InputError{File: m.Name(), Object: m.tensorLabel(t), Msg: "reading external data", Err: err}
+	}
+	m.ext.mu.Lock()
+	m.ext.bytesRead += int64(len(p))
+	m.ext.mu.Unlock()
+	return nil
+}

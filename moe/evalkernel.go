@@ -12,7 +12,28 @@ import (
 // run in a simulated group) to k and returns k. Nothing is registered on
 // import: a program evaluating fused nodes through this kernel rather than
 // their function bodies passes the set in eval.Options.Kernels.
-func AddKernels(k *eval.Kernels) *eval.Kernels { return k.Add(Domain, OpType, evalKernel) }
+//
+// The routed experts' stacked weights are read one expert at a time where
+// the run streams them (eval.Kernels.Streams): a fused node whose weights
+// lie in a side file is evaluated holding one expert's matrices, not the
+// block's.
+func AddKernels(k *eval.Kernels) *eval.Kernels {
+	return k.Add(Domain, OpType, evalKernel).Streams(Domain, OpType, InGate, InUp, InDown)
+}
+
+// tensorReader is an ExpertReader over an interpreter tensor (a streamed
+// weight is read by ranges from its file).
+type tensorReader struct{ t *eval.Tensor }
+
+func (r tensorReader) Len() int {
+	n := 1
+	for _, d := range r.t.Shape {
+		n *= d
+	}
+	return n
+}
+
+func (r tensorReader) ReadAt(dst []float32, off int) error { return r.t.ReadFloat32(dst, off) }
 
 // evalKernel runs ai.mok::MoE in the reference interpreter with the
 // reference semantics of Forward (not the function body), so that the two
@@ -58,7 +79,12 @@ func evalKernel(c *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.
 		{InGateBias, &w.GateB}, {InUpBias, &w.UpB}, {InDownBias, &w.DownB},
 		{InSharedGate, &w.SharedGate}, {InSharedUp, &w.SharedUp}, {InSharedDown, &w.SharedDown}, {InSharedGateW, &w.SharedGateW},
 	}
+	readers := map[int]*ExpertReader{InGate: &w.GateR, InUp: &w.UpR, InDown: &w.DownR}
 	for _, tg := range targets {
+		if t := get(tg.pos); t.Streamed() {
+			*readers[tg.pos] = tensorReader{t}
+			continue
+		}
 		if *tg.dst, err = f32(tg.pos); err != nil {
 			return nil, err
 		}
@@ -70,6 +96,9 @@ func evalKernel(c *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.
 	s.SharedGated = w.SharedGateW != nil
 	T := len(x.F32) / s.Hidden
 	if s.Shard() {
+		if err := loadStreamed(&w); err != nil {
+			return nil, err
+		}
 		if err := gatherShards(c, s, &w); err != nil {
 			return nil, err
 		}
@@ -91,6 +120,25 @@ func evalKernel(c *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.
 		outs = append(outs, eval.NewFloat32([]int{T, s.NumExperts}, z))
 	}
 	return outs, nil
+}
+
+// loadStreamed reads streamed routed weights whole (an EP shard's
+// simulated collectives exchange whole weights).
+func loadStreamed(w *Weights) error {
+	for _, p := range []struct {
+		r   *ExpertReader
+		dst *[]float32
+	}{{&w.GateR, &w.Gate}, {&w.UpR, &w.Up}, {&w.DownR, &w.Down}} {
+		if *p.r == nil {
+			continue
+		}
+		v := make([]float32, (*p.r).Len())
+		if err := (*p.r).ReadAt(v, 0); err != nil {
+			return err
+		}
+		*p.dst, *p.r = v, nil
+	}
+	return nil
 }
 
 // shardPart is what one EP rank contributes to gatherShards.

@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"github.com/mokopt/mokopt/internal/f32"
 	"math"
-	"runtime"
 	"sort"
-	"sync"
 )
 
 // Weights holds a block's weights in canonical layout, float32, row-major.
@@ -21,6 +19,10 @@ type Weights struct {
 	GateB, UpB, DownB                []float32
 	SharedGate, SharedUp, SharedDown []float32
 	SharedGateW                      []float32
+	// GateR, UpR and DownR stand for Gate, Up and Down where those are
+	// nil: the routed experts' weights read one expert at a time
+	// (ExpertReader), in the same layout.
+	GateR, UpR, DownR ExpertReader
 }
 
 // Route computes, for each of T tokens, the selected experts and the weights
@@ -257,151 +259,6 @@ func Activate(s *Spec, g, u float32) float32 {
 	return float32(a.Eval(float64(g), float64(u), s.ActParams()))
 }
 
-// expertFFN computes one expert's output for one token into out (length H).
-func expertFFN(s *Spec, w *Weights, e int, xt, out []float32, act []float32) {
-	H, I := s.Hidden, s.Inter
-	g, u := act[I:2*I], act[2*I:3*I]
-	clear(g)
-	clear(u)
-	if w.Gate != nil {
-		f32.DotRows(w.Gate[e*I*H:(e+1)*I*H], H, xt, g)
-	}
-	f32.DotRows(w.Up[e*I*H:(e+1)*I*H], H, xt, u)
-	if w.Gate != nil && w.GateB != nil {
-		for i := range g {
-			g[i] += w.GateB[e*I+i]
-		}
-	}
-	if w.UpB != nil {
-		for i := range u {
-			u[i] += w.UpB[e*I+i]
-		}
-	}
-	if s.Activation == SwiGLU && w.Gate != nil {
-		// Activate's g * Logistic(g) * u, the logistic eight at a time
-		f32.SigmoidSlice(act[:I], g)
-		for i := range I {
-			act[i] = g[i] * act[i] * u[i]
-		}
-	} else if a := s.ActivationDef(); a != nil {
-		p := s.ActParams()
-		for i := range I {
-			act[i] = float32(a.Eval(float64(g[i]), float64(u[i]), p))
-		}
-	} else {
-		for i := range I {
-			act[i] = float32(math.NaN())
-		}
-	}
-	out = out[:H]
-	clear(out)
-	f32.DotRows(w.Down[e*H*I:(e+1)*H*I], I, act[:I], out)
-	if w.DownB != nil {
-		for h := range out {
-			out[h] += w.DownB[e*H+h]
-		}
-	}
-}
-
-// Forward computes the block's output for x, T tokens of H values, by the
-// reference semantics: route, run each selected expert, weight and sum, add
-// the (optionally sigmoid-gated) shared expert. It is written independently
-// of the function body in body.go so the two can check each other.
-func Forward(s *Spec, w *Weights, x []float32, T int) ([]float32, error) {
-	return ForwardExperts(s, w, x, T, nil)
-}
-
-// ForwardExperts is Forward where only the routed experts for which keep
-// returns true contribute (routing is unchanged: the others' weights are
-// simply dropped, not renormalised away); nil keeps every expert. It
-// describes graphs that compute a subset of the experts, such as a trace
-// that unrolled its loop over the experts hit at trace time.
-func ForwardExperts(s *Spec, w *Weights, x []float32, T int, keep func(expert int) bool) ([]float32, error) {
-	H := s.Hidden
-	if len(x) != T*H {
-		return nil, fmt.Errorf("MoE input has %d values, want %d tokens x %d", len(x), T, H)
-	}
-	if err := CheckWeights(s, w); err != nil {
-		return nil, err
-	}
-	if s.Shard() {
-		return nil, fmt.Errorf("MoE node is EP rank shard (experts %d..%d of %d): it needs the other ranks' experts (run the rank models together, or merge them)", s.ExpertOffset, s.ExpertOffset+s.LocalExperts-1, s.NumExperts)
-	}
-	ids, rw := Route(s, w, x, T)
-	out := make([]float32, T*H)
-	// Tokens are independent: large inputs are split over the cores in
-	// contiguous runs of tokens, each computed exactly as alone.
-	if T == 0 {
-		return out, nil
-	}
-	perToken := len(ids[0])*3*H*max(s.Inter, 1) + 3*H*s.SharedInter
-	parts := min(runtime.GOMAXPROCS(0), T, max(T*perToken/(1<<20), 1))
-	if parts <= 1 {
-		forwardTokens(s, w, x, ids, rw, keep, out, 0, T)
-		return out, nil
-	}
-	var wg sync.WaitGroup
-	for p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			forwardTokens(s, w, x, ids, rw, keep, out, T*p/parts, T*(p+1)/parts)
-		}()
-	}
-	wg.Wait()
-	return out, nil
-}
-
-// forwardTokens is ForwardExperts on tokens [t0, t1), written into out.
-func forwardTokens(s *Spec, w *Weights, x []float32, ids [][]int, rw [][]float32, keep func(expert int) bool, out []float32, t0, t1 int) {
-	H := s.Hidden
-	tmp := make([]float32, H)
-	xin := make([]float32, H)
-	act := make([]float32, max(3*s.Inter, s.SharedInter)) // expertFFN's activations and gate and up products
-	acc := make([]float64, H)
-	for t := t0; t < t1; t++ {
-		xt := x[t*H : (t+1)*H]
-		clear(acc)
-		for i, e := range ids[t] {
-			if keep != nil && !keep(e) {
-				continue
-			}
-			if s.WeightsOnInput {
-				for h := range xin {
-					xin[h] = xt[h] * rw[t][i]
-				}
-				expertFFN(s, w, e, xin, tmp, act)
-				for h := range tmp {
-					acc[h] += float64(tmp[h])
-				}
-			} else {
-				expertFFN(s, w, e, xt, tmp, act)
-				for h := range tmp {
-					acc[h] += float64(rw[t][i]) * float64(tmp[h])
-				}
-			}
-		}
-		if s.SharedInter > 0 {
-			Is := s.SharedInter
-			for i := 0; i < Is; i++ {
-				g := Dot(xt, w.SharedGate[i*H:(i+1)*H])
-				u := Dot(xt, w.SharedUp[i*H:(i+1)*H])
-				act[i] = g * Logistic(g) * u
-			}
-			gate := float32(1)
-			if s.SharedGated {
-				gate = Logistic(Dot(xt, w.SharedGateW))
-			}
-			for h := 0; h < H; h++ {
-				acc[h] += float64(gate * Dot(act[:Is], w.SharedDown[h*Is:(h+1)*Is]))
-			}
-		}
-		for h := range acc {
-			out[t*H+h] = float32(acc[h])
-		}
-	}
-}
-
 // CheckWeights verifies that every weight has the length the spec implies,
 // so that Forward never indexes out of range.
 func CheckWeights(s *Spec, w *Weights) error {
@@ -412,13 +269,31 @@ func CheckWeights(s *Spec, w *Weights) error {
 		n        int
 		required bool
 	}
+	readLen := func(r ExpertReader) int {
+		if r == nil {
+			return 0
+		}
+		return r.Len()
+	}
+	streamed := []struct {
+		name string
+		v    []float32
+		r    ExpertReader
+		n    int
+	}{{"gate", w.Gate, w.GateR, E * I * H}, {"up", w.Up, w.UpR, E * I * H}, {"down", w.Down, w.DownR, E * H * I}}
+	for _, p := range streamed {
+		if p.v == nil && p.r != nil && readLen(p.r) != p.n {
+			return fmt.Errorf("MoE weight %s has %d values, the spec (E=%d H=%d I=%d) needs %d", p.name, readLen(p.r), E, H, I, p.n)
+		}
+	}
+	has := func(v []float32, r ExpertReader) bool { return v != nil || r != nil }
 	reqs := []req{
 		{"router_weight", w.RouterW, s.NumExperts * H, true},
 		{"router_bias", w.RouterB, s.NumExperts, false},
 		{"router_correction_bias", w.CorrectionBias, s.NumExperts, false},
-		{"gate", w.Gate, E * I * H, s.Gated()},
-		{"up", w.Up, E * I * H, true},
-		{"down", w.Down, E * H * I, true},
+		{"gate", w.Gate, E * I * H, s.Gated() && !has(w.Gate, w.GateR)},
+		{"up", w.Up, E * I * H, !has(w.Up, w.UpR)},
+		{"down", w.Down, E * H * I, !has(w.Down, w.DownR)},
 		{"gate_bias", w.GateB, E * I, false},
 		{"up_bias", w.UpB, E * I, false},
 		{"down_bias", w.DownB, E * H, false},

@@ -56,3 +56,72 @@ func TestForwardExperts(t *testing.T) {
 		}
 	}
 }
+
+// countingReader is an ExpertReader over a slice that records which
+// element ranges were read.
+type countingReader struct {
+	v     []float32
+	reads map[int]int // offset → times read
+}
+
+func (c *countingReader) Len() int { return len(c.v) }
+
+func (c *countingReader) ReadAt(dst []float32, off int) error {
+	c.reads[off]++
+	copy(dst, c.v[off:off+len(dst)])
+	return nil
+}
+
+// TestForwardStreamedExperts checks that weights given as readers give the
+// same output bit for bit as weights held in memory, and that each expert
+// a token is routed to is read exactly once and no other expert at all.
+func TestForwardStreamedExperts(t *testing.T) {
+	const E, k, H, I, T = 8, 2, 8, 4, 3
+	r := rand.New(rand.NewPCG(3, 4))
+	s := &Spec{NumExperts: E, TopK: k, Hidden: H, Inter: I, RouterActivation: Softmax, RouterOrder: ActivationThenTopK,
+		NormalizeTopK: true, RoutedScalingFactor: 1, NGroup: 1, TopKGroup: 1, Activation: SwiGLU, EPSize: 1}
+	w := &Weights{RouterW: randVec(r, E*H), Gate: randVec(r, E*I*H), Up: randVec(r, E*I*H), Down: randVec(r, E*H*I)}
+	x := randVec(r, T*H)
+	want, err := Forward(s, w, x, T)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &countingReader{v: w.Gate, reads: map[int]int{}}
+	up := &countingReader{v: w.Up, reads: map[int]int{}}
+	down := &countingReader{v: w.Down, reads: map[int]int{}}
+	ws := &Weights{RouterW: w.RouterW, GateR: gate, UpR: up, DownR: down}
+	got, err := Forward(s, ws, x, T)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("streamed output differs at %d: %g != %g", i, got[i], want[i])
+		}
+	}
+	// The experts the tokens are routed to (T*k picks, at most T*k experts).
+	routed := map[int]bool{}
+	ids, _ := Route(s, w, x, T)
+	for _, tok := range ids {
+		for _, e := range tok {
+			routed[e] = true
+		}
+	}
+	if len(routed) == E {
+		t.Fatal("every expert routed to: the test cannot tell a skipped expert from a read one")
+	}
+	for name, c := range map[string]*countingReader{"gate": gate, "up": up, "down": down} {
+		for e := range E {
+			n := c.reads[e*I*H]
+			if routed[e] && n != 1 {
+				t.Errorf("%s of routed expert %d read %d times, want 1", name, e, n)
+			}
+			if !routed[e] && n != 0 {
+				t.Errorf("%s of expert %d read %d times though no token goes to it", name, e, n)
+			}
+		}
+		if len(c.reads) != len(routed) {
+			t.Errorf("%s read at offsets %v, want one read per routed expert", name, c.reads)
+		}
+	}
+}

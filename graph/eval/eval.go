@@ -516,12 +516,12 @@ func (r *runner) runNodes(sc *scope, nodes []*pb.NodeProto, opsets map[string]in
 			return nil, fmt.Errorf("%w: more than %d node evaluations (at node %s (%s)): a Loop with a huge trip count, or functions that call functions many times over", ErrWorkLimit, r.maxRuns, graph.NodeLabel(n), n.GetOpType())
 		}
 		inputs = inputs[:0]
-		for _, in := range n.Input {
+		for pos, in := range n.Input {
 			if in == "" {
 				inputs = append(inputs, nil)
 				continue
 			}
-			t, err := sc.lookup(r, in)
+			t, err := r.input(sc, n, pos, in)
 			if errors.Is(err, ErrMemLimit) {
 				return nil, fmt.Errorf("%s: %w", nodeObj(n), err)
 			}

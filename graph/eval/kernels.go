@@ -6,7 +6,8 @@ package eval
 // not change its numbers. Packages holding kernels offer a function adding
 // theirs (for example moe.AddKernels).
 type Kernels struct {
-	m map[opKey]KernelFunc
+	m       map[opKey]KernelFunc
+	streams map[opKey][]int
 }
 
 // NewKernels returns an empty set.
@@ -17,6 +18,19 @@ func NewKernels() *Kernels { return &Kernels{m: map[opKey]KernelFunc{}} }
 // returns k. It is not safe to call while a Run uses k.
 func (k *Kernels) Add(domain, opType string, fn KernelFunc) *Kernels {
 	k.m[opKey{normDomain(domain), opType}] = fn
+	return k
+}
+
+// Streams declares that the kernel of (domain, opType) reads the inputs at
+// the given positions through Tensor.ReadFloat32 when they are streamed
+// (Tensor.Streamed): a large float initializer in a side file is then
+// handed to it unread, and the kernel reads the ranges it needs, so that
+// the run never holds the weight whole. It returns k.
+func (k *Kernels) Streams(domain, opType string, inputs ...int) *Kernels {
+	if k.streams == nil {
+		k.streams = map[opKey][]int{}
+	}
+	k.streams[opKey{normDomain(domain), opType}] = append([]int{}, inputs...)
 	return k
 }
 

@@ -33,9 +33,10 @@ var lazyGathers atomic.Int64
 // lazyGather returns the lazy output of a gather of whole slabs (slab
 // elements each, at element offsets offs of x) with the given shape, or nil
 // when the gather is better copied: x is not float, the slabs are small, or
-// the output is no larger than x.
+// the output is no larger than x (and x is in memory: the slabs of a
+// streamed weight are read as they are used, never the whole weight).
 func lazyGather(x *Tensor, offs []int, slab int, shape []int) *Tensor {
-	if x.kind() != kF32 || x.lazy != nil || slab < minLazySlab || len(offs)*slab <= len(x.F32) {
+	if x.kind() != kF32 || x.lazy != nil || slab < minLazySlab || (x.src == nil && len(offs)*slab <= numel(x.Shape)) {
 		return nil
 	}
 	lazyGathers.Add(1)
@@ -57,6 +58,12 @@ func (c *OpContext) materialize(t *Tensor) (*Tensor, error) {
 	g := t.lazy
 	out := &Tensor{DType: t.DType, Shape: append([]int{}, t.Shape...), F32: make([]float32, len(g.offs)*g.slab)}
 	for i := range g.offs {
+		if g.src.src != nil {
+			if err := g.src.ReadFloat32(out.F32[i*g.slab:(i+1)*g.slab], g.offs[i]); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		copy(out.F32[i*g.slab:], g.slabOf(i))
 	}
 	return out, nil
@@ -121,6 +128,12 @@ func (r *runner) lazyAware(n *pb.NodeProto) bool {
 // materialize is OpContext.materialize for the runner; consumer, when
 // set, is named in the error.
 func (r *runner) materialize(t *Tensor, consumer *pb.NodeProto) (*Tensor, error) {
+	if t != nil && t.src != nil {
+		if err := r.checkInitializer(t.src.p); err != nil {
+			return nil, err
+		}
+		return initializerTensor(t.src.p, r.m.TensorBytes)
+	}
 	if t == nil || t.lazy == nil {
 		return t, nil
 	}

@@ -70,6 +70,9 @@ func kGather(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 			return []*Tensor{t}, c.checkLazy(t)
 		}
 	}
+	if x, err = c.load(x); err != nil {
+		return nil, err
+	}
 	if err := c.checkAlloc(x.DType, shape); err != nil {
 		return nil, err
 	}
@@ -191,6 +194,9 @@ func kGatherND(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 	}
 	if t := lazyGather(x, offs, numel(sliceShape), shape); t != nil {
 		return []*Tensor{t}, c.checkLazy(t)
+	}
+	if x, err = c.load(x); err != nil {
+		return nil, err
 	}
 	if err := c.checkAlloc(x.DType, shape); err != nil {
 		return nil, err

@@ -131,6 +131,9 @@ func matmul(c *OpContext, a, b *Tensor) (*Tensor, error) {
 		}
 	}
 	shape := append(append([]int{}, batch...), M, N)
+	if (a.lazy != nil && a.lazy.src.src != nil) || (b.lazy != nil && b.lazy.src.src != nil) {
+		return matmulStreamed(c, a, b, ash, bsh, batch, shape)
+	}
 	if out, ok, err := matmulDistinctRows(c, a, b, ash, bsh, shape); ok || err != nil {
 		return out, err
 	}
@@ -436,4 +439,105 @@ func matmulDistinctRows(c *OpContext, a, b *Tensor, ash, bsh, shape []int) (*Ten
 		copy(out.F32[i*N:(i+1)*N], cy.F32[k*N:(k+1)*N])
 	}
 	return out, true, nil
+}
+
+// matmulStreamed is matmul where an operand's batch matrices are slabs
+// gathered from a streamed weight (the stacked experts of a batched
+// export, read from the model's file): the batches are computed slab by
+// slab, each distinct slab read once and reused for every batch that
+// gathered it, so that one expert's matrix is held at a time. Each batch
+// is computed as matmul computes it.
+func matmulStreamed(c *OpContext, a, b *Tensor, ash, bsh, batch, shape []int) (*Tensor, error) {
+	M, K, N := ash[len(ash)-2], ash[len(ash)-1], bsh[len(bsh)-1]
+	out, err := c.alloc(a.DType, shape)
+	if err != nil {
+		return nil, err
+	}
+	ab := bcastIndex(ash[:len(ash)-2], batch)
+	bb := bcastIndex(bsh[:len(bsh)-2], batch)
+	at := func(idx []int, i int) int {
+		if idx != nil {
+			return idx[i]
+		}
+		return i
+	}
+	nb := numel(batch)
+	// the streamed side groups the batches; the other side's matrices
+	// are gathered per group.
+	sa := a.lazy != nil && a.lazy.src.src != nil
+	key := func(i int) int {
+		if sa {
+			return a.lazy.offs[at(ab, i)]
+		}
+		return b.lazy.offs[at(bb, i)]
+	}
+	groups := map[int][]int{}
+	var order []int
+	for i := 0; i < nb; i++ {
+		k := key(i)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	slices.Sort(order)
+	slab := make([]float32, map[bool]int{true: M * K, false: K * N}[sa])
+	matrix := func(t *Tensor, idx []int, i, size int, dst []float32) error {
+		j := at(idx, i)
+		switch {
+		case t.lazy != nil && t.lazy.src.src != nil:
+			return t.lazy.src.ReadFloat32(dst, t.lazy.offs[j])
+		case t.lazy != nil:
+			copy(dst, t.lazy.slabOf(j))
+		default:
+			copy(dst, t.F32[j*size:(j+1)*size])
+		}
+		return nil
+	}
+	for _, k := range order {
+		is := groups[k]
+		g := len(is)
+		src := &Tensor{DType: a.DType, Shape: []int{len(slab)}}
+		if sa {
+			src.F32 = slab
+			if err := a.lazy.src.ReadFloat32(slab, k); err != nil {
+				return nil, err
+			}
+		} else {
+			src.F32 = slab
+			if err := b.lazy.src.ReadFloat32(slab, k); err != nil {
+				return nil, err
+			}
+		}
+		fixed := &Tensor{DType: a.DType, Shape: nil, lazy: &gathered{src: src, offs: make([]int, g), slab: len(slab)}}
+		other := &Tensor{DType: a.DType, F32: make([]float32, 0, 1)}
+		var A, B *Tensor
+		if sa {
+			fixed.Shape = []int{g, M, K}
+			other.Shape, other.F32 = []int{g, K, N}, make([]float32, g*K*N)
+			for q, i := range is {
+				if err := matrix(b, bb, i, K*N, other.F32[q*K*N:(q+1)*K*N]); err != nil {
+					return nil, err
+				}
+			}
+			A, B = fixed, other
+		} else {
+			fixed.Shape = []int{g, K, N}
+			other.Shape, other.F32 = []int{g, M, K}, make([]float32, g*M*K)
+			for q, i := range is {
+				if err := matrix(a, ab, i, M*K, other.F32[q*M*K:(q+1)*M*K]); err != nil {
+					return nil, err
+				}
+			}
+			A, B = other, fixed
+		}
+		part, err := matmul(c, A, B)
+		if err != nil {
+			return nil, err
+		}
+		for q, i := range is {
+			copy(out.F32[i*M*N:(i+1)*M*N], part.F32[q*M*N:(q+1)*M*N])
+		}
+	}
+	return out, nil
 }

@@ -41,6 +41,9 @@ type Tensor struct {
 	// lazy, when set, holds the data as slabs of another tensor (F32 is
 	// then nil); only lazy-aware kernels see such tensors.
 	lazy *gathered
+	// src, when set, is where a streamed weight's data is read from (F32
+	// is then nil); only kernels that declared the input see such tensors.
+	src *streamed
 }
 
 // kind is the storage class of a data type.

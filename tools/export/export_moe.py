@@ -389,13 +389,21 @@ def half_main():
                 wrapped = _f32_edges(m)
                 for si, x in enumerate(xs):
                     xin = x.float().numpy()
-                    outs, ep, errs = _ort_run(wrapped, {"hidden_states": xin}, ["CPUExecutionProvider", "CUDAExecutionProvider"])
-                    got = np.asarray(outs[0], dtype=np.float32)
+                    try:
+                        outs, ep, errs = _ort_run(wrapped, {"hidden_states": xin}, ["CPUExecutionProvider", "CUDAExecutionProvider"])
+                        got = np.asarray(outs[0], dtype=np.float32)
+                    except RuntimeError as e:
+                        if dt != torch.bfloat16:
+                            raise
+                        # No EP of this ONNX Runtime runs the bfloat16 graph (its CPU EP has no
+                        # bfloat16 MatMul): the golden is PyTorch's eager output of the same
+                        # module on the same input, and the manifest says so.
+                        ep, errs, got = "torch-eager", {"ort": str(e)[:300]}, refs[si]
                     d = os.path.join(OUT, tag + "_data", f"test_data_set_{si}")
                     os.makedirs(d, exist_ok=True)
                     open(os.path.join(d, "input_0.pb"), "wb").write(_half_tensor(xin, "hidden_states", et).SerializeToString())
                     open(os.path.join(d, "output_0.pb"), "wb").write(_half_tensor(got, "moe_out", et).SerializeToString())
-                    rec["sets"].append({"ep": ep, "eps_refused": errs,
+                    rec["sets"].append({"ep": ep, "golden": "torch" if ep == "torch-eager" else "onnxruntime", "eps_refused": errs,
                                         "max_abs_err_vs_torch": float(np.abs(got - refs[si]).max()),
                                         "max_abs_out": float(np.abs(refs[si]).max())})
                 rec["s"] = round(time.time() - t0, 1)
