@@ -8,6 +8,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
+	"github.com/mokopt/mokopt/passes/internal/canon"
 )
 
 // RewriteAhead is Rewrite with the numerical check taken off the critical
@@ -59,111 +60,141 @@ func RewriteAhead(m *graph.Model, opt Options) (rep *Report, wait func() (*Repor
 	// own canonical form is only known once canonicalView returns; the
 	// fork of m is indexed in case it is.)
 	mFork := forkAsync(m, true)
-	wc, res, skipped := canonicalView(ctx, m)
-	checkFork := mFork
-	if wc != nil {
-		checkFork = forkAsync(wc, true)
+	a := &aheadCheck{opt: opt, done: make(chan aheadResult, 1), ahead: true}
+	a.wc, a.res, a.skipped = canonicalView(ctx, m)
+	a.checkFork = mFork
+	if a.wc != nil {
+		a.checkFork = forkAsync(a.wc, true)
 	}
 	forksDone := func() {
 		mFork.wait()
-		checkFork.wait()
+		a.checkFork.wait()
 	}
 	defer forksDone()
-	var spare *graph.Model
-	ahead := true
-	if wc != nil {
+	if a.wc != nil {
 		var ferr error
-		spare, ferr = mFork.wait()
-		ahead = ferr == nil
+		a.spare, ferr = mFork.wait()
+		a.ahead = ferr == nil
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	type result struct {
-		errs []error
-		err  error
-	}
-	var (
-		started bool
-		snap    *Report // the report when the check started
-		before  int     // its warnings then
-		bs      []*Block
-		inputs  []string
-		done    = make(chan result, 1)
-	)
+	a.ctx, a.cancel = context.WithCancel(ctx)
 	eo := opt
 	eo.beforeEdit = forksDone
-	eo.checkAhead = func(mm *graph.Model, blocks []*Block, rep *Report) bool {
-		if !ahead {
-			return false
-		}
-		orig, err := checkFork.wait()
-		if err != nil {
-			return false
-		}
-		fm, err := graph.MapFork(mm, orig)
-		if err != nil {
-			return false
-		}
-		if spare == nil {
-			spare = orig
-		}
-		bs = make([]*Block, len(blocks))
-		for i, b := range blocks {
-			bs[i] = b.rebound(fm)
-		}
-		inputs = blockInputs(bs)
-		snap, before = rep.clone(), len(rep.Warnings)
-		started = true
-		opt.progress("check", 0, len(bs))
-		go func() {
-			errs, err := numericCheck(ctx, orig, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
-			done <- result{errs, err}
-		}()
-		return true
-	}
-	rep, err = rewriteOn(m, wc, res, skipped, eo)
-	collect := func() (*Report, *graph.Model, error) {
-		defer cancel()
-		if !started {
-			return rep, nil, err // checked as Rewrite checks, or not at all
-		}
-		c := <-done
-		_, cerr := checkResults(snap, bs, inputs, c.errs, c.err)
-		if cerr == nil && len(snap.moved) > 0 {
-			// Rewrite would have fused on the moved input: do it its way
-			// on the unedited copy, whose result is then the output.
-			r, err := rewriteCanonical(spare, opt)
-			return r, spare, err
-		}
-		if cerr == nil {
-			cerr = ctx.Err()
-		}
-		if cerr == nil {
-			cerr = notFused(snap, false)
-		}
-		if cerr != nil {
-			r, cerr := viewed(snap, cerr, wc, res, skipped) // as rewriteOn has it
-			return r, nil, cerr
-		}
-		opt.progress("check", len(bs), len(bs))
-		if err != nil {
-			return rep, nil, err
-		}
-		// The check's warnings go where Rewrite puts them: after those
-		// before the check, before those the edit added since.
-		out := *rep
-		out.Warnings = slices.Concat(snap.Warnings, rep.Warnings[before:])
-		return &out, nil, nil
-	}
-	if err != nil {
-		r, redo, cerr := collect()
+	eo.checkAhead = a.start
+	a.rep, a.err = rewriteOn(m, a.wc, a.res, a.skipped, eo)
+	if a.err != nil {
+		r, redo, cerr := a.collect()
 		if redo != nil && cerr == nil {
 			// The slow way succeeded where the edit failed: both run the
 			// same detection and emit, so this is a bug.
-			return r, nil, fmt.Errorf("internal error: the rewrite failed (%v), but not when redone", err)
+			return r, nil, fmt.Errorf("internal error: the rewrite failed (%v), but not when redone", a.err)
 		}
 		return r, nil, cerr
 	}
-	return rep, collect, nil
+	return a.rep, a.collect, nil
+}
+
+// aheadResult is what RewriteAhead's numerical check returns: numericCheck's
+// verdict per block and its error.
+type aheadResult struct {
+	errs []error
+	err  error
+}
+
+// aheadCheck is the state of one RewriteAhead: the canonical view detection
+// read, the forks the check reads and the rewrite may be redone on, the
+// check started on another goroutine, and the edit's own result.
+type aheadCheck struct {
+	opt    Options            // the caller's options
+	ctx    context.Context    // the check's context, cancelled once collected
+	cancel context.CancelFunc // cancels ctx
+
+	wc      *graph.Model // canonicalView's working copy, nil when m is its own canonical form
+	res     *canon.Result
+	skipped string
+
+	checkFork *asyncFork   // the fork the check reads
+	ahead     bool         // whether the check may run ahead (m could be forked)
+	spare     *graph.Model // an unedited copy of m, to redo the rewrite on
+
+	started bool
+	snap    *Report // the report when the check started
+	before  int     // its warnings then
+	bs      []*Block
+	inputs  []string
+	done    chan aheadResult
+
+	rep *Report // the edit's report
+	err error   // the edit's error
+}
+
+// start is the edit's checkAhead: it rebinds the blocks detection found on
+// mm to the check's fork and starts their numerical check on another
+// goroutine, or returns false to have the edit check them first.
+func (a *aheadCheck) start(mm *graph.Model, blocks []*Block, rep *Report) bool {
+	if !a.ahead {
+		return false
+	}
+	orig, err := a.checkFork.wait()
+	if err != nil {
+		return false
+	}
+	fm, err := graph.MapFork(mm, orig)
+	if err != nil {
+		return false
+	}
+	if a.spare == nil {
+		a.spare = orig
+	}
+	a.bs = make([]*Block, len(blocks))
+	for i, b := range blocks {
+		a.bs[i] = b.rebound(fm)
+	}
+	a.inputs = blockInputs(a.bs)
+	a.snap, a.before = rep.clone(), len(rep.Warnings)
+	a.started = true
+	a.opt.progress("check", 0, len(a.bs))
+	go func() {
+		errs, err := numericCheck(a.ctx, orig, a.bs, make([]*moe.Weights, len(a.bs)), a.opt.CheckData, a.opt.MemLimit)
+		a.done <- aheadResult{errs, err}
+	}()
+	return true
+}
+
+// collect is RewriteAhead's wait: it waits for the check and returns the
+// report and error Rewrite would have returned, and the model to write
+// instead of m when the rewrite had to be redone.
+func (a *aheadCheck) collect() (*Report, *graph.Model, error) {
+	defer a.cancel()
+	if !a.started {
+		return a.rep, nil, a.err // checked as Rewrite checks, or not at all
+	}
+	c := <-a.done
+	_, cerr := checkResults(a.snap, a.bs, a.inputs, c.errs, c.err)
+	if cerr == nil && len(a.snap.moved) > 0 {
+		// Rewrite would have fused on the moved input: do it its way
+		// on the unedited copy, whose result is then the output.
+		r, err := rewriteCanonical(a.spare, a.opt)
+		return r, a.spare, err
+	}
+	if cerr == nil {
+		cerr = a.ctx.Err()
+	}
+	if cerr == nil {
+		cerr = notFused(a.snap, false)
+	}
+	if cerr != nil {
+		r, cerr := viewed(a.snap, cerr, a.wc, a.res, a.skipped) // as rewriteOn has it
+		return r, nil, cerr
+	}
+	a.opt.progress("check", len(a.bs), len(a.bs))
+	if a.err != nil {
+		return a.rep, nil, a.err
+	}
+	// The check's warnings go where Rewrite puts them: after those
+	// before the check, before those the edit added since.
+	out := *a.rep
+	out.Warnings = slices.Concat(a.snap.Warnings, a.rep.Warnings[a.before:])
+	return &out, nil, nil
 }
 
 // asyncFork is a fork of a model being taken on another goroutine.
