@@ -132,62 +132,15 @@ func MergeRanks(ranks []*graph.Model) (*graph.Model, *MergeReport, error) {
 	if G == 0 {
 		return nil, nil, fmt.Errorf("no rank models to merge")
 	}
-	nodes := make([][]*pb.NodeProto, G)
-	specs := make([][]*moe.Spec, G)
-	for r, m := range ranks {
-		var err error
-		if nodes[r], specs[r], err = fusedNodes(m); err != nil {
-			return nil, nil, err
-		}
-		if len(nodes[r]) != len(nodes[0]) {
-			return nil, nil, fmt.Errorf("%s has %d fused MoE nodes, %s has %d", m.Name(), len(nodes[r]), ranks[0].Name(), len(nodes[0]))
-		}
-	}
-	if len(nodes[0]) == 0 {
-		return nil, nil, fmt.Errorf("%s has no fused ai.mok::MoE node (rewrite the ranks first)", ranks[0].Name())
+	nodes, specs, err := rankFusedNodes(ranks)
+	if err != nil {
+		return nil, nil, err
 	}
 	// The graphs must agree outside the expert weights.
-	expertW := map[string]bool{}
-	for _, n := range nodes[0] {
-		for _, pos := range expertInputs {
-			if pos < len(n.Input) && n.Input[pos] != "" {
-				expertW[n.Input[pos]] = true
-			}
-		}
-	}
-	base := ranks[0].Proto.Graph
+	expertW := expertWeightNames(nodes[0])
 	for r := 1; r < G; r++ {
-		o := ranks[r].Proto.Graph
-		if len(o.Node) != len(base.Node) {
-			return nil, nil, fmt.Errorf("%s has %d nodes, %s %d: the rank graphs differ", ranks[r].Name(), len(o.Node), ranks[0].Name(), len(base.Node))
-		}
-		for i, n := range base.Node {
-			if !proto.Equal(n, o.Node[i]) {
-				if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType && sameExceptOffset(n, o.Node[i]) {
-					continue
-				}
-				return nil, nil, fmt.Errorf("node %d (%q) differs between %s and %s", i, graph.NodeLabel(n), ranks[0].Name(), ranks[r].Name())
-			}
-		}
-		for _, t := range base.Initializer {
-			if expertW[t.GetName()] {
-				continue
-			}
-			a, err := ranks[0].TensorBytes(t)
-			if err != nil {
-				return nil, nil, err
-			}
-			ot := ranks[r].Graph().Initializer(t.GetName())
-			if ot == nil {
-				return nil, nil, fmt.Errorf("%s lacks initializer %q of %s", ranks[r].Name(), t.GetName(), ranks[0].Name())
-			}
-			b, err := ranks[r].TensorBytes(ot)
-			if err != nil {
-				return nil, nil, err
-			}
-			if !slices.Equal(ot.GetDims(), t.GetDims()) || !bytes.Equal(a, b) {
-				return nil, nil, fmt.Errorf("initializer %q differs between %s and %s (the router, shared expert and every non-expert tensor must be replicated)", t.GetName(), ranks[0].Name(), ranks[r].Name())
-			}
+		if err := sameOutsideExperts(ranks[0], ranks[r], expertW); err != nil {
+			return nil, nil, err
 		}
 	}
 	out, err := cloneInline(ranks[0])
@@ -202,65 +155,169 @@ func MergeRanks(ranks []*graph.Model) (*graph.Model, *MergeReport, error) {
 			funcs[f.GetOverload()] = true
 		}
 	}
-	for i, n0 := range nodes[0] {
-		s0 := specs[0][i]
-		if !s0.Shard() || s0.EPSize != G {
-			return nil, nil, fmt.Errorf("%s: node %q is not a shard of an EP group of %d (ep_size %d, holds %d of %d experts)", ranks[0].Name(), graph.NodeLabel(n0), G, s0.EPSize, s0.StoredExperts(), s0.NumExperts)
+	for i := range nodes[0] {
+		mn, err := mergeFusedNode(out, g, ranks, nodes, specs, i, funcs)
+		if err != nil {
+			return nil, nil, err
 		}
-		L := s0.LocalExperts
-		owner := make([]int, G) // owner[slot] = rank+1
-		for r := 0; r < G; r++ {
-			s := specs[r][i]
-			a, b := *s, *s0
-			a.ExpertOffset, b.ExpertOffset = 0, 0
-			if a != b {
-				return nil, nil, fmt.Errorf("node %q: %s and %s have different semantics", graph.NodeLabel(n0), ranks[r].Name(), ranks[0].Name())
-			}
-			slot := s.ExpertOffset / L
-			if owner[slot] != 0 {
-				return nil, nil, fmt.Errorf("node %q: %s and %s both hold experts %d..%d", graph.NodeLabel(n0), ranks[owner[slot]-1].Name(), ranks[r].Name(), s.ExpertOffset, s.ExpertOffset+L-1)
-			}
-			owner[slot] = r + 1
-		}
-		outNode := g.Producer(n0.Output[0])
-		for _, pos := range expertInputs {
-			if pos >= len(n0.Input) || n0.Input[pos] == "" {
-				continue
-			}
-			var all []float32
-			var dims []int64
-			for slot := 0; slot < G; slot++ {
-				r := owner[slot] - 1
-				t, f, err := tensorFloats(ranks[r], nodes[r][i].Input[pos])
-				if err != nil {
-					return nil, nil, err
-				}
-				dims = slices.Clone(t.GetDims())
-				all = append(all, f...)
-			}
-			dims[0] = int64(s0.NumExperts)
-			old := g.Initializer(n0.Input[pos])
-			*old = *moe.Float32Tensor(old.GetName(), dims, all)
-		}
-		gs := *s0
-		gs.LocalExperts, gs.ExpertOffset = 0, 0
-		setIntAttr(outNode, "expert_offset", 0)
-		outNode.Overload = proto.String(gs.Overload())
-		if !funcs[gs.Overload()] {
-			f, err := moe.Function(&gs, out.Opset(""))
-			if err != nil {
-				return nil, nil, err
-			}
-			out.Proto.Functions = append(out.Proto.Functions, f)
-			funcs[gs.Overload()] = true
-		}
-		updateProvenance(out, graph.NodeLabel(outNode), gs)
-		rep.Nodes = append(rep.Nodes, MergedNode{Node: graph.NodeLabel(outNode), NumExperts: gs.NumExperts, LocalExperts: L, TopK: gs.TopK, EPSize: G})
+		rep.Nodes = append(rep.Nodes, mn)
 	}
 	dropMetadata(out, MetaEPRank)
 	out.SetMetadata(MetaEPSize, strconv.Itoa(G))
 	g.Reindex()
 	return out, rep, nil
+}
+
+// rankFusedNodes lists the fused nodes and specs of every rank model
+// (fusedNodes), which must all hold the same number of them, at least one.
+func rankFusedNodes(ranks []*graph.Model) ([][]*pb.NodeProto, [][]*moe.Spec, error) {
+	nodes := make([][]*pb.NodeProto, len(ranks))
+	specs := make([][]*moe.Spec, len(ranks))
+	for r, m := range ranks {
+		var err error
+		if nodes[r], specs[r], err = fusedNodes(m); err != nil {
+			return nil, nil, err
+		}
+		if len(nodes[r]) != len(nodes[0]) {
+			return nil, nil, fmt.Errorf("%s has %d fused MoE nodes, %s has %d", m.Name(), len(nodes[r]), ranks[0].Name(), len(nodes[0]))
+		}
+	}
+	if len(nodes[0]) == 0 {
+		return nil, nil, fmt.Errorf("%s has no fused ai.mok::MoE node (rewrite the ranks first)", ranks[0].Name())
+	}
+	return nodes, specs, nil
+}
+
+// expertWeightNames is the set of tensors the fused nodes ns take as
+// expert weights (expertInputs), which differ from rank to rank.
+func expertWeightNames(ns []*pb.NodeProto) map[string]bool {
+	expertW := map[string]bool{}
+	for _, n := range ns {
+		for _, pos := range expertInputs {
+			if pos < len(n.Input) && n.Input[pos] != "" {
+				expertW[n.Input[pos]] = true
+			}
+		}
+	}
+	return expertW
+}
+
+// sameOutsideExperts checks that rank model o has base's graph: the same
+// nodes (fused nodes may differ in expert_offset and overload) and the same
+// initializers but the expert weights expertW; the first difference is the
+// error.
+func sameOutsideExperts(base, o *graph.Model, expertW map[string]bool) error {
+	bg, og := base.Proto.Graph, o.Proto.Graph
+	if len(og.Node) != len(bg.Node) {
+		return fmt.Errorf("%s has %d nodes, %s %d: the rank graphs differ", o.Name(), len(og.Node), base.Name(), len(bg.Node))
+	}
+	for i, n := range bg.Node {
+		if !proto.Equal(n, og.Node[i]) {
+			if n.GetDomain() == moe.Domain && n.GetOpType() == moe.OpType && sameExceptOffset(n, og.Node[i]) {
+				continue
+			}
+			return fmt.Errorf("node %d (%q) differs between %s and %s", i, graph.NodeLabel(n), base.Name(), o.Name())
+		}
+	}
+	for _, t := range bg.Initializer {
+		if expertW[t.GetName()] {
+			continue
+		}
+		a, err := base.TensorBytes(t)
+		if err != nil {
+			return err
+		}
+		ot := o.Graph().Initializer(t.GetName())
+		if ot == nil {
+			return fmt.Errorf("%s lacks initializer %q of %s", o.Name(), t.GetName(), base.Name())
+		}
+		b, err := o.TensorBytes(ot)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(ot.GetDims(), t.GetDims()) || !bytes.Equal(a, b) {
+			return fmt.Errorf("initializer %q differs between %s and %s (the router, shared expert and every non-expert tensor must be replicated)", t.GetName(), base.Name(), o.Name())
+		}
+	}
+	return nil
+}
+
+// mergeFusedNode turns the i-th fused node of out (a copy of the first
+// rank, g its graph) into the global node: every expert weight stacks the shards of all
+// ranks in expert order, expert_offset becomes 0 and the node gets the
+// global spec's overload, whose function body is added to out unless funcs
+// (the overloads out has) holds it already.
+func mergeFusedNode(out *graph.Model, g *graph.Graph, ranks []*graph.Model, nodes [][]*pb.NodeProto, specs [][]*moe.Spec, i int, funcs map[string]bool) (MergedNode, error) {
+	G := len(ranks)
+	n0, s0 := nodes[0][i], specs[0][i]
+	if !s0.Shard() || s0.EPSize != G {
+		return MergedNode{}, fmt.Errorf("%s: node %q is not a shard of an EP group of %d (ep_size %d, holds %d of %d experts)", ranks[0].Name(), graph.NodeLabel(n0), G, s0.EPSize, s0.StoredExperts(), s0.NumExperts)
+	}
+	L := s0.LocalExperts
+	owner, err := shardOwners(ranks, specs, i, graph.NodeLabel(n0))
+	if err != nil {
+		return MergedNode{}, err
+	}
+	outNode := g.Producer(n0.Output[0])
+	for _, pos := range expertInputs {
+		if pos >= len(n0.Input) || n0.Input[pos] == "" {
+			continue
+		}
+		var all []float32
+		var dims []int64
+		for slot := 0; slot < G; slot++ {
+			r := owner[slot] - 1
+			t, f, err := tensorFloats(ranks[r], nodes[r][i].Input[pos])
+			if err != nil {
+				return MergedNode{}, err
+			}
+			dims = slices.Clone(t.GetDims())
+			all = append(all, f...)
+		}
+		dims[0] = int64(s0.NumExperts)
+		old := g.Initializer(n0.Input[pos])
+		*old = *moe.Float32Tensor(old.GetName(), dims, all)
+	}
+	gs := *s0
+	gs.LocalExperts, gs.ExpertOffset = 0, 0
+	setIntAttr(outNode, "expert_offset", 0)
+	outNode.Overload = proto.String(gs.Overload())
+	if !funcs[gs.Overload()] {
+		f, err := moe.Function(&gs, out.Opset(""))
+		if err != nil {
+			return MergedNode{}, err
+		}
+		out.Proto.Functions = append(out.Proto.Functions, f)
+		funcs[gs.Overload()] = true
+	}
+	updateProvenance(out, graph.NodeLabel(outNode), gs)
+	return MergedNode{Node: graph.NodeLabel(outNode), NumExperts: gs.NumExperts, LocalExperts: L, TopK: gs.TopK, EPSize: G}, nil
+}
+
+// shardOwners checks that the ranks' i-th fused nodes (label names them
+// in errors) have the same
+// semantics but for expert_offset and that no two hold the same experts,
+// and returns, per slot of LocalExperts experts, the rank holding it plus
+// one.
+func shardOwners(ranks []*graph.Model, specs [][]*moe.Spec, i int, label string) ([]int, error) {
+	G := len(ranks)
+	s0 := specs[0][i]
+	L := s0.LocalExperts
+	owner := make([]int, G) // owner[slot] = rank+1
+	for r := 0; r < G; r++ {
+		s := specs[r][i]
+		a, b := *s, *s0
+		a.ExpertOffset, b.ExpertOffset = 0, 0
+		if a != b {
+			return nil, fmt.Errorf("node %q: %s and %s have different semantics", label, ranks[r].Name(), ranks[0].Name())
+		}
+		slot := s.ExpertOffset / L
+		if owner[slot] != 0 {
+			return nil, fmt.Errorf("node %q: %s and %s both hold experts %d..%d", label, ranks[owner[slot]-1].Name(), ranks[r].Name(), s.ExpertOffset, s.ExpertOffset+L-1)
+		}
+		owner[slot] = r + 1
+	}
+	return owner, nil
 }
 
 // sameExceptOffset reports whether two fused nodes differ only in
