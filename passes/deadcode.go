@@ -426,11 +426,33 @@ func (d *deadCode) feedsOnly(i int32) bool {
 // outputs reach no graph output any more, and initializers nothing reads.
 // It returns the names of what it removed, sorted.
 func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) {
-	g := d.g
 	d.grow()
 	d.epoch++
+	drop := d.markRegion(region, d.dropBuf[:0])
+	work := append(d.workBuf[:0], drop...)
+	if d.first {
+		// Dead nodes that nothing reads go with the first block (and so
+		// do, through the walk below, the dead nodes that only feed them).
+		d.first = false
+		drop, work = d.markUnread(drop, work)
+	}
+	drop, work = d.markFeeders(drop, work)
+	nodes, read := d.removeNodes(drop, d.readBuf[:0])
+	inits = d.unreadInits(read)
+	if len(nodes) == 0 {
+		nodes = nil
+	}
+	d.dropBuf, d.workBuf, d.readBuf = drop[:0], work[:0], read[:0]
+	d.sorter.sort(nodes)
+	d.sorter.sort(inits)
+	d.last = inits
+	return nodes, inits
+}
+
+// markRegion marks, in this epoch, the nodes of region that are neither
+// removed nor live, and appends them to drop.
+func (d *deadCode) markRegion(region []*pb.NodeProto, drop []int32) []int32 {
 	ep := d.epoch
-	drop := d.dropBuf[:0]
 	i := int32(-1)
 	for _, n := range region {
 		i = d.seek(n, int(i)+1) // regions are mostly in graph order
@@ -439,75 +461,105 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 			drop = append(drop, i)
 		}
 	}
-	work := append(d.workBuf[:0], drop...)
-	if d.first {
-		// Dead nodes that nothing reads go with the first block (and so
-		// do, through the walk below, the dead nodes that only feed them).
-		d.first = false
-		for k, n := range g.P.Node {
-			i := d.at(n, k)
-			if !d.live(i) && d.dropMark[i] != ep && d.feedsOnly(i) {
-				d.dropMark[i] = ep
-				drop = append(drop, i)
-				work = append(work, i)
+	return drop
+}
+
+// markUnread marks, in this epoch, the dead nodes of the graph that nothing
+// reads (feedsOnly), and appends them to drop and to work.
+func (d *deadCode) markUnread(drop, work []int32) ([]int32, []int32) {
+	ep := d.epoch
+	for k, n := range d.g.P.Node {
+		i := d.at(n, k)
+		if !d.live(i) && d.dropMark[i] != ep && d.feedsOnly(i) {
+			d.dropMark[i] = ep
+			drop = append(drop, i)
+			work = append(work, i)
+		}
+	}
+	return drop, work
+}
+
+// markFeeders marks, in this epoch, the nodes that feed only dropped
+// nodes, and appends them to drop. A node becomes a feeder of dropped nodes
+// only through a consumer dropped now: it walks up from the dropped nodes
+// in work (which it empties), counting for each producer met the consumer
+// edges not dropped yet.
+func (d *deadCode) markFeeders(drop, work []int32) ([]int32, []int32) {
+	ep := d.epoch
+	var order, edges []int32
+	for len(work) > 0 {
+		n := work[len(work)-1]
+		work = work[:len(work)-1]
+		d.doneMark[n] = ep
+		order, edges = d.undroppedPreds(n, order[:0], edges[:0])
+		for k, p := range order {
+			if d.feederEdgesLeft(p, edges[k]) == 0 {
+				d.dropMark[p] = ep
+				drop = append(drop, p)
+				work = append(work, p)
 			}
 		}
 	}
-	{
-		// A node becomes a feeder of dropped nodes only through a consumer
-		// dropped now: walk up from the dropped nodes, counting for each
-		// producer met the consumer edges not dropped yet.
-		var order, edges []int32
-		for len(work) > 0 {
-			n := work[len(work)-1]
-			work = work[:len(work)-1]
-			d.doneMark[n] = ep
-			order, edges = order[:0], edges[:0]
-			for _, p := range d.predsOf(n) {
-				if p < 0 || d.live(p) || d.dropMark[p] == ep || d.removed[p] {
-					continue
-				}
-				found := false
-				for k, q := range order {
-					if q == p {
-						edges[k]++
-						found = true
-						break
-					}
-				}
-				if !found {
-					order = append(order, p)
-					edges = append(edges, 1)
-				}
-			}
-			for k, p := range order {
-				var r int32
-				if d.remMark[p] != ep {
-					d.remMark[p] = ep
-					if len(d.nodes[p].Output) == 0 || d.outputRefs(d.nodes[p]) > 0 {
-						d.rem[p] = -1 // never a feeder
-						continue
-					}
-					for _, c := range d.consumers(p) {
-						if !d.removed[c] && d.doneMark[c] != ep {
-							r++
-						}
-					}
-				} else if d.rem[p] < 0 {
-					continue
-				} else {
-					r = d.rem[p] - edges[k]
-				}
-				d.rem[p] = r
-				if r == 0 {
-					d.dropMark[p] = ep
-					drop = append(drop, p)
-					work = append(work, p)
-				}
+	return drop, work
+}
+
+// undroppedPreds appends to order the producers of node n's inputs that are
+// neither live, dropped nor removed, each once, and to edges how many of
+// n's inputs each produces.
+func (d *deadCode) undroppedPreds(n int32, order, edges []int32) ([]int32, []int32) {
+	ep := d.epoch
+	for _, p := range d.predsOf(n) {
+		if p < 0 || d.live(p) || d.dropMark[p] == ep || d.removed[p] {
+			continue
+		}
+		found := false
+		for k, q := range order {
+			if q == p {
+				edges[k]++
+				found = true
+				break
 			}
 		}
+		if !found {
+			order = append(order, p)
+			edges = append(edges, 1)
+		}
 	}
-	read := d.readBuf[:0] // values the dropped nodes read, once each
+	return order, edges
+}
+
+// feederEdgesLeft takes edges consumer edges of node p off as dropped and
+// returns how many are left (d.rem[p]); it is negative for a node that is
+// never a feeder (no outputs, or one that is a graph output). The first time in an epoch, it counts p's consumers not
+// removed and not walked yet instead.
+func (d *deadCode) feederEdgesLeft(p, edges int32) int32 {
+	ep := d.epoch
+	var r int32
+	if d.remMark[p] != ep {
+		d.remMark[p] = ep
+		if len(d.nodes[p].Output) == 0 || d.outputRefs(d.nodes[p]) > 0 {
+			d.rem[p] = -1 // never a feeder
+			return -1
+		}
+		for _, c := range d.consumers(p) {
+			if !d.removed[c] && d.doneMark[c] != ep {
+				r++
+			}
+		}
+	} else if d.rem[p] < 0 {
+		return -1
+	} else {
+		r = d.rem[p] - edges
+	}
+	d.rem[p] = r
+	return r
+}
+
+// removeNodes removes the nodes of drop, takes their reads off the use counts of
+// the values they read, and returns their labels, in drop's order, and the
+// values they read, once each, appended to read.
+func (d *deadCode) removeNodes(drop []int32, read []int32) (nodes []string, _ []int32) {
+	ep := d.epoch
 	nodes = make([]string, 0, len(drop))
 	for _, i := range drop {
 		nodes = append(nodes, graph.NodeLabel(d.nodes[i]))
@@ -526,6 +578,14 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 			}
 		}
 	}
+	return nodes, read
+}
+
+// unreadInits marks as gone the initializers among the values read that
+// nothing reads any more and that are not graph outputs, and returns their
+// names in read's order.
+func (d *deadCode) unreadInits(read []int32) (inits []string) {
+	g := d.g
 	for _, v := range read {
 		t := g.InitializerOf(v)
 		if d.gone[v] || t == nil {
@@ -540,14 +600,7 @@ func (d *deadCode) removeDeadIn(region []*pb.NodeProto) (nodes, inits []string) 
 			d.gone[v] = true
 		}
 	}
-	if len(nodes) == 0 {
-		nodes = nil
-	}
-	d.dropBuf, d.workBuf, d.readBuf = drop[:0], work[:0], read[:0]
-	d.sorter.sort(nodes)
-	d.sorter.sort(inits)
-	d.last = inits
-	return nodes, inits
+	return inits
 }
 
 // apply removes the recorded nodes and initializers, and the value_info of
