@@ -138,40 +138,10 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{NearMiss: det.NearMiss}
-	if opt.pending != nil {
-		rep.NearMiss = append(rep.NearMiss, opt.pending.NearMiss...)
-		rep.Refused = append(rep.Refused, opt.pending.Refused...)
-	}
-	for _, b := range det.Blocks {
-		if b.TracedExperts > 0 {
-			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s: restored from a trace that computed only %d of %d experts per input: the fused node runs all %d experts from the stacked weights, so its outputs differ from the original graph's wherever the original dropped tokens", b.Name, b.TracedExperts, b.Spec.NumExperts, b.Spec.NumExperts))
-		}
-	}
-	type ready struct {
-		b  *Block
-		ts []fusedTensor
-	}
-	var todo []ready
-	for i, b := range det.Blocks {
-		if err := ctx.Err(); err != nil {
-			return rep, err
-		}
-		opt.progress("weights", i, len(det.Blocks))
-		// The weights are only validated here; the numerical check reads
-		// each block's weights when it checks that block, and emit copies
-		// them (or has them streamed to the output when it is saved).
-		ts, err := b.W.fusedTensors(&b.Spec)
-		for i := range ts {
-			if err == nil {
-				err = ts[i].check(m)
-			}
-		}
-		if err != nil {
-			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: err.Error()})
-			continue
-		}
-		todo = append(todo, ready{b, ts})
+	rep := detectedReport(det, opt.pending)
+	todo, err := readyBlocks(ctx, m, det.Blocks, rep, &opt)
+	if err != nil {
+		return rep, err
 	}
 	check := opt.Check
 	if w := shardCheckNote(det.Blocks); w != "" && check {
@@ -179,28 +149,8 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 		check = false
 	}
 	if check && len(todo) > 0 {
-		bs := make([]*Block, len(todo))
-		for i, r := range todo {
-			bs[i] = r.b
-		}
-		opt.progress("weights", len(det.Blocks), len(det.Blocks))
-		if opt.checkAhead == nil || len(rep.NearMiss) > 0 || len(rep.Refused) > 0 || !opt.checkAhead(m, bs, rep) {
-			opt.progress("check", 0, len(bs))
-			m.KeepIndex(g) // the check reads the graph this index is current for
-			inputs := blockInputs(bs)
-			errs, err := numericCheck(ctx, m, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
-			passed, err := checkResults(rep, bs, inputs, errs, err)
-			if err != nil {
-				return rep, err
-			}
-			opt.progress("check", len(bs), len(bs))
-			kept := todo[:0]
-			for i, r := range todo {
-				if passed[i] {
-					kept = append(kept, r)
-				}
-			}
-			todo = kept
+		if todo, err = checkReady(ctx, m, g, todo, len(det.Blocks), rep, &opt); err != nil {
+			return rep, err
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -215,6 +165,103 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	if opt.beforeEdit != nil {
 		opt.beforeEdit()
 	}
+	if err := fuseReady(ctx, m, g, todo, rep, &opt); err != nil {
+		return rep, err
+	}
+	m.SetOpset(moe.Domain, moe.Version)
+	if m.Proto.GetIrVersion() < 10 {
+		m.Proto.IrVersion = proto.Int64(10) // function overloads need IR 10
+	}
+	return rep, nil
+}
+
+// detectedReport starts the report of a rewrite from what detection found:
+// its near-misses, then those and the refusals pending from elsewhere, and
+// a warning per block restored from a trace that computed fewer experts.
+func detectedReport(det *Detection, pending *Report) *Report {
+	rep := &Report{NearMiss: det.NearMiss}
+	if pending != nil {
+		rep.NearMiss = append(rep.NearMiss, pending.NearMiss...)
+		rep.Refused = append(rep.Refused, pending.Refused...)
+	}
+	for _, b := range det.Blocks {
+		if b.TracedExperts > 0 {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s: restored from a trace that computed only %d of %d experts per input: the fused node runs all %d experts from the stacked weights, so its outputs differ from the original graph's wherever the original dropped tokens", b.Name, b.TracedExperts, b.Spec.NumExperts, b.Spec.NumExperts))
+		}
+	}
+	return rep
+}
+
+// readyBlock is a detected block whose fused tensors are valid: ready to
+// be checked and fused.
+type readyBlock struct {
+	b  *Block
+	ts []fusedTensor
+}
+
+// readyBlocks validates the fused tensors of each block of blocks, in
+// order: a block whose tensors fail is refused in rep, the others are
+// returned ready. The error is only ctx's.
+func readyBlocks(ctx context.Context, m *graph.Model, blocks []*Block, rep *Report, opt *Options) ([]readyBlock, error) {
+	var todo []readyBlock
+	for i, b := range blocks {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		opt.progress("weights", i, len(blocks))
+		// The weights are only validated here; the numerical check reads
+		// each block's weights when it checks that block, and emit copies
+		// them (or has them streamed to the output when it is saved).
+		ts, err := b.W.fusedTensors(&b.Spec)
+		for i := range ts {
+			if err == nil {
+				err = ts[i].check(m)
+			}
+		}
+		if err != nil {
+			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: err.Error()})
+			continue
+		}
+		todo = append(todo, readyBlock{b, ts})
+	}
+	return todo, nil
+}
+
+// checkReady runs the numerical check of the ready blocks on m (g its
+// graph), unless opt.checkAhead takes it over, and returns the blocks that
+// passed (todo's prefix reused); detected is how many blocks detection
+// found, for the progress of the weights stage.
+func checkReady(ctx context.Context, m *graph.Model, g *graph.Graph, todo []readyBlock, detected int, rep *Report, opt *Options) ([]readyBlock, error) {
+	bs := make([]*Block, len(todo))
+	for i, r := range todo {
+		bs[i] = r.b
+	}
+	opt.progress("weights", detected, detected)
+	if opt.checkAhead != nil && len(rep.NearMiss) == 0 && len(rep.Refused) == 0 && opt.checkAhead(m, bs, rep) {
+		return todo, nil
+	}
+	opt.progress("check", 0, len(bs))
+	m.KeepIndex(g) // the check reads the graph this index is current for
+	inputs := blockInputs(bs)
+	errs, err := numericCheck(ctx, m, bs, make([]*moe.Weights, len(bs)), opt.CheckData, opt.MemLimit)
+	passed, err := checkResults(rep, bs, inputs, errs, err)
+	if err != nil {
+		return nil, err
+	}
+	opt.progress("check", len(bs), len(bs))
+	kept := todo[:0]
+	for i, r := range todo {
+		if passed[i] {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
+// fuseReady replaces each ready block of m (g its graph) with its fused
+// node, recording each in rep, removes the dead code they leave and sorts
+// the graph.
+func fuseReady(ctx context.Context, m *graph.Model, g *graph.Graph, todo []readyBlock, rep *Report, opt *Options) error {
 	opset := m.Opset("")
 	funcs := map[string]bool{}
 	for _, f := range m.Proto.Functions {
@@ -225,25 +272,18 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	dc := newDeadCode(g, len(todo))
 	for i, r := range todo {
 		if err := ctx.Err(); err != nil {
-			return rep, err
+			return err
 		}
 		opt.progress("fuse", i, len(todo))
 		f, err := emit(m, g, dc, r.b, r.ts, opt.StreamWeights, opset, funcs)
 		if err != nil {
-			return rep, err
+			return err
 		}
 		rep.Fused = append(rep.Fused, *f)
 	}
 	dc.apply()
 	opt.progress("fuse", len(todo), len(todo))
-	if err := g.Sort(); err != nil {
-		return rep, err
-	}
-	m.SetOpset(moe.Domain, moe.Version)
-	if m.Proto.GetIrVersion() < 10 {
-		m.Proto.IrVersion = proto.Int64(10) // function overloads need IR 10
-	}
-	return rep, nil
+	return g.Sort()
 }
 
 // blockInputs lists the blocks' inputs, to tell afterwards whether the
