@@ -55,30 +55,9 @@ func (c *ctx) ort(n *pb.NodeProto) (*Block, error) {
 	if lin == nil {
 		return nil, rejectf("%s: router_probs is not computed by a linear layer", label)
 	}
-	ri := &routerInfo{}
-	switch lin.GetOpType() {
-	case "Gemm":
-		w := c.constTensor(lin.Input[1])
-		if w == nil || graph.AttrInt(lin, "transA", 0) != 0 || graph.AttrFloat(lin, "alpha", 1) != 1 {
-			return nil, rejectf("router Gemm %q has no constant weight", graph.NodeLabel(lin))
-		}
-		ri.linear, ri.x, ri.w, ri.wInOut = lin, lin.Input[0], w, graph.AttrInt(lin, "transB", 0) == 0
-		if len(lin.Input) > 2 && lin.Input[2] != "" {
-			if ri.bias = c.constTensor(lin.Input[2]); ri.bias == nil || len(ri.bias.GetDims()) != 1 {
-				return nil, rejectf("router Gemm %q has a bias that is not a constant vector", graph.NodeLabel(lin))
-			}
-			if graph.AttrFloat(lin, "beta", 1) != 1 {
-				return nil, rejectf("router Gemm %q scales its bias (beta %g)", graph.NodeLabel(lin), graph.AttrFloat(lin, "beta", 1))
-			}
-		}
-	case "MatMul":
-		w := c.matmulWeight(lin.Input[1])
-		if w == nil {
-			return nil, rejectf("router MatMul %q has no constant weight", graph.NodeLabel(lin))
-		}
-		ri.linear, ri.x, ri.w, ri.wInOut = lin, lin.Input[0], w.t, !w.swapped
-	default:
-		return nil, rejectf("%s: router_probs comes from %s, not a linear layer", label, lin.GetOpType())
+	ri, err := c.ortRouter(lin, label)
+	if err != nil {
+		return nil, err
 	}
 	if c.through(ri.x) != c.through(in(0)) {
 		return nil, rejectf("%s: the router reads a different tensor than the experts", label)
@@ -151,6 +130,38 @@ func (c *ctx) ort(n *pb.NodeProto) (*Block, error) {
 		return nil, rejectf("%s: %v", label, err)
 	}
 	return b, nil
+}
+
+// ortRouter reads the linear layer lin that computes an ONNX Runtime MoE
+// node's router logits (label names the node in errors): a Gemm or MatMul
+// with a constant weight, and for a Gemm an optional constant bias vector.
+func (c *ctx) ortRouter(lin *pb.NodeProto, label string) (*routerInfo, error) {
+	ri := &routerInfo{}
+	switch lin.GetOpType() {
+	case "Gemm":
+		w := c.constTensor(lin.Input[1])
+		if w == nil || graph.AttrInt(lin, "transA", 0) != 0 || graph.AttrFloat(lin, "alpha", 1) != 1 {
+			return nil, rejectf("router Gemm %q has no constant weight", graph.NodeLabel(lin))
+		}
+		ri.linear, ri.x, ri.w, ri.wInOut = lin, lin.Input[0], w, graph.AttrInt(lin, "transB", 0) == 0
+		if len(lin.Input) > 2 && lin.Input[2] != "" {
+			if ri.bias = c.constTensor(lin.Input[2]); ri.bias == nil || len(ri.bias.GetDims()) != 1 {
+				return nil, rejectf("router Gemm %q has a bias that is not a constant vector", graph.NodeLabel(lin))
+			}
+			if graph.AttrFloat(lin, "beta", 1) != 1 {
+				return nil, rejectf("router Gemm %q scales its bias (beta %g)", graph.NodeLabel(lin), graph.AttrFloat(lin, "beta", 1))
+			}
+		}
+	case "MatMul":
+		w := c.matmulWeight(lin.Input[1])
+		if w == nil {
+			return nil, rejectf("router MatMul %q has no constant weight", graph.NodeLabel(lin))
+		}
+		ri.linear, ri.x, ri.w, ri.wInOut = lin, lin.Input[0], w.t, !w.swapped
+	default:
+		return nil, rejectf("%s: router_probs comes from %s, not a linear layer", label, lin.GetOpType())
+	}
+	return ri, nil
 }
 
 // present reports whether the node has fc<i> weights (i = 1, 2, 3).
