@@ -129,3 +129,28 @@ func TestBadFile(t *testing.T) {
 		t.Errorf("unparsable file: exit %d, want 2", code)
 	}
 }
+
+// TestPassesUnderLimit keeps every function of the passes packages (test
+// files aside) at most passesLimit lines long, as
+// go run ./tools/funclen -max 100 ./passes/... checks.
+func TestPassesUnderLimit(t *testing.T) {
+	const passesLimit = 100
+	files, err := goFiles("../../passes/...", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no Go files under ../../passes")
+	}
+	for _, f := range files {
+		fns, err := measureFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fn := range fns {
+			if fn.Lines > passesLimit {
+				t.Errorf("%s:%d: %s is %d lines (complexity %d), over %d: split it into smaller functions", fn.File, fn.Line, fn.Name, fn.Lines, fn.Complexity, passesLimit)
+			}
+		}
+	}
+}
