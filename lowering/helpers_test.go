@@ -26,6 +26,7 @@ type blockCfg struct {
 	Order          string // default activation_then_topk
 	Norm           bool
 	Scale          float32 // routed_scaling_factor, default 1
+	Alpha          float32 // swiglu_alpha, default 1
 	NGroup, TopKG  int
 	CBias, RBias   bool
 	ExpertBias     bool
@@ -42,6 +43,9 @@ func (c blockCfg) spec() *moe.Spec {
 		RouterActivation: c.RouterAct, RouterOrder: c.Order, NormalizeTopK: c.Norm, RoutedScalingFactor: c.Scale,
 		NGroup: max(c.NGroup, 1), TopKGroup: max(c.TopKG, 1), CorrectionBias: c.CBias, RouterBias: c.RBias,
 		Activation: c.Act, SwiGLULimit: c.Limit, SwiGLUAlpha: 1, ExpertBias: c.ExpertBias, WeightsOnInput: c.WeightsOnInput, EPSize: 1}
+	if c.Alpha != 0 {
+		s.SwiGLUAlpha = c.Alpha
+	}
 	if s.RouterActivation == "" {
 		s.RouterActivation = moe.Softmax
 	}

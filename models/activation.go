@@ -218,6 +218,73 @@ var ActivationCases = []ActCase{
 			return op(b, "Where", op(b, "Greater", x, sc(b, 0)), x, op(b, "Mul", x, sc(b, 0.1)))
 		})},
 	}},
+	{Act: moe.ELU, Params: moe.ActParams{Alpha: 0.7}, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.ELU, moe.ActParams{Alpha: 0.7})},
+		{Name: "where", Emit: ungated(func(b *moe.Builder, x string) string { // where(x > 0, x, α·(eˣ − 1))
+			return op(b, "Where", op(b, "Greater", x, sc(b, 0)), x, op(b, "Mul", sc(b, 0.7), op(b, "Sub", op(b, "Exp", x), sc(b, 1))))
+		})},
+		{Name: "max-min", Emit: ungated(func(b *moe.Builder, x string) string { // max(x, 0) + min(0, α·(eˣ − 1))
+			return op(b, "Add", op(b, "Max", x, sc(b, 0)), op(b, "Min", sc(b, 0), op(b, "Mul", op(b, "Sub", op(b, "Exp", x), sc(b, 1)), sc(b, 0.7))))
+		})},
+	}},
+	{Act: moe.CELU, Params: moe.ActParams{Alpha: 2}, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.CELU, moe.ActParams{Alpha: 2})},
+		{Name: "max-min-div", Emit: ungated(func(b *moe.Builder, x string) string { // max(0, x) + min(0, α·(exp(x/α) − 1))
+			e := op(b, "Sub", op(b, "Exp", op(b, "Div", x, sc(b, 2))), sc(b, 1))
+			return op(b, "Add", op(b, "Max", sc(b, 0), x), op(b, "Min", sc(b, 0), op(b, "Mul", sc(b, 2), e)))
+		})},
+		{Name: "where-mul", Emit: ungated(func(b *moe.Builder, x string) string { // where(x < 0, α·(exp(x·(1/α)) − 1), x)
+			e := op(b, "Sub", op(b, "Exp", op(b, "Mul", x, sc(b, 0.5))), sc(b, 1))
+			return op(b, "Where", op(b, "Less", x, sc(b, 0)), op(b, "Mul", e, sc(b, 2)), x)
+		})},
+	}},
+	{Act: moe.Swish, Params: moe.ActParams{Alpha: 1.25}, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.Swish, moe.ActParams{Alpha: 1.25})},
+		{Name: "div-exp", Emit: ungated(func(b *moe.Builder, x string) string { // x/(1 + e^(−β·x))
+			return op(b, "Div", x, op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Mul", x, sc(b, -1.25)))))
+		})},
+		{Name: "sigmoid-tau", Emit: ungated(func(b *moe.Builder, x string) string { // x·σ(x/τ), τ = 1/β
+			return op(b, "Mul", x, op(b, "Sigmoid", op(b, "Div", x, sc(b, 0.8))))
+		})},
+		{Name: "ms-quickgelu-alpha", MS: true, Emit: ungated(func(b *moe.Builder, x string) string {
+			return msOp(b, "QuickGelu", []string{x}, graph.FloatAttr("alpha", 1.25))
+		})},
+	}},
+	{Act: moe.Softplus, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.Softplus, moe.ActParams{Alpha: 1})},
+		{Name: "stable", Emit: ungated(func(b *moe.Builder, x string) string { // max(x, 0) + log(1 + e^(−|x|))
+			return op(b, "Add", op(b, "Max", x, sc(b, 0)), op(b, "Log", op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", op(b, "Abs", x))))))
+		})},
+		{Name: "threshold", Emit: ungated(func(b *moe.Builder, x string) string { // PyTorch's: where(x > 20, x, log(1 + eˣ))
+			return op(b, "Where", op(b, "Greater", x, sc(b, 20)), x, op(b, "Log", op(b, "Add", op(b, "Exp", x), sc(b, 1))))
+		})},
+	}},
+	{Act: moe.Tanh, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.Tanh, moe.ActParams{Alpha: 1})},
+		{Name: "sigmoid", Emit: ungated(func(b *moe.Builder, x string) string { // 2·σ(2x) − 1
+			return op(b, "Sub", op(b, "Mul", sc(b, 2), op(b, "Sigmoid", op(b, "Mul", x, sc(b, 2)))), sc(b, 1))
+		})},
+		{Name: "exp-abs", Emit: ungated(func(b *moe.Builder, x string) string { // sign(x)·(1 − e^(−2|x|))/(1 + e^(−2|x|))
+			e := op(b, "Exp", op(b, "Mul", op(b, "Abs", x), sc(b, -2)))
+			return op(b, "Mul", op(b, "Sign", x), op(b, "Div", op(b, "Sub", sc(b, 1), e), op(b, "Add", e, sc(b, 1))))
+		})},
+	}},
+	{Act: moe.QuickGeGLU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.QuickGeGLU, moe.ActParams{Alpha: 1})},
+		{Name: "ms-quickgelu", MS: true, Emit: gatedBy(true, func(b *moe.Builder, x string) string { return msOp(b, "QuickGelu", []string{x}) })},
+		{Name: "div-exp", Emit: func(b *moe.Builder, g, u string) string { // g·u/(1 + e^(−1.702·g))
+			return op(b, "Div", op(b, "Mul", g, u), op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Mul", g, sc(b, -1.702)))))
+		}},
+	}},
+	{Act: moe.SwishGLU, Params: moe.ActParams{Alpha: 1.25}, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.SwishGLU, moe.ActParams{Alpha: 1.25})},
+		{Name: "div-exp", Emit: gatedBy(false, func(b *moe.Builder, x string) string {
+			return op(b, "Div", x, op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Mul", x, sc(b, -1.25)))))
+		})},
+		{Name: "sigmoid-tau", Emit: gatedBy(true, func(b *moe.Builder, x string) string {
+			return op(b, "Mul", x, op(b, "Sigmoid", op(b, "Div", x, sc(b, 0.8))))
+		})},
+	}},
 }
 
 // ActivationCase returns the case of activation act, or nil.

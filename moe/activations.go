@@ -38,6 +38,24 @@ const (
 	// LeakyReLU is down(max(up, 0) + α·min(up, 0)); its negative slope α
 	// is the swiglu_alpha attribute.
 	LeakyReLU = "leaky_relu"
+	// ELU is down(elu(up)): up if up > 0, else α·(e^up − 1); α is the
+	// swiglu_alpha attribute (ONNX Elu's alpha, 1 by default).
+	ELU = "elu"
+	// CELU is down(max(0, up) + min(0, α·(e^(up/α) − 1))), ONNX Celu; α is
+	// the swiglu_alpha attribute.
+	CELU = "celu"
+	// Swish is down(up·σ(β·up)) with β the swiglu_alpha attribute, for the
+	// β that are neither SiLU's 1 nor QuickGELU's 1.702.
+	Swish = "swish"
+	// Softplus is down(log(1 + e^up)).
+	Softplus = "softplus"
+	// Tanh is down(tanh(up)).
+	Tanh = "tanh"
+	// QuickGeGLU is quick_gelu(gate)·up: gate·σ(1.702·gate)·up.
+	QuickGeGLU = "quick_geglu"
+	// SwishGLU is swish(gate)·up: gate·σ(β·gate)·up, with β the
+	// swiglu_alpha attribute (neither SwiGLU's 1 nor QuickGeGLU's 1.702).
+	SwishGLU = "swishglu"
 )
 
 // ActParams are the parameters of a parametrised activation: Alpha
@@ -88,6 +106,12 @@ type ActivationDef struct {
 	MoK bool
 }
 
+// Parametrised reports whether the row takes a parameter (swiglu_alpha or
+// swiglu_limit). Where a row without parameters and a parametrised one
+// both compute a subgraph (SiLU and Swish with β = 1), the identifier
+// names the one without.
+func (d *ActivationDef) Parametrised() bool { return d.Alpha || d.Limit != LimitNone }
+
 const sqrt2OverPi = 0.7978845608028654 // √(2/π)
 
 func sigmoid64(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
@@ -107,6 +131,17 @@ const (
 	seluAlpha = 1.67326319217681884765625
 	seluGamma = 1.05070102214813232421875
 )
+
+func elu64(x, alpha float64) float64 {
+	if x > 0 {
+		return x
+	}
+	return alpha * math.Expm1(x)
+}
+
+func celu64(x, alpha float64) float64 {
+	return math.Max(0, x) + math.Min(0, alpha*math.Expm1(x/alpha))
+}
 
 func clampPair(g, u float64, p ActParams) (float64, float64) {
 	if p.Limit > 0 {
@@ -223,7 +258,7 @@ var Activations = []ActivationDef{
 		Body: func(b *Builder, _, u string, _ ActParams) string {
 			return mul(b, u, b.Op("Sigmoid", []string{mul(b, u, b.Scalar(1.702))}))
 		},
-		ORT: noORT("the quick GELU (x·σ(1.702·x)), which the op lacks")},
+		ORT: noORT("the quick GELU (quick_gelu, x·σ(1.702·x)), which the op lacks")},
 	{Name: Mish, RTol: 1e-5, ATol: 1e-6,
 		Eval: func(_, u float64, _ ActParams) float64 { return u * math.Tanh(softplus64(u)) },
 		Body: func(b *Builder, _, u string, _ ActParams) string {
@@ -248,7 +283,49 @@ var Activations = []ActivationDef{
 		Body: func(b *Builder, _, u string, p ActParams) string {
 			return b.Op("LeakyRelu", []string{u}, graph.FloatAttr("alpha", p.Alpha))
 		},
-		ORT: noORT("leaky ReLU, which the op lacks")},
+		ORT: noORT("leaky ReLU (leaky_relu), which the op lacks")},
+	{Name: ELU, Alpha: true, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(_, u float64, p ActParams) float64 { return elu64(u, float64(p.Alpha)) },
+		Body: func(b *Builder, _, u string, p ActParams) string {
+			return b.Op("Elu", []string{u}, graph.FloatAttr("alpha", p.Alpha))
+		},
+		ORT: noORT("elu, which the op lacks")},
+	{Name: CELU, Alpha: true, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(_, u float64, p ActParams) float64 { return celu64(u, float64(p.Alpha)) },
+		Body: func(b *Builder, _, u string, p ActParams) string {
+			return b.Op("Celu", []string{u}, graph.FloatAttr("alpha", p.Alpha))
+		},
+		ORT: noORT("celu, which the op lacks")},
+	{Name: Swish, Alpha: true, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(_, u float64, p ActParams) float64 { return u * sigmoid64(float64(p.Alpha)*u) },
+		Body: func(b *Builder, _, u string, p ActParams) string {
+			return mul(b, u, b.Op("Sigmoid", []string{mul(b, u, b.Scalar(p.Alpha))}))
+		},
+		ORT: noORT("swish with β other than 1 (x·σ(β·x)), which the op lacks (its silu has β 1)")},
+	{Name: Softplus, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(_, u float64, _ ActParams) float64 { return softplus64(u) },
+		Body: func(b *Builder, _, u string, _ ActParams) string { return b.Op("Softplus", []string{u}) },
+		ORT:  noORT("softplus, which the op lacks")},
+	{Name: Tanh, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(_, u float64, _ ActParams) float64 { return math.Tanh(u) },
+		Body: func(b *Builder, _, u string, _ ActParams) string { return b.Op("Tanh", []string{u}) },
+		ORT:  noORT("tanh, which the op lacks")},
+	{Name: QuickGeGLU, Gated: true, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(g, u float64, _ ActParams) float64 { return g * sigmoid64(1.702*g) * u },
+		Body: func(b *Builder, g, u string, _ ActParams) string {
+			return mul(b, mul(b, g, b.Op("Sigmoid", []string{mul(b, g, b.Scalar(1.702))})), u)
+		},
+		ORT: func(ActParams) (ORTActivation, string) {
+			return ORTActivation{Type: "swiglu", Alpha: 1.702}, ""
+		}},
+	{Name: SwishGLU, Gated: true, Alpha: true, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(g, u float64, p ActParams) float64 { return g * sigmoid64(float64(p.Alpha)*g) * u },
+		Body: func(b *Builder, g, u string, p ActParams) string {
+			return mul(b, mul(b, g, b.Op("Sigmoid", []string{mul(b, g, b.Scalar(p.Alpha))})), u)
+		},
+		ORT: func(p ActParams) (ORTActivation, string) {
+			return ORTActivation{Type: "swiglu", Alpha: p.Alpha}, ""
+		}},
 }
 
 // LookupActivation returns the table row named name, or nil.

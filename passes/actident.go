@@ -57,13 +57,20 @@ func actProbes(mags, scalars []float64) []float32 {
 }
 
 // actParamCands lists the parameters to try for row d: alpha and limit
-// candidates are the subgraph's scalar constants.
+// candidates are the subgraph's scalar constants; an alpha may also be
+// written negated or as its reciprocal (x/(1+e^(−β·x)) reads −β, x·σ(x/τ)
+// reads τ = 1/β).
 func actParamCands(d *moe.ActivationDef, scalars []float64) []moe.ActParams {
 	alphas := []float32{1}
 	if d.Alpha {
 		for _, s := range scalars {
-			if s != 0 && s != 1 {
-				alphas = append(alphas, float32(s))
+			if s == 0 {
+				continue
+			}
+			for _, a := range []float64{s, -s, 1 / s, -1 / s} {
+				if a32 := float32(a); a32 != 1 && !math.IsInf(float64(a32), 0) && a32 != 0 && !slices.Contains(alphas, a32) {
+					alphas = append(alphas, a32)
+				}
 			}
 		}
 	}
@@ -196,7 +203,7 @@ func (c *ctx) identifyActEval(a *actGraph, want *actID) (*actID, error) {
 	}
 	var best *actID
 	for _, f := range fits {
-		if best == nil || f.score < best.score {
+		if best == nil || actBetter(f, best) {
 			best = f
 		}
 	}
@@ -212,6 +219,17 @@ func (c *ctx) identifyActEval(a *actGraph, want *actID) (*actID, error) {
 		}
 	}
 	return best, nil
+}
+
+// actBetter reports whether fit f is preferred to fit b: a row without
+// parameters over a parametrised one (both fit only where they compute the
+// same function: SiLU and Swish with β = 1, QuickGELU and β = 1.702), else
+// the smaller error; on a tie the row earlier in the table stays.
+func actBetter(f, b *actID) bool {
+	if fp, bp := f.def.Parametrised(), b.def.Parametrised(); fp != bp {
+		return !fp
+	}
+	return f.score < b.score
 }
 
 // expertAct identifies the activation between first-layer values ins and

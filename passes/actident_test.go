@@ -283,3 +283,67 @@ func TestIdentifyActivationHalf(t *testing.T) {
 		}
 	}
 }
+
+// TestIdentifyActivationToldApart: rows that share a form are told apart
+// by what the subgraph computes, whatever op writes it: x·σ(β·x) is SiLU
+// for β = 1, QuickGELU for 1.702 and Swish otherwise (gated: SwiGLU,
+// QuickGeGLU, SwishGLU); CELU with α = 1 is ELU; ELU, CELU and SELU with
+// other parameters stay apart.
+func TestIdentifyActivationToldApart(t *testing.T) {
+	op := func(b *moe.Builder, o string, in ...string) string { return b.Op(o, in) }
+	swish := func(beta float32) func(b *moe.Builder, g, u string) string {
+		return func(b *moe.Builder, _, u string) string {
+			return op(b, "Mul", u, op(b, "Sigmoid", op(b, "Mul", u, b.Scalar(beta))))
+		}
+	}
+	swishGLU := func(beta float32) func(b *moe.Builder, g, u string) string {
+		return func(b *moe.Builder, g, u string) string {
+			return op(b, "Mul", op(b, "Mul", g, op(b, "Sigmoid", op(b, "Mul", b.Scalar(beta), g))), u)
+		}
+	}
+	attrOp := func(o string, attrs ...*pb.AttributeProto) func(b *moe.Builder, g, u string) string {
+		return func(b *moe.Builder, _, u string) string { return b.Op(o, []string{u}, attrs...) }
+	}
+	cases := []struct {
+		name  string
+		gated bool
+		emit  func(b *moe.Builder, g, u string) string
+		act   string
+		alpha float32
+	}{
+		{"swish β=1", false, swish(1), moe.SiLU, 1},
+		{"swish β=1.702", false, swish(1.702), moe.QuickGELU, 1},
+		{"swish β=1.25", false, swish(1.25), moe.Swish, 1.25},
+		{"swish β=0.5", false, swish(0.5), moe.Swish, 0.5},
+		{"swish β=-1 (x·σ(−x))", false, swish(-1), moe.Swish, -1},
+		{"gated swish β=1", true, swishGLU(1), moe.SwiGLU, 1},
+		{"gated swish β=1.702", true, swishGLU(1.702), moe.QuickGeGLU, 1},
+		{"gated swish β=2", true, swishGLU(2), moe.SwishGLU, 2},
+		{"Elu default", false, attrOp("Elu"), moe.ELU, 1},
+		{"Elu α=2", false, attrOp("Elu", graph.FloatAttr("alpha", 2)), moe.ELU, 2},
+		{"Celu α=1", false, attrOp("Celu", graph.FloatAttr("alpha", 1)), moe.ELU, 1},
+		{"Celu α=2", false, attrOp("Celu", graph.FloatAttr("alpha", 2)), moe.CELU, 2},
+		{"Celu α=0.5", false, attrOp("Celu", graph.FloatAttr("alpha", 0.5)), moe.CELU, 0.5},
+		{"Selu", false, attrOp("Selu"), moe.SELU, 1},
+		{"Softplus", false, attrOp("Softplus"), moe.Softplus, 1},
+		{"Mish", false, func(b *moe.Builder, _, u string) string { return op(b, "Mul", u, op(b, "Tanh", op(b, "Softplus", u))) }, moe.Mish, 1},
+		{"Tanh", false, attrOp("Tanh"), moe.Tanh, 1},
+		{"LeakyRelu α=0.1", false, attrOp("LeakyRelu", graph.FloatAttr("alpha", 0.1)), moe.LeakyReLU, 0.1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := actModel(t, tc.gated, 13, false, tc.emit)
+			ins := []string{"u"}
+			if tc.gated {
+				ins = []string{"g", "u"}
+			}
+			id, err := identifyIn(t, m, ins...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if id.def.Name != tc.act || id.p.Alpha != tc.alpha {
+				t.Fatalf("identified as %s α %v, want %s α %v", id.def.Name, id.p.Alpha, tc.act, tc.alpha)
+			}
+		})
+	}
+}

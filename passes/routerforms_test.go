@@ -56,6 +56,14 @@ func (r *routerSurgery) float(v float32) string {
 	return name
 }
 
+// vector adds a constant float vector.
+func (r *routerSurgery) vector(v ...float32) string {
+	r.n++
+	name := fmt.Sprintf("rf_v%d", r.n)
+	r.g.Initializer = append(r.g.Initializer, moe.Float32Tensor(name, []int64{int64(len(v))}, v))
+	return name
+}
+
 // topk emits TopK(x, k) on the last axis.
 func (r *routerSurgery) topk(x string, k int, largest int64) (string, string) {
 	o := r.nodeN("TopK", []string{x, r.ints(int64(k))}, 2, graph.IntAttr("axis", -1), graph.IntAttr("largest", largest), graph.IntAttr("sorted", 1))
@@ -156,6 +164,28 @@ func routerForms() []routerForm {
 		{name: "constant temperature", k: 2, act: moe.Softmax, order: moe.ActivationThenTopK, scale: 1,
 			form: func(r *routerSurgery, k int) (string, string) {
 				return r.topk(r.softmax(r.node("Div", []string{r.logits, r.float(0.7)})), k, 1)
+			}},
+		{name: "constant temperature, multiplied", k: 2, act: moe.Softmax, order: moe.ActivationThenTopK, norm: true, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				v, i := r.topk(r.softmax(r.node("Mul", []string{r.float(1.6), r.logits})), k, 1)
+				return r.node("Div", []string{v, r.sum(v)}), i
+			}},
+		{name: "per-expert temperature", k: 2, act: moe.Softmax, order: moe.ActivationThenTopK, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				return r.topk(r.softmax(r.node("Mul", []string{r.logits, r.vector(0.5, 1.5, 1, 2, 0.8, 1.2, 3, 0.25)})), k, 1)
+			}},
+		{name: "per-expert temperature divided, after a bias, then scaled", k: 2, act: moe.Sigmoid, order: moe.ActivationThenTopK, norm: true, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				l := r.node("Add", []string{r.logits, r.vector(0.5, -0.3, 0.1, 0.9, -0.7, 0.2, 0, 0.4)})
+				l = r.node("Div", []string{l, r.vector(0.7, 1.3, 2, 0.9, 1, 0.6, 1.1, 4)})
+				l = r.node("Mul", []string{l, r.float(1.5)})
+				v, i := r.topk(r.node("Sigmoid", []string{l}), k, 1)
+				return r.node("Div", []string{v, r.sum(v)}), i
+			}},
+		{name: "per-expert temperature of the sliced logits", k: 2, extra: 3, act: moe.Softmax, order: moe.ActivationThenTopK, scale: 1,
+			form: func(r *routerSurgery, k int) (string, string) {
+				l := r.node("Slice", []string{r.logits, r.ints(0), r.ints(E), r.ints(-1)})
+				return r.topk(r.softmax(r.node("Mul", []string{l, r.vector(0.5, 1.5, 1, 2, 0.8, 1.2, 3, 0.25)})), k, 1)
 			}},
 		{name: "extra router columns sliced off", k: 2, extra: 3, act: moe.Softmax, order: moe.ActivationThenTopK, scale: 1,
 			form: func(r *routerSurgery, k int) (string, string) {

@@ -122,11 +122,13 @@ func (c *ctx) scoreSources(cone map[*pb.NodeProto]bool) string {
 }
 
 // routerFold is the affine map from the router linear's product x·W to the
-// logits the routing reads: logits[j] = scale·(x·W[cols[j]]) + bias[j].
-// cols nil is every column in order; bias nil is zero.
+// logits the routing reads: logits[j] = scale·vscale[j]·(x·W[cols[j]]) +
+// bias[j]. cols nil is every column in order; vscale nil is all ones; bias
+// nil is zero.
 type routerFold struct {
 	scale  float32
 	cols   []int
+	vscale []float32 // a per-expert scale (logits · v, v of shape [E])
 	bias   []float32
 	width  int    // the linear's output width
 	logits string // the value holding the folded logits
@@ -234,8 +236,14 @@ func (c *ctx) foldStep(n *pb.NodeProto, f *routerFold) (bool, error) {
 		}
 		return true, f.addBias(c, b, beta)
 	case "Mul", "Div":
+		if n.GetOpType() == "Div" && n.Input[0] != f.logits {
+			return false, nil
+		}
 		a, ok := c.scalarFloat(other())
-		if !ok || n.GetOpType() == "Div" && n.Input[0] != f.logits || a == 0 {
+		if !ok {
+			return c.foldVectorScale(n, other(), f), nil
+		}
+		if a == 0 {
 			return false, nil
 		}
 		if n.GetOpType() == "Div" {
@@ -250,6 +258,44 @@ func (c *ctx) foldStep(n *pb.NodeProto, f *routerFold) (bool, error) {
 		return c.foldSlice(n, f), nil
 	}
 	return false, nil
+}
+
+// foldVectorScale folds a Mul or Div of the logits by a constant vector v
+// with one value per router output (a per-expert temperature) into f:
+// logits[j]·v[j] is x·(v[j]·W[j]) + v[j]·bias[j]. It reports whether n was
+// one (a Div by a vector holding a zero is not).
+func (c *ctx) foldVectorScale(n *pb.NodeProto, v string, f *routerFold) bool {
+	t := c.constTensor(v)
+	w := f.curWidth()
+	if t == nil || !vectorLike(t) || w == 0 {
+		return false
+	}
+	if r := c.rankOf(f.logits); r >= 0 && len(t.GetDims()) > r {
+		return false // it would broadcast the logits to a higher rank
+	}
+	step := c.floatsOf(t, mustBytes(c, t))
+	if len(step) != w {
+		return false
+	}
+	step = slices.Clone(step)
+	for i, x := range step {
+		if n.GetOpType() == "Div" {
+			if x == 0 {
+				return false
+			}
+			step[i] = 1 / x
+		}
+	}
+	if f.vscale == nil {
+		f.vscale = slices.Repeat([]float32{1}, w)
+	}
+	for i, a := range step {
+		f.vscale[i] *= a
+		if f.bias != nil {
+			f.bias[i] *= a
+		}
+	}
+	return true
 }
 
 // foldSlice folds a Slice of the logits' last axis with constant bounds
@@ -303,15 +349,21 @@ func (c *ctx) foldSlice(n *pb.NodeProto, f *routerFold) bool {
 			cols[i] = f.cols[j]
 		}
 	}
-	if f.bias != nil {
-		nb := make([]float32, len(sel))
-		for i, j := range sel {
-			nb[i] = f.bias[j]
-		}
-		f.bias = nb
-	}
+	f.bias, f.vscale = pickCols(f.bias, sel), pickCols(f.vscale, sel)
 	f.cols = cols
 	return true
+}
+
+// pickCols returns v's values at sel (nil for nil).
+func pickCols(v []float32, sel []int) []float32 {
+	if v == nil {
+		return nil
+	}
+	out := make([]float32, len(sel))
+	for i, j := range sel {
+		out[i] = v[j]
+	}
+	return out
 }
 
 // applyFold writes the fold into ri: the router weight (a derived [E, H]
@@ -319,7 +371,7 @@ func (c *ctx) foldSlice(n *pb.NodeProto, f *routerFold) bool {
 // linear's own) and bias, and the logits value the routing reads.
 func (c *ctx) applyFold(ri *routerInfo, f *routerFold) error {
 	ri.logits = f.logits
-	identity := f.scale == 1 && (f.cols == nil || len(f.cols) == f.width && slices.IsSorted(f.cols))
+	identity := f.scale == 1 && f.vscale == nil && (f.cols == nil || len(f.cols) == f.width && slices.IsSorted(f.cols))
 	if !identity {
 		w, err := c.foldedWeight(ri, f)
 		if err != nil {
@@ -333,8 +385,8 @@ func (c *ctx) applyFold(ri *routerInfo, f *routerFold) error {
 	return nil
 }
 
-// foldedWeight is the router weight with f's temperature and column
-// selection applied: [len(cols), H], stored out-in.
+// foldedWeight is the router weight with f's temperatures (one scalar, one
+// per expert) and column selection applied: [len(cols), H], stored out-in.
 func (c *ctx) foldedWeight(ri *routerInfo, f *routerFold) (*pb.TensorProto, error) {
 	all, err := floats(c.m, ri.w, map[*pb.TensorProto][]float32{})
 	if err != nil {
@@ -357,10 +409,13 @@ func (c *ctx) foldedWeight(ri *routerInfo, f *routerFold) (*pb.TensorProto, erro
 				v = all[h*E+e]
 			}
 			out[i*H+h] = f.scale * v
+			if f.vscale != nil {
+				out[i*H+h] *= f.vscale[i]
+			}
 		}
 	}
-	if f.scale != 1 && !finite(out) {
-		return nil, rejectf("router weight %q scaled by %g overflows", ri.w.GetName(), f.scale)
+	if (f.scale != 1 || f.vscale != nil) && !finite(out) {
+		return nil, rejectf("router weight %q scaled by %g (per expert %v) overflows", ri.w.GetName(), f.scale, f.vscale)
 	}
 	return floatTensor(ri.w.GetName()+".folded", []int64{int64(len(cols)), int64(H)}, out), nil
 }
