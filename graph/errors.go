@@ -44,3 +44,39 @@ func (e *InputError) Unwrap() []error {
 func badInput(file, object, format string, args ...any) error {
 	return &InputError{File: file, Object: object, Msg: fmt.Sprintf(format, args...)}
 }
+
+// DiskFullError is a write that ran out of space: which output was being
+// written, in which folder, how many bytes the whole save needed, and how
+// many were free when it began (-1 where the file system does not say).
+// Nothing of the save is left behind. It unwraps to the system's error
+// (errors.Is(err, syscall.ENOSPC)).
+type DiskFullError struct {
+	Path string // the output file being written when space ran out
+	Dir  string // the folder the save writes into
+	Need int64  // bytes the save writes in all (model file and side file)
+	Free int64  // bytes free in Dir when the save began, -1 if unknown
+	Err  error
+}
+
+func (e *DiskFullError) Error() string {
+	s := fmt.Sprintf("%s: no space left on device: writing %s (with its side file, if any) needs about %s", e.Dir, e.Path, sizeOf(e.Need))
+	if e.Free >= 0 {
+		s += fmt.Sprintf(", and %s was free when it began", sizeOf(e.Free))
+	}
+	return s + "; nothing was left behind (free space there, or write elsewhere)"
+}
+
+// Unwrap returns the system's error.
+func (e *DiskFullError) Unwrap() error { return e.Err }
+
+// sizeOf writes n bytes for a reader: exact bytes, and a rounded figure
+// beside them from 1 MB on.
+func sizeOf(n int64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%d bytes (%.1f GB)", n, float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%d bytes (%.1f MB)", n, float64(n)/1e6)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}

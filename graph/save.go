@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"google.golang.org/protobuf/proto"
@@ -243,6 +244,36 @@ const sideAlign = 64
 // other kind of file is refused.
 func (m *Model) Save(path string, opt SaveOptions) error {
 	path = ResolveOutput(path)
+	dir := filepath.Dir(path)
+	free := freeBytes(dir)
+	err := m.save(path, opt)
+	if errors.Is(err, syscall.ENOSPC) {
+		return &DiskFullError{Path: path, Dir: dir, Need: m.saveBytes(opt), Free: free, Err: err}
+	}
+	return err
+}
+
+// saveBytes is about how many bytes Save(opt) writes: the model file and
+// its side file (what was planned to go there).
+func (m *Model) saveBytes(opt SaveOptions) int64 {
+	n := int64(proto.Size(m.Proto))
+	if opt.Threshold <= 0 {
+		opt.Threshold = 1024
+	}
+	moved, err := m.planExternal(opt)
+	if err != nil {
+		return n
+	}
+	for _, t := range moved {
+		if k, err := m.tensorSize(t); err == nil {
+			n += k - int64(len(t.GetRawData())) // an inline tensor's bytes are in proto.Size already
+		}
+	}
+	return n
+}
+
+// save is Save, with path resolved.
+func (m *Model) save(path string, opt SaveOptions) error {
 	if opt.Threshold <= 0 {
 		opt.Threshold = 1024
 	}

@@ -30,6 +30,7 @@ type progressReporter struct {
 	now   func() time.Time
 
 	stage    string
+	since    time.Time // when the stage's first event came
 	bar      *progressbar.ProgressBar
 	lastLine time.Time
 	lastPct  int64
@@ -60,7 +61,7 @@ func (p *progressReporter) event(e mokopt.Event) {
 	}
 	pct := 100 * e.Done / e.Total
 	if e.Stage != p.stage {
-		p.stage, p.lastPct, p.lastLine = e.Stage, -progressStep, time.Time{}
+		p.stage, p.lastPct, p.lastLine, p.since = e.Stage, -progressStep, time.Time{}, now
 	}
 	if pct < p.lastPct+progressStep && now.Sub(p.lastLine) < progressEvery && e.Done < e.Total {
 		return
@@ -69,11 +70,27 @@ func (p *progressReporter) event(e mokopt.Event) {
 		return
 	}
 	p.lastPct, p.lastLine = pct, now
+	eta := etaOf(now.Sub(p.since), e.Done, e.Total)
 	if e.Bytes {
-		fmt.Fprintf(p.w, "mokopt: %s %s of %s (%d%%)\n", e.Stage, humanBytes(e.Done), humanBytes(e.Total), pct)
+		fmt.Fprintf(p.w, "mokopt: %s %s of %s (%d%%%s)\n", e.Stage, humanBytes(e.Done), humanBytes(e.Total), pct, eta)
 	} else {
-		fmt.Fprintf(p.w, "mokopt: %s %d/%d (%d%%)\n", e.Stage, e.Done, e.Total, pct)
+		fmt.Fprintf(p.w, "mokopt: %s %d/%d (%d%%%s)\n", e.Stage, e.Done, e.Total, pct, eta)
 	}
+}
+
+// etaMin is how long a stage runs before its lines carry an estimate of
+// the time left: earlier ones would mostly be noise.
+const etaMin = 2 * time.Second
+
+// etaOf is ", ETA 1m05s": the time left if the rest of the work goes at
+// the rate of what was done in elapsed, or "" when that cannot be told yet
+// or the work is done.
+func etaOf(elapsed time.Duration, done, total int64) string {
+	if elapsed < etaMin || done <= 0 || done >= total {
+		return ""
+	}
+	left := time.Duration(float64(elapsed) * float64(total-done) / float64(done))
+	return ", ETA " + left.Round(time.Second).String()
 }
 
 func (p *progressReporter) barEvent(e mokopt.Event) {

@@ -243,6 +243,11 @@ func TestProgressLines(t *testing.T) {
 	if n := strings.Count(buf.String(), "\n"); n != 5 {
 		t.Fatalf("slow work: %d lines, want 5: %q", n, buf.String())
 	}
+	// Slow work carries an estimate of the time left, from its rate so far:
+	// 4 of 1000 done in 20 s leaves 996 at 5 s each.
+	if want := "mokopt: check 4/1000 (0%, ETA 1h23m0s)"; !strings.Contains(buf.String(), want) {
+		t.Fatalf("slow work: no %q in %q", want, buf.String())
+	}
 	// Quick work (within progressDelay) shows nothing.
 	buf.Reset()
 	p = &progressReporter{w: &buf, start: now, now: func() time.Time { return now }}
