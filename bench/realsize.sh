@@ -8,14 +8,28 @@
 #
 #   bench/realsize.sh [WORKDIR]
 #
-# Environment: LAYERS, EXPERTS, HIDDEN, INTER (the model), TOKENS (verify's
-# --tokens, default 1,7,64), KEEP=1 keeps the files (about 21 GB). The
-# machine is shared: the figures are of one run.
+# Environment: LAYERS, EXPERTS, TOPK, HIDDEN, INTER, SHARED (a shared
+# expert's intermediate size, 0: none), ROUTER (softmax or sigmoid), DTYPE
+# (fp32, fp16 or bf16), SHAPE (gen's --shape) give the model; TOKENS
+# (verify's --tokens, default 1,7,64); KEEP=1 keeps the files (about 21 GB
+# with the defaults). PRESET names one of the real-size proofs and sets
+# what it fixes (the environment still overrides the rest):
+#   deepseek-layer  one DeepSeek-V3-shaped layer in bf16: E=256 k=8 H=7168
+#                   I=2048, sigmoid router, a shared expert (22.5 GB)
+#   h4096-bf16      8 layers of E=8 k=2 H=4096 I=14336 in bf16 (45 GB)
+# The machine is shared: the figures are of one run.
 set -euo pipefail
 
 W=${1:-$(mktemp -d /tmp/mokopt-realsize.XXXXXX)}
 mkdir -p "$W"
-L=${LAYERS:-32} E=${EXPERTS:-8} H=${HIDDEN:-1024} I=${INTER:-2816} TOKENS=${TOKENS:-1,7,64}
+case ${PRESET:-} in
+'') ;;
+deepseek-layer) : "${LAYERS:=1}" "${EXPERTS:=256}" "${TOPK:=8}" "${HIDDEN:=7168}" "${INTER:=2048}" "${SHARED:=2048}" "${ROUTER:=sigmoid}" "${DTYPE:=bf16}" ;;
+h4096-bf16) : "${LAYERS:=8}" "${EXPERTS:=8}" "${TOPK:=2}" "${HIDDEN:=4096}" "${INTER:=14336}" "${DTYPE:=bf16}" ;;
+*) echo "unknown PRESET $PRESET" >&2; exit 2 ;;
+esac
+L=${LAYERS:-32} E=${EXPERTS:-8} K=${TOPK:-2} H=${HIDDEN:-1024} I=${INTER:-2816} TOKENS=${TOKENS:-1,7,64}
+S=${SHARED:-0} R=${ROUTER:-softmax} DT=${DTYPE:-fp32} SH=${SHAPE:-batched}
 cd "$(dirname "$0")/.."
 go build -o "$W/mokopt" ./cmd/mokopt
 M=$W/mokopt
@@ -29,7 +43,7 @@ step() { # step NAME CMD...: runs CMD once after a sync and prints its figures
 	sync
 	/usr/bin/time -f "%e %U %S %M" -o "$W/time.$name" "$@" >"$W/out.$name" 2>"$W/err.$name" || rc=$?
 	local wall user sys rss
-	read -r wall user sys rss <"$W/time.$name"
+	read -r wall user sys rss < <(tail -1 "$W/time.$name")
 	printf '%-14s exit %d  wall %8.1f s  cpu %8.1f s  peak RSS %6.0f MiB\n' "$name" "$rc" "$wall" "$(awk "BEGIN{print $user + $sys}")" "$(awk "BEGIN{print $rss / 1024}")"
 	if [[ $rc -ne 0 && $rc -ne 1 ]]; then
 		tail -5 "$W/err.$name" >&2
@@ -37,8 +51,8 @@ step() { # step NAME CMD...: runs CMD once after a sync and prints its figures
 	fi
 }
 
-echo "model: $L layers, E=$E k=2 H=$H I=$I; verify --tokens $TOKENS"
-step gen "$M" gen -q --layers "$L" --experts "$E" --hidden "$H" --inter "$I" -o "$W/m.onnx"
+echo "model: $L layers, E=$E k=$K H=$H I=$I shared $S, $R router, $DT, $SH shape; verify --tokens $TOKENS"
+step gen "$M" gen -q --layers "$L" --experts "$E" --top-k "$K" --hidden "$H" --inter "$I" --shared-inter "$S" --router "$R" --dtype "$DT" --shape "$SH" -o "$W/m.onnx"
 du -b "$W/m.onnx" "$W/m.onnx.data" | awk '{printf "  %s: %.2f GB\n", $2, $1 / 1e9}'
 step rewrite "$M" -q rewrite "$W/m.onnx" -o "$W/f.onnx"
 step verify-fused "$M" -q verify --tokens "$TOKENS" "$W/f.onnx" "$W/m.onnx"
