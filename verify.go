@@ -38,6 +38,8 @@ import (
 //     MaxRelErr, MaxAbsRef, RTol, ATol, and the worst element (WorstIndex,
 //     WorstMultiIndex, WorstA, WorstB); for a statistical comparison
 //     MeanRel (mean relative error) and RelL2 (relative L2 error);
+//     NearTieTokens, the tokens a half-precision comparison left out as
+//     routing near ties (Message says where);
 //     Blocks, for a block-by-block comparison, one per fused block: Index,
 //     Node, KernelNode, Output, Elements, MeanRel, RelL2, MaxAbsErr,
 //     MaxAbsRef, Bound, Decisions, RouterFlips, EndToEndFlips, Pass and

@@ -2,9 +2,11 @@ package moe
 
 import (
 	"fmt"
-	"github.com/mokopt/mokopt/internal/f32"
 	"math"
 	"sort"
+
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/f32"
 )
 
 // Weights holds a block's weights in canonical layout, float32, row-major.
@@ -42,6 +44,20 @@ func Route(s *Spec, w *Weights, x []float32, T int) (ids [][]int, weights [][]fl
 func RouteGaps(s *Spec, w *Weights, x []float32, T int) []float64 {
 	_, _, gaps := route(s, w, x, T)
 	return gaps
+}
+
+// NearTie is the relative selection gap (RouteGaps) below which a graph
+// that rounds its router to half precision dt may choose other experts
+// than the float32 semantics, or than another engine that rounds in
+// another order: a few units of the type's precision (0 for other types).
+func NearTie(dt pb.TensorProto_DataType) float64 {
+	switch dt {
+	case pb.TensorProto_FLOAT16:
+		return 5e-3 // five float16 units (2^-10)
+	case pb.TensorProto_BFLOAT16:
+		return 2e-2 // under three bfloat16 units (2^-7)
+	}
+	return 0
 }
 
 // route is Route, with RouteGaps' gaps.

@@ -242,19 +242,6 @@ func tokensOff(got, want []float32, H int, rtol, atol float64, skip func(token i
 	return off, worst, at
 }
 
-// nearTie is the relative selection gap (moe.RouteGaps) below which a
-// half-precision graph's rounded router may choose other experts than the
-// float32 semantics: a few units of the type's precision.
-func nearTie(dt pb.TensorProto_DataType) float64 {
-	switch dt {
-	case pb.TensorProto_FLOAT16:
-		return 5e-3 // five float16 units (2^-10)
-	case pb.TensorProto_BFLOAT16:
-		return 2e-2 // under three bfloat16 units (2^-7)
-	}
-	return 0
-}
-
 // rankOf returns the rank of v from the graph's declared types, or -1.
 func (c *ctx) rankOf(v string) int {
 	c.declare()

@@ -130,7 +130,7 @@ func matchesHalf(t *testing.T, orig, fused *graph.Model, dt pb.TensorProto_DataT
 	gaps := moe.RouteGaps(&spec, routerWeights(t, fused), x.F32, tokens)
 	skipped := 0
 	skip := func(tok int) bool {
-		if gaps[tok] < nearTie(dt) {
+		if gaps[tok] < moe.NearTie(dt) {
 			skipped++
 			return true
 		}

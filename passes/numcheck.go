@@ -712,7 +712,7 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	var worst float64
 	if half { // skip tokens whose routing a rounded router may flip
 		gaps := moe.RouteGaps(&b.Spec, w, xd, Td)
-		tie := nearTie(dt)
+		tie := moe.NearTie(dt)
 		skip := func(t int) bool { return gaps[of[t]] < tie }
 		off, worst, at = tokensOff(expandRows(gd, of, b.Spec.Hidden), y.F32, b.Spec.Hidden, rtol, atol, skip)
 	} else {

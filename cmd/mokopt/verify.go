@@ -183,6 +183,9 @@ func reportVerify(w io.Writer, rep *verify.Report, err error, asJSON bool) error
 				if o.NonFinite > 0 {
 					nonFinite = fmt.Sprintf("; %d NaN or infinite in both models, equal but proving nothing", o.NonFinite)
 				}
+				if o.NearTieTokens > 0 {
+					nonFinite += fmt.Sprintf("; %d token(s) at a routing near tie left out", o.NearTieTokens)
+				}
 				fmt.Fprintf(w, "%s %s output %d %s: max abs err %.3g, max rel err %.3g, worst at %v (%d of %d elements off%s)\n",
 					status, diff.Printable(cs.Name), o.Index, diff.Printable(o.NameA), float64(o.MaxAbsErr), float64(o.MaxRelErr), o.WorstMultiIndex, o.Mismatches, o.Elements, nonFinite)
 			}
