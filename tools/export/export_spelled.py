@@ -63,6 +63,18 @@ ACTS = {
     "hardswish_hardsigmoid": (lambda x: x * F.hardsigmoid(x), "hardswish"),
     "leakyrelu_where": (lambda x: torch.where(x > 0, x, 0.2 * x), "leaky_relu(0.2)"),
     "mish_softplus": (lambda x: x * torch.tanh(F.softplus(x)), "mish"),
+    # forms of class "new2": built-in and hand spellings of the later table rows
+    "softplus": (F.softplus, "softplus"),
+    "softplus_naive": (lambda x: torch.log(1 + torch.exp(x)), "softplus"),
+    "softplus_log1p": (lambda x: torch.log1p(torch.exp(x)), "softplus"),
+    "celu": (lambda x: F.celu(x, 1.5), "celu(1.5)"),
+    "swish_beta": (lambda x: x * torch.sigmoid(1.5 * x), "swish(1.5)"),
+    "tanh": (torch.tanh, "tanh"),
+    "tanh_sigmoid_hand": (lambda x: 2 * torch.sigmoid(2 * x) - 1, "tanh"),
+    "hardswish_relu6": (lambda x: x * F.relu6(x + 3) / 6, "hardswish"),
+    "gelu_tanh_pow": (lambda x: 0.5 * x * (1 + torch.tanh(SQ2PI * (x + 0.044715 * torch.pow(x, 3)))), "gelu_tanh"),
+    "silu_reciprocal": (lambda x: x * torch.reciprocal(1 + torch.exp(-x)), "silu"),
+    "elu_where": (lambda x: torch.where(x > 0, x, torch.expm1(x)), "elu"),
 }
 # gated: act(gate) * up, unless noted
 GATED = {
@@ -549,7 +561,7 @@ def act_opset20(act, fam, k):
 def act_jobs():
     jobs = []
     for act in ACTS:
-        if act == "silu" or act in {a for a, *_ in NEW_ACTS}:
+        if act == "silu" or act in {a for a, *_ in NEW_ACTS} or act in NEW2_ACTS:
             continue  # the exporters' own spelling: covered by the existing fixtures; class new
         for fam, exp, k in ACT_UNGATED_JOBS:
             core = act in ACT_CORE_BOTH or (act, fam) in ACT_CORE
@@ -678,6 +690,9 @@ NEW_ROUTERS = [
 ]
 NEW_ACTS = [("hardswish_hardsigmoid", "nllb", "dynamo", 2), ("leakyrelu_where", "nllb", "torchscript", 2),
             ("mish_softplus", "nllb", "dynamo", 2)]
+# class "new2": each form through both exporters, in two families
+NEW2_ACTS = ["softplus", "softplus_naive", "softplus_log1p", "celu", "swish_beta", "tanh", "tanh_sigmoid_hand",
+             "hardswish_relu6", "gelu_tanh_pow", "silu_reciprocal", "elu_where"]
 # the committed subset: each router once, through this exporter (the other exporter's file is made too)
 ROUTER_CORE = {"softmax_expsum": "dynamo", "softmax_expmax": "dynamo", "softmax_explogsoftmax": "dynamo", "topk_neg": "dynamo",
                "gather_probs": "dynamo", "softmax_after_topk": "dynamo", "temperature": "dynamo", "l1_normalize": "dynamo",
@@ -1068,8 +1083,14 @@ def new_jobs():
     return jobs
 
 
+def new2_jobs():
+    """Built-in and hand spellings of the later activation rows: python3 export_spelled.py OUTDIR new2."""
+    return [(act_case, dict(act=a, fam=f, exporter=ex, k=k), True) for a in NEW2_ACTS
+            for f, ex, k in (("nllb", "dynamo", 2), ("switch", "torchscript", 1))]
+
+
 CLASSES = [("act", act_jobs), ("ortopt", ortopt_jobs), ("router", router_jobs), ("ctrl", ctrl_jobs),
-           ("pair", pair_jobs), ("twice", twice_jobs), ("new", new_jobs)]
+           ("pair", pair_jobs), ("twice", twice_jobs), ("new", new_jobs), ("new2", new2_jobs)]
 JOBS = []
 
 
