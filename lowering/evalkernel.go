@@ -1,9 +1,13 @@
 package lowering
 
 import (
+	"errors"
 	"fmt"
-	"github.com/mokopt/mokopt/moe"
+	"slices"
 	"sync"
+	"sync/atomic"
+
+	"github.com/mokopt/mokopt/moe"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -14,7 +18,14 @@ import (
 // AddKernels adds the Go kernel of ai.mok::MoKDispatchFFNCombine (MXFP8
 // as the MoK kernel computes it) to k and returns k. Nothing is registered
 // on import: without it the interpreter runs the node's function body.
-func AddKernels(k *eval.Kernels) *eval.Kernels { return k.Add(Domain, OpType, evalKernel) }
+//
+// The routed weights and their scales are read one expert at a time where
+// the run streams them (eval.Kernels.Streams): a lowered block whose
+// weights lie in a side file is evaluated holding a few experts'
+// dequantized matrices, not the block's.
+func AddKernels(k *eval.Kernels) *eval.Kernels {
+	return k.Add(Domain, OpType, evalKernel).Streams(Domain, OpType, InGate, InGateScale, InUp, InUpScale, InDown, InDownScale)
+}
 
 // evalKernel runs ai.mok::MoKDispatchFFNCombine in the reference interpreter
 // as the MoK kernel computes it, up to the order of floating-point sums:
@@ -82,16 +93,9 @@ func evalKernel(ctx *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eva
 			return nil, fmt.Errorf("topk_experts[%d, %d] = %d is not an expert id in 0..%d", i/k, i%k, e, E-1)
 		}
 	}
-	// Dequantize the experts that are used, once each.
-	used := make([]bool, E)
-	for _, e := range ids.I64 {
-		used[e] = true
-	}
-	wg, wu, wd := make([][]float32, E), make([][]float32, E), make([][]float32, E)
-	for e := 0; e < E; e++ {
-		if used[e] {
-			wg[e], wu[e], wd[e] = gate.expert(e), up.expert(e), down.expert(e)
-		}
+	routed, err := routedRows(ctx, x.F32, ids.I64, T, H, k, I, [3]*pair{gate, up, down}, limit, actQuant)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]float32, T*H)
 	threads := max(1, ctx.Threads())
@@ -100,10 +104,7 @@ func evalKernel(ctx *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eva
 		wgp.Add(1)
 		go func(w int) {
 			defer wgp.Done()
-			xq := make([]float32, H)
-			g, u, h := make([]float32, max(I, Is)), make([]float32, max(I, Is)), make([]float32, max(I, Is))
-			yr, acc := make([]float32, H), make([]float32, H)
-			codes := make([]uint8, mxfp8.BlockSize)
+			h, acc := make([]float32, Is), make([]float32, H)
 			for t := w; t < T; t += threads {
 				xt := x.F32[t*H : (t+1)*H]
 				// Shared expert, BF16.
@@ -112,30 +113,11 @@ func evalKernel(ctx *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eva
 					h[i] = bf16(gv * moe.Logistic(gv) * uv)
 				}
 				for j := 0; j < H; j++ {
-					acc[j] = bf16(moe.Dot(h[:Is], sd.F32[j*Is:(j+1)*Is]))
+					acc[j] = bf16(moe.Dot(h, sd.F32[j*Is:(j+1)*Is]))
 				}
-				// Routed experts.
-				copy(xq, xt)
-				if actQuant {
-					fakeQuant(xq, codes)
-				}
+				// Routed experts, in the order of their slots.
 				for j := 0; j < k; j++ {
-					e := ids.I64[t*k+j]
-					for i := 0; i < I; i++ {
-						g[i], u[i] = moe.Dot(xq, wg[e][i*H:(i+1)*H]), moe.Dot(xq, wu[e][i*H:(i+1)*H])
-						if limit > 0 {
-							g[i] = min(g[i], limit)
-							u[i] = max(min(u[i], limit), -limit)
-						}
-						h[i] = g[i] * moe.Logistic(g[i]) * u[i]
-					}
-					if actQuant {
-						fakeQuant(h[:I], codes)
-					}
-					for c := 0; c < H; c++ {
-						yr[c] = bf16(moe.Dot(h[:I], wd[e][c*I:(c+1)*I]))
-					}
-					wt := rw.F32[t*k+j]
+					wt, yr := rw.F32[t*k+j], routed[(t*k+j)*H:(t*k+j+1)*H]
 					for c := range acc {
 						acc[c] += wt * yr[c]
 					}
@@ -151,56 +133,158 @@ func evalKernel(ctx *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eva
 	return []*eval.Tensor{res}, nil
 }
 
-// pair is one MXFP8 weight tensor as the interpreter hands it over.
+// expertBudget bounds the dequantized expert matrices the routed pass holds
+// at once (one expert's gate, up and down per worker): the routed weights
+// are read expert by expert, so that a block is never held whole.
+const expertBudget = 1 << 30
+
+// routedRows returns, for every routing slot t·k+j, the bf16-rounded output
+// row of expert ids[t·k+j] on token t: the experts in use are dequantized
+// one at a time (gate, up, down of one expert per worker, read by ranges
+// where the run streams them) and applied to every slot that chose them.
+func routedRows(ctx *eval.OpContext, x []float32, ids []int64, T, H, k, I int, w [3]*pair, limit float32, actQuant bool) ([]float32, error) {
+	xq := slices.Clone(x)
+	codes := make([]uint8, mxfp8.BlockSize)
+	if actQuant {
+		for t := 0; t < T; t++ {
+			fakeQuant(xq[t*H:(t+1)*H], codes)
+		}
+	}
+	slots := make([][]int, w[0].E)
+	for i, e := range ids {
+		slots[e] = append(slots[e], i)
+	}
+	var used []int
+	for e, s := range slots {
+		if len(s) > 0 {
+			used = append(used, e)
+		}
+	}
+	routed := make([]float32, T*k*H)
+	workers := min(max(1, ctx.Threads()), len(used), max(1, expertBudget/(3*4*I*H)))
+	var next atomic.Int64
+	errs := make([]error, workers)
+	var wgp sync.WaitGroup
+	for wk := 0; wk < workers; wk++ {
+		wgp.Add(1)
+		go func(wk int) {
+			defer wgp.Done()
+			var mats [3][]float32
+			for i := range mats {
+				mats[i] = make([]float32, I*H)
+			}
+			g, u, h := make([]float32, I), make([]float32, I), make([]float32, I)
+			codes := make([]uint8, mxfp8.BlockSize)
+			for n := int(next.Add(1)) - 1; n < len(used); n = int(next.Add(1)) - 1 {
+				e := used[n]
+				for i, p := range w {
+					if err := p.expert(e, mats[i]); err != nil {
+						errs[wk] = err
+						return
+					}
+				}
+				wg, wu, wd := mats[0], mats[1], mats[2]
+				for _, slot := range slots[e] {
+					xt := xq[(slot/k)*H : (slot/k+1)*H]
+					for i := 0; i < I; i++ {
+						g[i], u[i] = moe.Dot(xt, wg[i*H:(i+1)*H]), moe.Dot(xt, wu[i*H:(i+1)*H])
+						if limit > 0 {
+							g[i] = min(g[i], limit)
+							u[i] = max(min(u[i], limit), -limit)
+						}
+						h[i] = g[i] * moe.Logistic(g[i]) * u[i]
+					}
+					if actQuant {
+						fakeQuant(h, codes)
+					}
+					yr := routed[slot*H : (slot+1)*H]
+					for c := range yr {
+						yr[c] = bf16(moe.Dot(h, wd[c*I:(c+1)*I]))
+					}
+				}
+			}
+		}(wk)
+	}
+	wgp.Wait()
+	return routed, errors.Join(errs...)
+}
+
+// pair is one MXFP8 weight tensor as the interpreter hands it over: its
+// E4M3 values (FLOAT8E4M3FN, or float after DecodeFP8ForEval) or raw code
+// bytes (an integer tensor), and its UE8M0 scales, either in memory or
+// streamed from the model's file (eval.Tensor.ReadFloat32 reads both).
 type pair struct {
-	name    string
-	E, N, K int
-	codes   []int64   // raw E4M3 code bytes, or
-	values  []float32 // decoded E4M3 values (DecodeFP8ForEval)
-	scales  []uint8
+	name         string
+	E, N, K      int
+	data, scales *eval.Tensor
+	rawCodes     bool // data holds code bytes as integers, not their values
 }
 
 func newPair(d, s *eval.Tensor, name string) (*pair, error) {
 	if d.Rank() != 3 {
 		return nil, fmt.Errorf("%s must be [E, N, K], got %v", name, d.Shape)
 	}
-	p := &pair{name: name, E: d.Shape[0], N: d.Shape[1], K: d.Shape[2], codes: d.I64, values: d.F32}
+	p := &pair{name: name, E: d.Shape[0], N: d.Shape[1], K: d.Shape[2], data: d, scales: s}
 	if err := mxfp8.CheckShape(p.E, p.N, p.K); err != nil {
 		return nil, fmt.Errorf("%s: %v", name, err)
 	}
-	if p.codes == nil && p.values == nil {
+	switch {
+	case d.Streamed() || d.F32 != nil:
+		p.rawCodes = d.F32 == nil && graph.ElemBits(d.DType) == 8 && !isFloat8(d.DType)
+	case d.I64 != nil && graph.ElemBits(d.DType) == 8:
+		p.rawCodes = true
+	default:
 		return nil, fmt.Errorf("%s must hold E4M3 codes (integer) or their values (float), got %s", name, d.DType)
 	}
-	if s.I64 == nil || len(s.I64) != mxfp8.ScaleLen(p.E, p.N, p.K) {
+	if n := numel(s.Shape); (!s.Streamed() && s.I64 == nil) || graph.ElemBits(s.DType) != 8 || n != mxfp8.ScaleLen(p.E, p.N, p.K) {
 		return nil, fmt.Errorf("%s scales must be uint8 %v, got %s%v", name, mxfp8.ScaleShape(p.E, p.N, p.K), s.DType, s.Shape)
-	}
-	p.scales = make([]uint8, len(s.I64))
-	for i, v := range s.I64 {
-		p.scales[i] = uint8(v)
 	}
 	return p, nil
 }
 
-// expert returns expert e's dequantized [N, K] matrix.
-func (p *pair) expert(e int) []float32 {
-	out := make([]float32, p.N*p.K)
-	base := e * p.N * p.K
+// isFloat8 reports whether dt is one of the FLOAT8 types (whose values the
+// interpreter reads decoded).
+func isFloat8(dt pb.TensorProto_DataType) bool {
+	switch dt {
+	case pb.TensorProto_FLOAT8E4M3FN, pb.TensorProto_FLOAT8E4M3FNUZ, pb.TensorProto_FLOAT8E5M2, pb.TensorProto_FLOAT8E5M2FNUZ:
+		return true
+	}
+	return false
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// expert writes expert e's dequantized [N, K] matrix into dst (N·K long),
+// reading only that expert's values and scales (an expert's scale tiles
+// are contiguous: N is a multiple of the tile height).
+func (p *pair) expert(e int, dst []float32) error {
+	nk := p.N * p.K
+	if err := p.data.ReadFloat32(dst, e*nk); err != nil {
+		return fmt.Errorf("%s expert %d: %w", p.name, e, err)
+	}
+	sc := make([]float32, nk/mxfp8.BlockSize)
+	if err := p.scales.ReadFloat32(sc, e*len(sc)); err != nil {
+		return fmt.Errorf("%s scales of expert %d: %w", p.name, e, err)
+	}
 	for r := 0; r < p.N; r++ {
 		for kb := 0; kb < p.K/mxfp8.BlockSize; kb++ {
-			s := mxfp8.ScaleValue(p.scales[mxfp8.ScaleIndex(e*p.N+r, kb, p.K)])
-			for j := kb * mxfp8.BlockSize; j < (kb+1)*mxfp8.BlockSize; j++ {
-				i := r*p.K + j
-				var v float32
-				if p.values != nil {
-					v = p.values[base+i]
-				} else {
-					v = mxfp8.DecodeE4M3(uint8(p.codes[base+i]))
+			s := mxfp8.ScaleValue(uint8(sc[mxfp8.ScaleIndex(r, kb, p.K)]))
+			row := dst[r*p.K+kb*mxfp8.BlockSize : r*p.K+(kb+1)*mxfp8.BlockSize]
+			for j, v := range row {
+				if p.rawCodes {
+					v = mxfp8.DecodeE4M3(uint8(v))
 				}
-				out[i] = v * s
+				row[j] = v * s
 			}
 		}
 	}
-	return out
+	return nil
 }
 
 // fakeQuant replaces v (a multiple of 32 long) by its MXFP8 round trip.

@@ -11,7 +11,9 @@ import (
 // time (Kernels.Streams) instead of the run loading it whole: an
 // initializer of FLOAT, FLOAT16 or BFLOAT16 whose bytes lie in a side
 // file, or, for the half types, in raw_data (which would otherwise be
-// widened to float32 whole).
+// widened to float32 whole); for a declared kernel input also one of a
+// one-byte type (the FLOAT8 types, UINT8, INT8), which the run would
+// otherwise widen four- or eightfold.
 type streamed struct {
 	m *graph.Model
 	p *pb.TensorProto
@@ -28,15 +30,23 @@ func (t *Tensor) Streamed() bool { return t != nil && t.src != nil }
 
 // ReadFloat32 fills dst with t's values from element offset off on,
 // widened to float32 (t must be of a float type stored as float32:
-// FLOAT, FLOAT16, BFLOAT16). For a streamed tensor only that range is
-// read from the model's file.
+// FLOAT, FLOAT16, BFLOAT16, FLOAT8*, or of a one-byte integer type,
+// whose values float32 holds exactly). For a streamed tensor only that
+// range is read from the model's file.
 func (t *Tensor) ReadFloat32(dst []float32, off int) error {
 	if t.src == nil {
-		if t.F32 == nil || off < 0 || off > len(t.F32) || len(dst) > len(t.F32)-off {
-			return fmt.Errorf("range %d+%d of a %s%v tensor", off, len(dst), t.DType, t.Shape)
+		return t.readInMemory(dst, off)
+	}
+	if graph.ElemBits(t.DType) == 8 {
+		raw := make([]byte, len(dst))
+		if err := t.src.m.ReadTensorAt(t.src.p, raw, int64(off)); err != nil {
+			return err
 		}
-		copy(dst, t.F32[off:])
-		return nil
+		v, err := fromRaw(t.DType, []int{len(dst)}, raw)
+		if err != nil {
+			return err
+		}
+		return v.readInMemory(dst, 0)
 	}
 	switch t.DType {
 	case pb.TensorProto_FLOAT:
@@ -68,12 +78,50 @@ func (t *Tensor) ReadFloat32(dst []float32, off int) error {
 	return fmt.Errorf("streamed %s tensor", t.DType)
 }
 
+// readInMemory is ReadFloat32 of a tensor held in memory.
+func (t *Tensor) readInMemory(dst []float32, off int) error {
+	n := len(t.F32)
+	if t.F32 == nil {
+		n = len(t.I64)
+	}
+	if (t.F32 == nil && (t.I64 == nil || graph.ElemBits(t.DType) != 8)) || off < 0 || off > n || len(dst) > n-off {
+		return fmt.Errorf("range %d+%d of a %s%v tensor", off, len(dst), t.DType, t.Shape)
+	}
+	if t.F32 != nil {
+		copy(dst, t.F32[off:])
+		return nil
+	}
+	for i, v := range t.I64[off : off+len(dst)] {
+		dst[i] = float32(v)
+	}
+	return nil
+}
+
+// streamWidth gives the element width of the types a kernel may stream;
+// the one-byte types only to kernels that declared the input (narrow),
+// since the built-in gathers' lazy slabs are read as float.
+func streamWidth(dt pb.TensorProto_DataType, narrow bool) int64 {
+	switch dt {
+	case pb.TensorProto_FLOAT:
+		return 4
+	case pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16:
+		return 2
+	case pb.TensorProto_FLOAT8E4M3FN, pb.TensorProto_FLOAT8E4M3FNUZ, pb.TensorProto_FLOAT8E5M2, pb.TensorProto_FLOAT8E5M2FNUZ,
+		pb.TensorProto_UINT8, pb.TensorProto_INT8:
+		if narrow {
+			return 1
+		}
+	}
+	return 0
+}
+
 // streamable returns the streamed form of initializer p for a kernel that
 // reads it by ranges, or nil when p is better loaded: small, of another
 // type, inline float32 (read in place anyway), or produced at save time.
-func (r *runner) streamable(p *pb.TensorProto) *Tensor {
+// narrow admits the one-byte types (streamWidth).
+func (r *runner) streamable(p *pb.TensorProto, narrow bool) *Tensor {
 	dt := graph.DataType(p)
-	width := map[pb.TensorProto_DataType]int64{pb.TensorProto_FLOAT: 4, pb.TensorProto_FLOAT16: 2, pb.TensorProto_BFLOAT16: 2}[dt]
+	width := streamWidth(dt, narrow)
 	if width == 0 || p.Segment != nil || r.m == nil {
 		return nil
 	}
@@ -133,13 +181,20 @@ func (r *runner) streamsInput(n *pb.NodeProto, i int) bool {
 // the value itself, a streamed one loaded whole (and kept so for later
 // readers).
 func (r *runner) input(sc *scope, n *pb.NodeProto, i int, name string) (*Tensor, error) {
-	if r.streamsInput(n, i) {
+	streams := r.streamsInput(n, i)
+	// the built-in gathers take float weights only; declared kernels also
+	// the one-byte types
+	narrow := streams && !(i == 0 && normDomain(n.GetDomain()) == "" && (n.GetOpType() == "Gather" || n.GetOpType() == "GatherND"))
+	if streams {
 		for s := sc; s != nil; s = s.parent {
 			if t, ok := s.vals[name]; ok {
-				return t, nil
+				if t.src == nil || streamWidth(t.DType, narrow) != 0 {
+					return t, nil
+				}
+				break
 			}
 			if p, ok := s.inits[name]; ok {
-				if t := r.streamable(p); t != nil {
+				if t := r.streamable(p, narrow); t != nil {
 					s.bind(r, name, t)
 					return t, nil
 				}
@@ -148,7 +203,7 @@ func (r *runner) input(sc *scope, n *pb.NodeProto, i int, name string) (*Tensor,
 		}
 	}
 	t, err := sc.lookup(r, name)
-	if err != nil || t.src == nil || r.streamsInput(n, i) {
+	if err != nil || t.src == nil || streams && streamWidth(t.DType, narrow) != 0 {
 		return t, err
 	}
 	for s := sc; s != nil; s = s.parent {
