@@ -75,7 +75,15 @@ func checkSpelledCase(t *testing.T, dir string, c spelledCase) {
 	if err != nil || rep == nil || len(rep.Fused) == 0 {
 		t.Fatalf("want fused blocks, got report %v, err %v", rep, err)
 	}
-	sets, _ := filepath.Glob(filepath.Join(dir, c.Name+"_data", "test_data_set_*"))
+	checkGoldens(t, m, filepath.Join(dir, c.Name+"_data"))
+}
+
+
+// checkGoldens runs m on every test_data_set under data and compares each
+// graph output with its golden (rtol 1e-4, atol 1e-5).
+func checkGoldens(t *testing.T, m *graph.Model, data string) {
+	t.Helper()
+	sets, _ := filepath.Glob(filepath.Join(data, "test_data_set_*"))
 	if len(sets) == 0 {
 		t.Fatal("no goldens")
 	}

@@ -65,6 +65,7 @@ func Rules() []Rule {
 		StaticDim,
 		TopKSlice,
 		TopKOfNeg,
+		SpelledSoftmax,
 		FoldConstants,
 		DropDead,
 	}

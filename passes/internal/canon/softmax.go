@@ -1,0 +1,65 @@
+package canon
+
+import (
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+)
+
+// SpelledSoftmax turns a softmax written out over one axis a,
+//
+//	e = Exp(x)  or  e = Exp(x - ReduceMax(x, a))
+//	y = e / ReduceSum(e, a)  or  y = e * Reciprocal(ReduceSum(e, a))
+//
+// (both reductions keeping the axis), into y = Softmax(x, axis=a). The
+// numbers are the softmax's up to float rounding, and the same where the
+// unshifted form does not overflow; detection reads the working copy, and
+// the numerical check compares the fused block with the graph as it was
+// written. Matchers that recognise a router's Softmax (PhiMoE's
+// sparsemixer picks each weight from a masked one) then read a spelled
+// one too. Needs opset 13 (Softmax over one axis).
+var SpelledSoftmax = Rule{
+	Name: "spelled-softmax",
+	Ops:  []string{"Div", "Mul"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if len(n.Input) != 2 || len(n.Output) != 1 || w.Opset() < 13 {
+			return false, nil
+		}
+		e, s := n.Input[0], n.Input[1]
+		if n.GetOpType() == "Mul" {
+			r := w.Producer(s)
+			if r == nil || r.GetOpType() != "Reciprocal" || r.GetDomain() != "" || len(r.Input) != 1 {
+				e, s = s, e
+				if r = w.Producer(s); r == nil || r.GetOpType() != "Reciprocal" || r.GetDomain() != "" || len(r.Input) != 1 {
+					return false, nil
+				}
+			}
+			s = r.Input[0]
+		}
+		ex, sum := w.Producer(e), w.Producer(s)
+		if ex == nil || ex.GetOpType() != "Exp" || ex.GetDomain() != "" || len(ex.Input) != 1 ||
+			sum == nil || !keptReduce(sum, "ReduceSum") || sum.Input[0] != e {
+			return false, nil
+		}
+		axes := reduceAxes(w, sum)
+		if len(axes) != 1 {
+			return false, nil
+		}
+		x := ex.Input[0]
+		if sub := w.Producer(x); sub != nil && sub.GetOpType() == "Sub" && sub.GetDomain() == "" && len(sub.Input) == 2 {
+			if mx := w.Producer(sub.Input[1]); mx != nil && keptReduce(mx, "ReduceMax") && mx.Input[0] == sub.Input[0] &&
+				sameAxis(w, sub.Input[0], reduceAxes(w, mx), axes[0]) {
+				x = sub.Input[0]
+			}
+		}
+		w.Replace(n, graph.NewNode("Softmax", "", n.GetName(), []string{x}, []string{n.Output[0]}, graph.IntAttr("axis", axes[0])))
+		return true, nil
+	},
+}
+
+// keptReduce reports whether n is a default-domain reduction of type op
+// that keeps the reduced axes and reduces over its axes (not a no-op on
+// empty axes).
+func keptReduce(n *pb.NodeProto, op string) bool {
+	return n.GetOpType() == op && n.GetDomain() == "" && len(n.Input) >= 1 &&
+		graph.AttrInt(n, "keepdims", 1) == 1 && graph.AttrInt(n, "noop_with_empty_axes", 0) == 0
+}

@@ -1,0 +1,66 @@
+package passes
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mokopt/mokopt/graph"
+)
+
+// TestRespelledExports: committed exports rewritten into other spellings
+// of the same computation (testdata/respelled: a softmax written out, a
+// top-k of negated scores, subtraction as addition of a negation, division
+// by a constant as multiplication, transposed weights, a Mul by one, the
+// whole graph in an If) fuse into the same block as their source, and the
+// fused model reproduces the source's ONNX Runtime goldens.
+func TestRespelledExports(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join("..", "testdata", "respelled", "*.onnx"))
+	if len(files) == 0 {
+		t.Fatal("no respelled exports")
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".onnx")
+		src, _, _ := strings.Cut(name, "__")
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			want := rewriteFile(t, filepath.Join(exportedDir, src+".onnx"))
+			m, err := graph.Load(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := Rewrite(m, Options{Check: true})
+			// The If form holds the graph twice, once per branch.
+			copies := 1
+			if strings.HasSuffix(name, "__if") {
+				copies = 2
+			}
+			if err != nil || len(rep.Fused) != copies*len(want.Fused) {
+				t.Fatalf("want %d fused blocks, %d× the source's, got report %v, err %v", copies*len(want.Fused), copies, rep, err)
+			}
+			for i, f := range rep.Fused {
+				wf := want.Fused[i%len(want.Fused)]
+				got, w := &f.Block.Spec, &wf.Block.Spec
+				if f.Variant != wf.Variant || got.NumExperts != w.NumExperts || got.TopK != w.TopK {
+					t.Errorf("block %d fused as %s E=%d k=%d, the source as %s E=%d k=%d", i, f.Variant, got.NumExperts, got.TopK, wf.Variant, w.NumExperts, w.TopK)
+				}
+			}
+			checkGoldens(t, m, filepath.Join("..", "testdata", "respelled", name+"_data"))
+		})
+	}
+}
+
+// rewriteFile rewrites the model at path with the check on and returns the
+// report; it fails the test on an error.
+func rewriteFile(t *testing.T, path string) *Report {
+	t.Helper()
+	m, err := graph.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Rewrite(m, Options{Check: true})
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return rep
+}

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Rewrites committed exports into other spellings of the same computation.
+
+    python3 tools/export/respell.py OUTDIR SRC.onnx [TRANSFORM ...]
+
+writes OUTDIR/NAME__TRANSFORM.onnx for each transform (all of them when none
+is named) and copies SRC's NAME_data folder beside each as
+NAME__TRANSFORM_data: every transform computes what the source computes (up
+to float rounding), so the source's golden outputs hold for it. Needs only
+the onnx Python package (Debian's python3-onnx 1.12 will do).
+
+Transforms:
+  const      every initializer becomes a Constant node
+  identity   an Identity after every node output (value_info dropped)
+  strip      value_info and the outputs' shapes dropped
+  swap       operands of commutative binary ops swapped
+  transpose  each 2-D MatMul weight stored transposed, behind a Transpose
+  cast       a float-to-float Cast before each MatMul/Gemm input
+  if         the whole graph inside an If on a constant true (both branches equal)
+  divmul     x / c by a constant written x * (1/c)
+  subneg     a - b written a + (-b)
+  softmax    Softmax(x) written Exp(x - ReduceMax(x)) / ReduceSum(...)
+  topkneg    TopK(x) written TopK(-x, largest=0) with the values negated back
+  mul1       a Mul by 1 after each Sigmoid
+"""
+import copy
+import os
+import shutil
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def rebuild(g, nodes):
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def consts(g):
+    d = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    d[n.output[0]] = numpy_helper.to_array(a.t)
+    return d
+
+
+def t_const(m):
+    g = m.graph
+    cs = [helper.make_node("Constant", [], [t.name], value=t, name="c_" + t.name) for t in g.initializer]
+    del g.initializer[:]
+    rebuild(g, cs + list(g.node))
+
+
+def t_identity(m):
+    g, nodes = m.graph, []
+    outs = {o.name for o in g.output}
+    for n in g.node:
+        nodes.append(n)
+        for i, o in enumerate(n.output):
+            if o and o not in outs:
+                n.output[i] = o + "__pre"
+                nodes.append(helper.make_node("Identity", [o + "__pre"], [o], name=f"{n.name}_id{i}"))
+    rebuild(g, nodes)
+    del g.value_info[:]
+
+
+def t_strip(m):
+    del m.graph.value_info[:]
+    for o in m.graph.output:
+        o.type.tensor_type.ClearField("shape")
+
+
+def t_swap(m):
+    for n in m.graph.node:
+        if n.op_type in ("Add", "Mul", "Max", "Min", "Sum") and len(n.input) == 2:
+            n.input[0], n.input[1] = n.input[1], n.input[0]
+
+
+def t_transpose(m):
+    g, nodes = m.graph, []
+    inits = {t.name: t for t in g.initializer}
+    for n in g.node:
+        if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2:
+            t = inits[n.input[1]]
+            tt = numpy_helper.from_array(numpy_helper.to_array(t).T.copy(), t.name + "__T")
+            g.initializer.append(tt)
+            o = f"{t.name}__TT_{n.name}"
+            nodes.append(helper.make_node("Transpose", [tt.name], [o], perm=[1, 0], name=n.name + "_tr"))
+            n.input[1] = o
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_cast(m):
+    g, nodes = m.graph, []
+    for n in g.node:
+        if n.op_type in ("MatMul", "Gemm"):
+            c = f"{n.input[0]}__cast_{n.name}"
+            nodes.append(helper.make_node("Cast", [n.input[0]], [c], to=TensorProto.FLOAT, name=n.name + "_cast"))
+            n.input[0] = c
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_if(m):
+    g = m.graph
+    then = helper.make_graph(list(g.node), "then", [], list(g.output), list(g.initializer))
+    other = copy.deepcopy(then)
+    other.name = "else"
+    for n in other.node:
+        n.name += "_e"
+    outs = [o.name for o in g.output]
+    node = helper.make_node("If", ["cond__"], [o + "__if" for o in outs], then_branch=then, else_branch=other, name="wrap_if")
+    ids = [helper.make_node("Identity", [o + "__if"], [o], name="id_" + o) for o in outs]
+    rebuild(g, [node] + ids)
+    del g.initializer[:]
+    g.initializer.append(helper.make_tensor("cond__", TensorProto.BOOL, [], [True]))
+    del g.value_info[:]
+
+
+def t_divmul(m):
+    g, nodes = m.graph, []
+    c = consts(g)
+    for k, n in enumerate(g.node):
+        if n.op_type == "Div" and n.input[1] in c and c[n.input[1]].dtype in (np.float32, np.float16):
+            t = numpy_helper.from_array(np.array(1.0 / c[n.input[1]]).astype(c[n.input[1]].dtype), f"recip{k}")
+            g.initializer.append(t)
+            n.op_type, n.input[1] = "Mul", t.name
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_subneg(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        if n.op_type == "Sub":
+            nodes.append(helper.make_node("Neg", [n.input[1]], [f"neg{k}"], name=f"negn{k}"))
+            n.op_type, n.input[1] = "Add", f"neg{k}"
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_softmax(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        if n.op_type != "Softmax":
+            nodes.append(n)
+            continue
+        ax = [a.i for a in n.attribute if a.name == "axis"]
+        p, x = f"smx{k}", n.input[0]
+        g.initializer.append(numpy_helper.from_array(np.array([ax[0] if ax else -1], dtype=np.int64), p + "_axes"))
+        nodes += [helper.make_node("ReduceMax", [x, p + "_axes"], [p + "_m"], keepdims=1, name=p + "a"),
+                  helper.make_node("Sub", [x, p + "_m"], [p + "_s"], name=p + "b"),
+                  helper.make_node("Exp", [p + "_s"], [p + "_e"], name=p + "c"),
+                  helper.make_node("ReduceSum", [p + "_e", p + "_axes"], [p + "_z"], keepdims=1, name=p + "d"),
+                  helper.make_node("Div", [p + "_e", p + "_z"], [n.output[0]], name=p + "e")]
+    rebuild(g, nodes)
+
+
+def t_topkneg(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        if n.op_type != "TopK":
+            nodes.append(n)
+            continue
+        p = f"tkn{k}"
+        attrs = {a.name: a.i for a in n.attribute if a.name in ("axis", "sorted")}
+        nodes.append(helper.make_node("Neg", [n.input[0]], [p + "_x"], name=p + "a"))
+        nodes.append(helper.make_node("TopK", [p + "_x", n.input[1]], [p + "_v", n.output[1]], name=n.name, largest=0, **attrs))
+        if n.output[0]:
+            nodes.append(helper.make_node("Neg", [p + "_v"], [n.output[0]], name=p + "b"))
+    rebuild(g, nodes)
+
+
+def t_mul1(m):
+    g, nodes = m.graph, []
+    g.initializer.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one__"))
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        if n.op_type == "Sigmoid":
+            o = n.output[0]
+            n.output[0] = o + "__m1"
+            nodes.append(helper.make_node("Mul", [o + "__m1", "one__"], [o], name=f"m1_{k}"))
+    rebuild(g, nodes)
+
+
+TRANSFORMS = {name[2:]: f for name, f in sorted(globals().items()) if name.startswith("t_")}
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    out, src, names = sys.argv[1], sys.argv[2], sys.argv[3:] or list(TRANSFORMS)
+    m0 = onnx.load(src)
+    base = os.path.basename(src)[:-len(".onnx")]
+    data = os.path.join(os.path.dirname(src), base + "_data")
+    os.makedirs(out, exist_ok=True)
+    for name in names:
+        m = copy.deepcopy(m0)
+        TRANSFORMS[name](m)
+        dst = os.path.join(out, f"{base}__{name}")
+        onnx.save(m, dst + ".onnx")
+        if os.path.isdir(data):
+            shutil.rmtree(dst + "_data", ignore_errors=True)
+            shutil.copytree(data, dst + "_data")
+
+
+if __name__ == "__main__":
+    main()
