@@ -78,7 +78,6 @@ func checkSpelledCase(t *testing.T, dir string, c spelledCase) {
 	checkGoldens(t, m, filepath.Join(dir, c.Name+"_data"))
 }
 
-
 // checkGoldens runs m on every test_data_set under data and compares each
 // graph output with its golden (rtol 1e-4, atol 1e-5).
 func checkGoldens(t *testing.T, m *graph.Model, data string) {
