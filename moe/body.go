@@ -13,7 +13,7 @@ import (
 // attrNames are the attributes the fused node may carry.
 var attrNames = []string{"activation", "ep_size", "expert_offset", "gate_up_interleaved", "group_score", "io_type", "n_group", "normalize_topk",
 	"num_experts", "router_activation", "router_order", "routed_scaling_factor", "shared_expert_gated",
-	"sparsemixer_threshold", "swiglu_alpha", "swiglu_limit", "top_k", "topk_group", "weights_on_input"}
+	"sparsemixer_threshold", "swiglu_alpha", "swiglu_limit", "top_k", "topk_group", "weight_type", "weights_on_input"}
 
 // Builder accumulates the nodes of a function body in the default domain,
 // naming each intermediate value Prefix followed by a counter.
@@ -78,6 +78,29 @@ func Float32Tensor(name string, dims []int64, v []float32) *pb.TensorProto {
 	return float32Proto(name, dims, raw)
 }
 
+// FloatTensorAs builds a tensor of element type dt (FLOAT, FLOAT16 or
+// BFLOAT16) holding v rounded to dt (exactly v when its values came from
+// dt); for FLOAT it is Float32TensorOwned.
+func FloatTensorAs(name string, dims []int64, v []float32, dt pb.TensorProto_DataType) *pb.TensorProto {
+	var enc func(float32) uint16
+	switch dt {
+	case pb.TensorProto_FLOAT16:
+		enc = graph.Float32ToHalf
+	case pb.TensorProto_BFLOAT16:
+		enc = graph.Float32ToBFloat16
+	default:
+		return Float32TensorOwned(name, dims, v)
+	}
+	raw := make([]byte, 2*len(v))
+	for i, x := range v {
+		u := enc(x)
+		raw[2*i], raw[2*i+1] = byte(u), byte(u>>8)
+	}
+	t := float32Proto(name, dims, raw)
+	t.DataType = proto.Int32(int32(dt))
+	return t
+}
+
 // Float32TensorOwned is Float32Tensor taking ownership of v: where the host
 // stores float32 as ONNX raw data does (little-endian), v's memory becomes
 // the raw data without a copy, so v must not be written afterwards.
@@ -121,6 +144,14 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 	}
 	b := &Builder{Prefix: "t"}
 	in := InputNames
+	if s.WeightType != "" { // half expert matrices: widened to float32, exactly
+		gated := s.ActivationDef() != nil && s.ActivationDef().Gated
+		for _, pos := range []int{InGate, InUp, InDown, InSharedGate, InSharedUp, InSharedDown} {
+			if (pos != InGate || gated) && (pos < InSharedGate || s.SharedInter > 0) {
+				in[pos] = b.Op("Cast", []string{in[pos]}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+			}
+		}
+	}
 	axisLast := graph.IntAttr("axis", -1)
 	hidden := in[InHidden]
 	if s.IOType != "" { // half-precision I/O: compute in float32
@@ -240,7 +271,7 @@ func Function(s *Spec, opset int64) (*pb.FunctionProto, error) {
 		Name:        proto.String(OpType),
 		Domain:      proto.String(Domain),
 		Overload:    proto.String(s.Overload()),
-		Input:       append([]string(nil), in[:]...),
+		Input:       append([]string(nil), InputNames[:]...),
 		Output:      outs,
 		Attribute:   append([]string(nil), attrNames...),
 		Node:        b.Nodes,

@@ -23,7 +23,7 @@ var attrTypes = map[string]pb.AttributeProto_AttributeType{
 	"swiglu_alpha": pb.AttributeProto_FLOAT, "swiglu_limit": pb.AttributeProto_FLOAT,
 	"gate_up_interleaved": pb.AttributeProto_INT, "shared_expert_gated": pb.AttributeProto_INT,
 	"ep_size": pb.AttributeProto_INT, "expert_offset": pb.AttributeProto_INT,
-	"sparsemixer_threshold": pb.AttributeProto_FLOAT, "io_type": pb.AttributeProto_STRING,
+	"sparsemixer_threshold": pb.AttributeProto_FLOAT, "io_type": pb.AttributeProto_STRING, "weight_type": pb.AttributeProto_STRING,
 }
 
 // flagAttrs are the attributes that hold a flag: 0 or 1.

@@ -131,6 +131,12 @@ type Spec struct {
 	// block computes in float32 with float32 weights between a cast in and
 	// a cast out.
 	IOType string `json:"io_type,omitempty"`
+	// WeightType is the element type the expert matrices (gate, up, down
+	// and the shared expert's gate, up, down) are stored in when it is not
+	// float32: IOFloat16 or IOBFloat16, the type an export stored them in,
+	// kept as it was. The block widens them to float32, exactly, and
+	// computes in float32; the router and the biases are float32.
+	WeightType string `json:"weight_type,omitempty"`
 	// RouterLogits says the node has its optional second output,
 	// router_logits (see RouterLogits). It is read from the node's
 	// outputs, not written as an attribute.
@@ -152,6 +158,11 @@ func (s *Spec) IOElemType() pb.TensorProto_DataType {
 		return pb.TensorProto_BFLOAT16
 	}
 	return pb.TensorProto_FLOAT
+}
+
+// WeightElemType returns the ONNX element type of the expert matrices.
+func (s *Spec) WeightElemType() pb.TensorProto_DataType {
+	return (&Spec{IOType: s.WeightType}).IOElemType()
 }
 
 // IOTypeOf returns the Spec.IOType naming an ONNX element type: "" for
@@ -208,6 +219,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.IOType != "" && s.IOType != IOFloat16 && s.IOType != IOBFloat16 {
 		errs = append(errs, fmt.Sprintf("io_type %q", s.IOType))
+	}
+	if s.WeightType != "" && s.WeightType != IOFloat16 && s.WeightType != IOBFloat16 {
+		errs = append(errs, fmt.Sprintf("weight_type %q", s.WeightType))
 	}
 	if s.GroupScore != "" && s.GroupScore != GroupScoreTop2Sum && s.GroupScore != GroupScoreMax {
 		errs = append(errs, fmt.Sprintf("group_score %q", s.GroupScore))
@@ -308,6 +322,12 @@ func (s *Spec) Variant() string {
 	case IOBFloat16:
 		parts = append(parts, "bf16io")
 	}
+	switch s.WeightType {
+	case IOFloat16:
+		parts = append(parts, "f16w")
+	case IOBFloat16:
+		parts = append(parts, "bf16w")
+	}
 	if s.RouterLogits {
 		parts = append(parts, "logits")
 	}
@@ -348,6 +368,9 @@ func (s *Spec) Attributes() []*pb.AttributeProto {
 	}
 	if s.IOType != "" {
 		attrs = append(attrs, graph.StringAttr("io_type", s.IOType))
+	}
+	if s.WeightType != "" {
+		attrs = append(attrs, graph.StringAttr("weight_type", s.WeightType))
 	}
 	sort.Slice(attrs, func(i, j int) bool { return attrs[i].GetName() < attrs[j].GetName() })
 	return attrs
@@ -407,6 +430,7 @@ func SpecFromNode(n *pb.NodeProto, dims func(pos int) []int64) (*Spec, error) {
 		s.GroupScore = gs
 	}
 	s.IOType = graph.AttrString(n, "io_type", "")
+	s.WeightType = graph.AttrString(n, "weight_type", "")
 	s.RouterLogits = len(n.Output) > OutRouterLogits && n.Output[OutRouterLogits] != ""
 	has := func(pos int) bool { return pos < len(n.Input) && n.Input[pos] != "" }
 	s.RouterBias = has(InRouterB)

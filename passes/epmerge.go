@@ -276,7 +276,7 @@ func mergeFusedNode(out *graph.Model, g *graph.Graph, ranks []*graph.Model, node
 		}
 		dims[0] = int64(s0.NumExperts)
 		old := g.Initializer(n0.Input[pos])
-		*old = *moe.Float32Tensor(old.GetName(), dims, all)
+		*old = *moe.FloatTensorAs(old.GetName(), dims, all, graph.DataType(old))
 	}
 	gs := *s0
 	gs.LocalExperts, gs.ExpertOffset = 0, 0
@@ -403,7 +403,7 @@ func SplitRanks(m *graph.Model, G int) ([]*graph.Model, error) {
 				dims := slices.Clone(t.GetDims())
 				dims[0] = int64(L)
 				old := g.Initializer(n.Input[pos])
-				*old = *moe.Float32Tensor(old.GetName(), dims, f[r*L*per:(r+1)*L*per])
+				*old = *moe.FloatTensorAs(old.GetName(), dims, slices.Clone(f[r*L*per:(r+1)*L*per]), graph.DataType(old))
 			}
 			s.EPSize, s.ExpertOffset, s.LocalExperts = G, r*L, L
 			setIntAttr(n, "ep_size", int64(G))

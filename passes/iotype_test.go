@@ -83,9 +83,11 @@ func TestHalfPrecisionExports(t *testing.T) {
 					t.Fatal(err)
 				}
 				io, _ := moe.IOTypeOf(dt)
-				if len(rep.Fused) != 1 || rep.Fused[0].Block.Spec.IOType != io || !strings.HasSuffix(rep.Fused[0].Variant, "io") {
-					t.Fatalf("fused %d blocks, variant %q, io_type %q; want 1 with io_type %q", len(rep.Fused), rep.Fused[0].Variant, rep.Fused[0].Block.Spec.IOType, io)
+				if len(rep.Fused) != 1 || rep.Fused[0].Block.Spec.IOType != io || rep.Fused[0].Block.Spec.WeightType != io ||
+					!strings.HasSuffix(rep.Fused[0].Variant, map[string]string{moe.IOFloat16: "_f16io_f16w", moe.IOBFloat16: "_bf16io_bf16w"}[io]) {
+					t.Fatalf("fused %d blocks, variant %q, io_type %q; want 1 with io_type and weight_type %q", len(rep.Fused), rep.Fused[0].Variant, rep.Fused[0].Block.Spec.IOType, io)
 				}
+				keptHalfWeights(t, fused, dt)
 				matchesHalf(t, orig, fused, dt, rep.Fused[0].Block.Spec)
 			})
 		}
@@ -165,12 +167,12 @@ func matchesHalf(t *testing.T, orig, fused *graph.Model, dt pb.TensorProto_DataT
 // numerical check, and match the original to the type's precision.
 func TestRealHalfPrecisionExports(t *testing.T) {
 	cases := map[string]string{
-		"mixtral_block_dynamo_float16":      "softmax_act_topk_norm_swiglu_f16io",
-		"mixtral_block_dynamo_bfloat16":     "softmax_act_topk_norm_swiglu_bf16io",
-		"qwen3_moe_block_dynamo_float16":    "softmax_act_topk_norm_swiglu_f16io",
-		"qwen3_moe_block_dynamo_bfloat16":   "softmax_act_topk_norm_swiglu_bf16io",
-		"deepseek_v3_block_dynamo_float16":  "sigmoid_act_topk_norm_scaled_g1of2_cbias_swiglu_shared_f16io",
-		"deepseek_v3_block_dynamo_bfloat16": "sigmoid_act_topk_norm_scaled_g1of2_cbias_swiglu_shared_bf16io",
+		"mixtral_block_dynamo_float16":      "softmax_act_topk_norm_swiglu_f16io_f16w",
+		"mixtral_block_dynamo_bfloat16":     "softmax_act_topk_norm_swiglu_bf16io_bf16w",
+		"qwen3_moe_block_dynamo_float16":    "softmax_act_topk_norm_swiglu_f16io_f16w",
+		"qwen3_moe_block_dynamo_bfloat16":   "softmax_act_topk_norm_swiglu_bf16io_bf16w",
+		"deepseek_v3_block_dynamo_float16":  "sigmoid_act_topk_norm_scaled_g1of2_cbias_swiglu_shared_f16io_f16w",
+		"deepseek_v3_block_dynamo_bfloat16": "sigmoid_act_topk_norm_scaled_g1of2_cbias_swiglu_shared_bf16io_bf16w",
 	}
 	forEachExpected(t, "../testdata/exported_half", cases, func(t *testing.T, f, variant string) {
 		orig, err := graph.Load(f)
@@ -192,7 +194,9 @@ func TestRealHalfPrecisionExports(t *testing.T) {
 		if n := len(fused.Proto.Graph.Node); n > 4 {
 			t.Errorf("%d nodes left after fusion, want the fused node and shape ops only", n)
 		}
+		keptHalfWeights(t, fused, dt)
 		matchesHalf(t, orig, fused, dt, rep.Fused[0].Block.Spec)
+		bodyMatchesKernel(t, fused, dt)
 	})
 }
 
@@ -305,5 +309,65 @@ func TestTokensOffNaN(t *testing.T) {
 		if off, _, at := tokensOffRows(got, []int{0, 1}, want, 2, 1e-4, 1e-6, 1e-5); off != 1 || at != 2 {
 			t.Errorf("tokensOffRows with %v: off %d at %d, want 1 at 2", bad, off, at)
 		}
+	}
+}
+
+// keptHalfWeights checks that the fused node of m stores its expert
+// matrices in the export's half type dt, as they were stored, and its
+// router in float32.
+func keptHalfWeights(t *testing.T, m *graph.Model, dt pb.TensorProto_DataType) {
+	t.Helper()
+	g := m.Graph()
+	for _, n := range m.Proto.Graph.Node {
+		if n.GetOpType() != moe.OpType {
+			continue
+		}
+		for pos, want := range map[int]pb.TensorProto_DataType{moe.InGate: dt, moe.InUp: dt, moe.InDown: dt, moe.InSharedGate: dt, moe.InSharedDown: dt, moe.InRouterW: pb.TensorProto_FLOAT} {
+			if pos >= len(n.Input) || n.Input[pos] == "" {
+				continue
+			}
+			if init := g.Initializer(n.Input[pos]); init == nil || graph.DataType(init) != want {
+				t.Errorf("fused input %s (%q): %v, want %s", moe.InputNames[pos], n.Input[pos], init.GetDataType(), want)
+			}
+		}
+	}
+}
+
+// bodyMatchesKernel runs the fused model m on random half inputs through
+// the fused node's function body (which widens the half weights with a
+// Cast) and through the reference kernel: both compute in float32, so the
+// outputs agree to a rounding of dt.
+func bodyMatchesKernel(t *testing.T, m *graph.Model, dt pb.TensorProto_DataType) {
+	t.Helper()
+	in := m.Proto.Graph.Input[0]
+	var shape []int
+	for _, d := range in.GetType().GetTensorType().GetShape().GetDim() {
+		shape = append(shape, max(int(d.GetDimValue()), 1))
+	}
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	rng := rand.New(rand.NewPCG(11, uint64(dt)))
+	vals := make([]float32, n)
+	for i := range vals {
+		vals[i] = float32(rng.NormFloat64())
+	}
+	feeds := func() map[string]*eval.Tensor {
+		return map[string]*eval.Tensor{in.GetName(): eval.NewFloatAs(dt, shape, vals)}
+	}
+	out := m.Proto.Graph.Output[0].GetName()
+	k, err := eval.Run(context.Background(), m, feeds(), eval.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := eval.Run(context.Background(), m, feeds(), eval.Options{PreferFunctions: true})
+	if err != nil {
+		t.Fatalf("function body: %v", err)
+	}
+	rtol, _ := eval.HalfTolerance(dt)
+	d, err := eval.Compare(b[out], k[out], rtol, 1e-3)
+	if err != nil || !d.OK() {
+		t.Errorf("function body and kernel disagree on the half-weight node: %+v %v", d, err)
 	}
 }

@@ -222,6 +222,7 @@ func readyBlocks(ctx context.Context, m *graph.Model, blocks []*Block, rep *Repo
 			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: err.Error()})
 			continue
 		}
+		b.Spec.WeightType = keepHalfWeights(ts)
 		todo = append(todo, readyBlock{b, ts})
 	}
 	return todo, nil
@@ -365,8 +366,9 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTens
 		if err != nil {
 			return nil, err
 		}
-		// v is the block's own copy: it becomes the raw data as it is.
-		g.AddInitializer(moe.Float32TensorOwned(n, ft.dims, v))
+		// v is the block's own copy: it becomes the raw data as it is
+		// (float32), or is narrowed back to its sources' half type.
+		g.AddInitializer(moe.FloatTensorAs(n, ft.dims, v, ft.dtype()))
 		in[slot[ft.role]] = n
 	}
 	zeroBiases(g, b, in)

@@ -23,6 +23,54 @@ type fusedTensor struct {
 	isVec bool
 	// rows, cols: the canonical shape each projection must have (0: not checked).
 	rows, cols int
+	// dt is the element type the tensor is stored in: FLOAT, or the half
+	// type its sources share (keepHalfWeights); 0 means FLOAT.
+	dt pb.TensorProto_DataType
+}
+
+// dtype is the element type the fused tensor is stored in.
+func (ft *fusedTensor) dtype() pb.TensorProto_DataType {
+	if ft.dt == pb.TensorProto_UNDEFINED {
+		return pb.TensorProto_FLOAT
+	}
+	return ft.dt
+}
+
+// halfMatrixRoles are the fused tensors that keep their sources' half
+// type: the routed and shared expert matrices, which are copied, never
+// computed on (the router and the biases are float32 in the contract).
+var halfMatrixRoles = map[string]bool{"gate": true, "up": true, "down": true, "shared_gate": true, "shared_up": true, "shared_down": true}
+
+// keepHalfWeights stores the expert matrices of ts in the half type that
+// every one of their sources has (FLOAT16 or BFLOAT16), as they were
+// exported, instead of widening them to float32, and returns the
+// Spec.WeightType that says so ("" when the sources are float32 or mixed:
+// the matrices are then float32).
+func keepHalfWeights(ts []fusedTensor) string {
+	dt := pb.TensorProto_UNDEFINED
+	for i := range ts {
+		if !halfMatrixRoles[ts[i].role] {
+			continue
+		}
+		for _, q := range ts[i].projs {
+			switch d := graph.DataType(q.Init); {
+			case d != pb.TensorProto_FLOAT16 && d != pb.TensorProto_BFLOAT16, dt != pb.TensorProto_UNDEFINED && d != dt:
+				return ""
+			default:
+				dt = d
+			}
+		}
+	}
+	wt, _ := moe.IOTypeOf(dt)
+	if dt == pb.TensorProto_UNDEFINED || wt == "" {
+		return ""
+	}
+	for i := range ts {
+		if halfMatrixRoles[ts[i].role] {
+			ts[i].dt = dt
+		}
+	}
+	return wt
 }
 
 // fusedTensors lists the fused node's weight inputs in the order emit adds
@@ -163,12 +211,13 @@ func (ft *fusedTensor) external() bool {
 	return false
 }
 
-// size is the number of float32 bytes the tensor holds.
+// size is the number of bytes the tensor holds.
 func (ft *fusedTensor) size() int64 {
 	var n int64
+	elem := int64(graph.ElemBits(ft.dtype()) / 8)
 	for _, q := range ft.projs {
 		r, cc, _ := q.shape(ft.isVec)
-		n += 4 * int64(r) * int64(max(cc, 1))
+		n += elem * int64(r) * int64(max(cc, 1))
 	}
 	return n
 }
@@ -178,11 +227,11 @@ func (ft *fusedTensor) size() int64 {
 // read of its source (a plain range copy when the source already holds
 // float32 [out, in] rows), so memory stays bounded by one expert's matrix.
 func (ft *fusedTensor) deferTo(m *graph.Model, g *graph.Graph, name string) {
-	t := &pb.TensorProto{Dims: ft.dims, DataType: proto.Int32(int32(pb.TensorProto_FLOAT)), Name: proto.String(name)}
+	t := &pb.TensorProto{Dims: ft.dims, DataType: proto.Int32(int32(ft.dtype())), Name: proto.String(name)}
 	// The sources as they are now: a source that other nodes still read
 	// may be moved to the output's side file while the model is saved,
 	// before this tensor is written.
-	projs, isVec := make([]*Proj, len(ft.projs)), ft.isVec
+	projs, isVec, dt := make([]*Proj, len(ft.projs)), ft.isVec, ft.dtype()
 	for i, q := range ft.projs {
 		c := *q
 		c.Init = sourceSnapshot(m, q.Init)
@@ -190,7 +239,7 @@ func (ft *fusedTensor) deferTo(m *graph.Model, g *graph.Graph, name string) {
 	}
 	write := func(w io.Writer) error {
 		for _, q := range projs {
-			if err := q.writeCanonical(m, w, isVec); err != nil {
+			if err := q.writeCanonical(m, w, isVec, dt); err != nil {
 				return err
 			}
 		}
@@ -216,8 +265,9 @@ func sourceSnapshot(m *graph.Model, t *pb.TensorProto) *pb.TensorProto {
 }
 
 // writeCanonical writes the projection's canonical rows (what matrix or
-// vector return) as little-endian float32, reading only its expert's slab.
-func (q *Proj) writeCanonical(m *graph.Model, w io.Writer, isVec bool) error {
+// vector return) as little-endian values of type out (FLOAT, or the
+// source's own half type), reading only its expert's slab.
+func (q *Proj) writeCanonical(m *graph.Model, w io.Writer, isVec bool, out pb.TensorProto_DataType) error {
 	dt := graph.DataType(q.Init)
 	elem := int64(graph.ElemBits(dt) / 8)
 	d := q.Init.GetDims()
@@ -232,11 +282,11 @@ func (q *Proj) writeCanonical(m *graph.Model, w io.Writer, isVec bool) error {
 			return err
 		}
 		start, step, k := partRange(q.Part, int(n))
-		out := make([]float32, k)
-		for i := range out {
-			out[i] = src[start+i*step]
+		v := make([]float32, k)
+		for i := range v {
+			v[i] = src[start+i*step]
 		}
-		return writeFloats(w, out)
+		return writeFloatsAs(w, v, out)
 	}
 	var r, cc int64
 	off := int64(0)
@@ -246,34 +296,34 @@ func (q *Proj) writeCanonical(m *graph.Model, w io.Writer, isVec bool) error {
 	} else {
 		r, cc = d[0], d[1]
 	}
-	if dt == pb.TensorProto_FLOAT && !q.InOut {
-		// Float32 [out, in] rows: the kept rows are byte ranges of the
-		// source, copied as they are (one range for a whole matrix or a
-		// half of it).
+	if dt == out && !q.InOut {
+		// [out, in] rows of the output's type: the kept rows are byte
+		// ranges of the source, copied as they are (one range for a whole
+		// matrix or a half of it).
 		start, step, k := partRange(q.Part, int(r))
 		if step == 1 {
-			return m.CopyTensorRange(w, q.Init, 4*(off+int64(start)*cc), 4*int64(k)*cc)
+			return m.CopyTensorRange(w, q.Init, elem*(off+int64(start)*cc), elem*int64(k)*cc)
 		}
 		// Interleaved rows: one read of the slab, its kept rows written.
 		var buf bytes.Buffer
-		buf.Grow(int(4 * r * cc))
-		if err := m.CopyTensorRange(&buf, q.Init, 4*off, 4*r*cc); err != nil {
+		buf.Grow(int(elem * r * cc))
+		if err := m.CopyTensorRange(&buf, q.Init, elem*off, elem*r*cc); err != nil {
 			return err
 		}
-		src, rowBytes := buf.Bytes(), int(4*cc)
-		out := make([]byte, 0, k*rowBytes)
+		src, rowBytes := buf.Bytes(), int(elem*cc)
+		rows := make([]byte, 0, k*rowBytes)
 		for i := 0; i < k; i++ {
 			row := start + i*step
-			out = append(out, src[row*rowBytes:(row+1)*rowBytes]...)
+			rows = append(rows, src[row*rowBytes:(row+1)*rowBytes]...)
 		}
-		_, err := w.Write(out)
+		_, err := w.Write(rows)
 		return err
 	}
 	src, err := readFloats(m, q.Init, off*elem, r*cc*elem)
 	if err != nil {
 		return err
 	}
-	return writeFloats(w, appendRows(nil, src, int(r), int(cc), q.InOut, q.Part))
+	return writeFloatsAs(w, appendRows(nil, src, int(r), int(cc), q.InOut, q.Part), out)
 }
 
 func readFloats(m *graph.Model, t *pb.TensorProto, off, n int64) ([]float32, error) {
@@ -289,15 +339,26 @@ func readFloats(m *graph.Model, t *pb.TensorProto, off, n int64) ([]float32, err
 	return f, nil
 }
 
-func writeFloats(w io.Writer, v []float32) error {
+// writeFloatsAs writes v as little-endian values of type dt: FLOAT, or
+// FLOAT16 or BFLOAT16 (exact for values read from that type).
+func writeFloatsAs(w io.Writer, v []float32, dt pb.TensorProto_DataType) error {
 	const chunk = 1 << 16
-	buf := make([]byte, 4*min(len(v), chunk))
+	width := graph.ElemBits(dt) / 8
+	enc := map[pb.TensorProto_DataType]func(float32) uint16{pb.TensorProto_FLOAT16: graph.Float32ToHalf, pb.TensorProto_BFLOAT16: graph.Float32ToBFloat16}[dt]
+	if dt != pb.TensorProto_FLOAT && enc == nil {
+		return fmt.Errorf("fused weights of type %s", dt)
+	}
+	buf := make([]byte, width*min(len(v), chunk))
 	for len(v) > 0 {
 		k := min(len(v), chunk)
 		for i, x := range v[:k] {
-			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+			if enc != nil {
+				binary.LittleEndian.PutUint16(buf[2*i:], enc(x))
+			} else {
+				binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+			}
 		}
-		if _, err := w.Write(buf[:4*k]); err != nil {
+		if _, err := w.Write(buf[:width*k]); err != nil {
 			return err
 		}
 		v = v[k:]

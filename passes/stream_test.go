@@ -85,19 +85,22 @@ func TestStreamedStackingMatchesMaterialized(t *testing.T) {
 // shapes whose weight plans cover every part and both layouts.
 func TestWriteCanonicalMatchesValues(t *testing.T) {
 	seen := map[[2]int]bool{} // {part, inOut}
+	halves := map[pb.TensorProto_DataType]int{}
 	for _, cfg := range []models.Config{
 		{Shape: models.ShapeBatched, Tokens: 16},
 		{Shape: models.ShapeUnrolled},
 		{Shape: models.ShapeDense},
 		{Shape: models.ShapeORT},
 		{Shape: models.ShapeORT, ORTSwiGLU: true},
+		{Shape: models.ShapeBatched, DType: models.DTypeBFloat16},
+		{Shape: models.ShapeUnrolled, DType: models.DTypeFloat16},
 	} {
 		cfg.Layers, cfg.Experts, cfg.TopK, cfg.Hidden, cfg.Inter = 1, 4, 2, 16, 24
 		if cfg.Shape != models.ShapeORT {
 			cfg.SharedInter = 8
 		}
 		cfg.Router, cfg.Normalize, cfg.External, cfg.Seed = "softmax", true, true, 5
-		name := cfg.Shape + map[bool]string{true: "_swiglu"}[cfg.ORTSwiGLU]
+		name := cfg.Shape + map[bool]string{true: "_swiglu"}[cfg.ORTSwiGLU] + map[bool]string{true: "_" + cfg.DType}[cfg.DType != ""]
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "m.onnx")
 			if err := models.Write(cfg, path); err != nil {
@@ -117,15 +120,19 @@ func TestWriteCanonicalMatchesValues(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				keepHalfWeights(ts) // half sources: their matrices stream as they are stored
 				for i := range ts {
 					ft := &ts[i]
 					if len(ft.projs) == 0 {
 						continue
 					}
-					var streamed bytes.Buffer
+					var streamed, widened bytes.Buffer
 					for _, q := range ft.projs {
 						seen[[2]int{q.Part, map[bool]int{true: 1}[q.InOut]}] = true
-						if err := q.writeCanonical(m, &streamed, ft.isVec); err != nil {
+						if err := q.writeCanonical(m, &streamed, ft.isVec, ft.dtype()); err != nil {
+							t.Fatal(err)
+						}
+						if err := q.writeCanonical(m, &widened, ft.isVec, pb.TensorProto_FLOAT); err != nil {
 							t.Fatal(err)
 						}
 					}
@@ -160,16 +167,34 @@ func TestWriteCanonicalMatchesValues(t *testing.T) {
 					if !slices.Equal(v, ref) {
 						t.Errorf("%s %s: values read %v, decoded whole %v", b.Name, ft.role, v, ref)
 					}
-					var want bytes.Buffer
-					if err := writeFloats(&want, v); err != nil {
+					var want, want32 bytes.Buffer
+					if err := writeFloatsAs(&want, v, ft.dtype()); err != nil {
+						t.Fatal(err)
+					}
+					if err := writeFloatsAs(&want32, v, pb.TensorProto_FLOAT); err != nil {
 						t.Fatal(err)
 					}
 					if !bytes.Equal(streamed.Bytes(), want.Bytes()) || int64(streamed.Len()) != ft.size() {
-						t.Errorf("%s %s: streamed %d bytes differ from the %d gathered in memory (size %d)", b.Name, ft.role, streamed.Len(), want.Len(), ft.size())
+						t.Errorf("%s %s: streamed %d bytes (%s) differ from the %d gathered in memory (size %d)", b.Name, ft.role, streamed.Len(), ft.dtype(), want.Len(), ft.size())
+					}
+					if !bytes.Equal(widened.Bytes(), want32.Bytes()) {
+						t.Errorf("%s %s: streamed float32 bytes differ from the values gathered in memory", b.Name, ft.role)
+					}
+					if ft.dtype() != pb.TensorProto_FLOAT {
+						halves[ft.dtype()]++
+						// The kept half matrix is the source's bytes: decoding
+						// it gives the values gathered, exactly.
+						back, err := graph.DecodeFloat32(ft.dtype(), streamed.Bytes())
+						if err != nil || !slices.Equal(back, v) {
+							t.Errorf("%s %s: kept %s bytes decode to other values (%v)", b.Name, ft.role, ft.dtype(), err)
+						}
 					}
 				}
 			}
 		})
+	}
+	if halves[pb.TensorProto_BFLOAT16] == 0 || halves[pb.TensorProto_FLOAT16] == 0 {
+		t.Errorf("half matrices kept: %v, want both half types", halves)
 	}
 	for _, want := range [][2]int{{PartWhole, 0}, {PartWhole, 1}, {PartFirstHalf, 0}, {PartSecondHalf, 0}, {PartEven, 0}, {PartOdd, 0}} {
 		if !seen[want] {
