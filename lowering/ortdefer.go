@@ -1,0 +1,219 @@
+package lowering
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/mokopt/mokopt/graph"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/internal/ortmoe"
+	"github.com/mokopt/mokopt/moe"
+	"google.golang.org/protobuf/proto"
+)
+
+// expertRows reads a source's values by element ranges (moe.ExpertReader):
+// a side-file or raw_data weight with a ranged read of just those bytes;
+// one whose bytes exist only as typed fields or a deferred producer is
+// loaded once, whole (small models built in memory).
+type expertRows struct {
+	src   source
+	raw   []byte
+	whole []byte
+}
+
+// Len is the number of values of the whole weight.
+func (r *expertRows) Len() int { return r.src.E * r.src.N * r.src.K }
+
+// ReadAt fills dst with the values from element offset off on.
+func (r *expertRows) ReadAt(dst []float32, off int) error {
+	t, m := r.src.t, r.src.m
+	dt := graph.DataType(t)
+	elem := graph.ElemBits(dt) / 8
+	if off < 0 || len(dst) > r.Len()-off {
+		return fmt.Errorf("weight %q: range %d+%d past its %d values", t.GetName(), off, len(dst), r.Len())
+	}
+	n, at := len(dst)*elem, int64(off)*int64(elem)
+	var b []byte
+	if _, deferred := m.Deferred(t); deferred || !graph.IsExternal(t) && t.RawData == nil {
+		if r.whole == nil {
+			w, err := m.TensorBytes(t)
+			if err != nil {
+				return err
+			}
+			r.whole = w
+		}
+		b = r.whole[at : at+int64(n)]
+	} else {
+		if cap(r.raw) < n {
+			r.raw = make([]byte, n)
+		}
+		b = r.raw[:n]
+		if err := m.ReadTensorAt(t, b, at); err != nil {
+			return err
+		}
+	}
+	v, err := graph.DecodeFloat32(dt, b)
+	if err != nil {
+		return err
+	}
+	copy(dst, v)
+	return nil
+}
+
+// ortExperts computes the routed weights of com.microsoft::MoE / QMoE one
+// expert at a time from a fused node's stacked gate, up and down
+// initializers (float [E, out, in]), exactly as ortFC1 and the scaling of
+// fc2 compute them over the whole stack.
+type ortExperts struct {
+	s              *moe.Spec
+	gate, up, down source
+	f              int64   // fc1 rows per intermediate unit (2: gate and up interleaved)
+	scale          float32 // routed_scaling_factor folded into fc2
+}
+
+// reader returns a fresh reader of src (one per save: no state is shared
+// between producers that run at once).
+func reader(src source) *expertRows { return &expertRows{src: src} }
+
+// fc1 returns a function giving expert e's fc1 [f·I, H].
+func (o *ortExperts) fc1() func(e int) ([]float32, error) {
+	gr, ur := reader(o.gate), reader(o.up)
+	one := *o.s
+	one.NumExperts, one.ExpertBias = 1, false
+	I, H := o.s.Inter, o.s.Hidden
+	return func(e int) ([]float32, error) {
+		w := moe.Weights{Up: make([]float32, I*H)}
+		if err := ur.ReadAt(w.Up, e*I*H); err != nil {
+			return nil, err
+		}
+		if o.f == 2 {
+			w.Gate = make([]float32, I*H)
+			if err := gr.ReadAt(w.Gate, e*I*H); err != nil {
+				return nil, err
+			}
+		}
+		_, _, v, _ := ortFC1(&one, &w)
+		return v, nil
+	}
+}
+
+// fc2 returns a function giving expert e's fc2 [H, I]: down times the
+// routed scaling factor.
+func (o *ortExperts) fc2() func(e int) ([]float32, error) {
+	dr := reader(o.down)
+	H, I := o.s.Hidden, o.s.Inter
+	return func(e int) ([]float32, error) {
+		v := make([]float32, H*I)
+		if err := dr.ReadAt(v, e*H*I); err != nil {
+			return nil, err
+		}
+		if o.scale != 1 {
+			for i := range v {
+				v[i] *= o.scale
+			}
+		}
+		return v, nil
+	}
+}
+
+// putFloat32s writes v as little-endian float32 into buf (grown as needed)
+// and returns the bytes.
+func putFloat32s(buf []byte, v []float32) []byte {
+	if cap(buf) < 4*len(v) {
+		buf = make([]byte, 4*len(v))
+	}
+	buf = buf[:4*len(v)]
+	for i, f := range v {
+		binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(f))
+	}
+	return buf
+}
+
+// deferExperts adds to g, deferred in m, tensor t of size bytes whose
+// bytes are E experts' parts, each made by a fresh produce() for that
+// save. The tensor goes where the model's weights came from: to the side
+// file when they came in external data, inside the model file otherwise,
+// as the same tensor built in memory would.
+func deferExperts(m *graph.Model, g *graph.Graph, t *pb.TensorProto, size int64, E int, produce func() func(e int) ([]byte, error)) {
+	write := func(w io.Writer) error {
+		part := produce()
+		for e := 0; e < E; e++ {
+			b, err := part(e)
+			if err != nil {
+				return err
+			}
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	g.AddInitializer(t)
+	m.SetDeferred(t, graph.DeferredData{Size: size, Write: write, Inline: !m.ExternalOrigin()})
+}
+
+// deferFloat32 adds a deferred float32 tensor of dims whose expert e is
+// expert(e) (a fresh expert per save, from mk).
+func deferFloat32(m *graph.Model, g *graph.Graph, name string, dims []int64, mk func() func(e int) ([]float32, error)) {
+	t := &pb.TensorProto{Name: proto.String(name), Dims: dims, DataType: proto.Int32(int32(pb.TensorProto_FLOAT))}
+	size := int64(4)
+	for _, d := range dims {
+		size *= d
+	}
+	deferExperts(m, g, t, size, int(dims[0]), func() func(int) ([]byte, error) {
+		expert := mk()
+		var buf []byte
+		return func(e int) ([]byte, error) {
+			v, err := expert(e)
+			if err != nil {
+				return nil, err
+			}
+			buf = putFloat32s(buf, v)
+			return buf, nil
+		}
+	})
+}
+
+// deferQuantized adds QMoE's packed weights (UINT8 [E, N, K·bits/8]) and
+// their scales (float [E, N] or [E, N, K/blockSize]) of the float [E, N, K]
+// weight whose expert e is made by mk()(e), quantized expert by expert
+// (ortmoe.Quantize groups lie within a row, so this is the stack's
+// quantization), and returns the names of both.
+func deferQuantized(m *graph.Model, g *graph.Graph, prefix, role string, E, N, K, bits, blockSize int, mk func() func(e int) ([]float32, error)) (string, string) {
+	quant := func() func(e int) ([]byte, []float32, error) {
+		expert := mk()
+		return func(e int) ([]byte, []float32, error) {
+			v, err := expert(e)
+			if err != nil {
+				return nil, nil, err
+			}
+			return ortmoe.Quantize(v, 1, N, K, bits, blockSize)
+		}
+	}
+	e64, n64 := int64(E), int64(N)
+	qName := g.UniqueName(prefix + "/" + role + "_experts_weights")
+	qt := &pb.TensorProto{Name: proto.String(qName), Dims: []int64{e64, n64, int64(K * bits / 8)},
+		DataType: proto.Int32(int32(pb.TensorProto_UINT8))}
+	deferExperts(m, g, qt, e64*n64*int64(K*bits/8), E, func() func(int) ([]byte, error) {
+		q := quant()
+		return func(e int) ([]byte, error) {
+			b, _, err := q(e)
+			return b, err
+		}
+	})
+	sd := []int64{e64, n64}
+	if blockSize > 0 {
+		sd = append(sd, int64(K/blockSize))
+	}
+	sName := g.UniqueName(prefix + "/" + role + "_scales")
+	deferFloat32(m, g, sName, sd, func() func(int) ([]float32, error) {
+		q := quant()
+		return func(e int) ([]float32, error) {
+			_, sc, err := q(e)
+			return sc, err
+		}
+	})
+	return qName, sName
+}
