@@ -42,14 +42,20 @@ func ortFC1(s *moe.Spec, w *moe.Weights) (ortmoe.Attrs, int64, []float32, []floa
 	}
 	E, H, I := s.NumExperts, s.Hidden, s.Inter
 	fc1 := make([]float32, E*2*I*H)
+	interleaveFC1(fc1, w.Gate, w.Up, E, I, H)
+	return a, 2, fc1, fc1b
+}
+
+// interleaveFC1 writes into fc1 [E, 2I, H] the rows of gate and up
+// ([E, I, H] each) interleaved: gate row i at 2i, up row i at 2i+1.
+func interleaveFC1(fc1, gate, up []float32, E, I, H int) {
 	for e := 0; e < E; e++ {
 		for i := 0; i < I; i++ {
 			src := (e*I + i) * H
-			copy(fc1[(e*2*I+2*i)*H:], w.Gate[src:src+H])
-			copy(fc1[(e*2*I+2*i+1)*H:], w.Up[src:src+H])
+			copy(fc1[(e*2*I+2*i)*H:], gate[src:src+H])
+			copy(fc1[(e*2*I+2*i+1)*H:], up[src:src+H])
 		}
 	}
-	return a, 2, fc1, fc1b
 }
 
 // ortFC1Bias is ortFC1 without fc1's weights (which w need not hold): the

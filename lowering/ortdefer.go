@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"unsafe"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -14,14 +15,18 @@ import (
 )
 
 // expertRows reads a source's values by element ranges (moe.ExpertReader):
-// a side-file or raw_data weight with a ranged read of just those bytes;
-// one whose bytes exist only as typed fields or a deferred producer is
-// loaded once, whole (small models built in memory).
+// a side-file or raw_data weight with ranged reads of just those bytes (a
+// float32 one straight into the destination, others through a bounded
+// buffer); one whose bytes exist only as typed fields or a deferred
+// producer is loaded once, whole (small models built in memory).
 type expertRows struct {
 	src   source
 	raw   []byte
 	whole []byte
 }
+
+// rowChunk bounds the bytes expertRows decodes at a time.
+const rowChunk = 1 << 20
 
 // Len is the number of values of the whole weight.
 func (r *expertRows) Len() int { return r.src.E * r.src.N * r.src.K }
@@ -34,8 +39,7 @@ func (r *expertRows) ReadAt(dst []float32, off int) error {
 	if off < 0 || len(dst) > r.Len()-off {
 		return fmt.Errorf("weight %q: range %d+%d past its %d values", t.GetName(), off, len(dst), r.Len())
 	}
-	n, at := len(dst)*elem, int64(off)*int64(elem)
-	var b []byte
+	at := int64(off) * int64(elem)
 	if _, deferred := m.Deferred(t); deferred || !graph.IsExternal(t) && t.RawData == nil {
 		if r.whole == nil {
 			w, err := m.TensorBytes(t)
@@ -44,23 +48,41 @@ func (r *expertRows) ReadAt(dst []float32, off int) error {
 			}
 			r.whole = w
 		}
-		b = r.whole[at : at+int64(n)]
-	} else {
-		if cap(r.raw) < n {
-			r.raw = make([]byte, n)
-		}
-		b = r.raw[:n]
-		if err := m.ReadTensorAt(t, b, at); err != nil {
+		v, err := graph.DecodeFloat32(dt, r.whole[at:at+int64(len(dst)*elem)])
+		if err != nil {
 			return err
 		}
+		copy(dst, v)
+		return nil
 	}
-	v, err := graph.DecodeFloat32(dt, b)
-	if err != nil {
-		return err
+	if dt == pb.TensorProto_FLOAT && hostLittleEndian && len(dst) > 0 {
+		return m.ReadTensorAt(t, unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), at)
 	}
-	copy(dst, v)
+	step := max(rowChunk/elem, 1)
+	for i := 0; i < len(dst); i += step {
+		k := min(step, len(dst)-i)
+		if cap(r.raw) < k*elem {
+			r.raw = make([]byte, k*elem)
+		}
+		b := r.raw[:k*elem]
+		if err := m.ReadTensorAt(t, b, at+int64(i*elem)); err != nil {
+			return err
+		}
+		v, err := graph.DecodeFloat32(dt, b)
+		if err != nil {
+			return err
+		}
+		copy(dst[i:], v)
+	}
 	return nil
 }
+
+// hostLittleEndian reports whether float32 values lie in memory as ONNX
+// raw data stores them.
+var hostLittleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // ortExperts computes the routed weights of com.microsoft::MoE / QMoE one
 // expert at a time from a fused node's stacked gate, up and down
@@ -77,35 +99,38 @@ type ortExperts struct {
 // between producers that run at once).
 func reader(src source) *expertRows { return &expertRows{src: src} }
 
-// fc1 returns a function giving expert e's fc1 [f·I, H].
+// fc1 returns a function giving expert e's fc1 [f·I, H] (in a buffer the
+// next call reuses).
 func (o *ortExperts) fc1() func(e int) ([]float32, error) {
 	gr, ur := reader(o.gate), reader(o.up)
-	one := *o.s
-	one.NumExperts, one.ExpertBias = 1, false
 	I, H := o.s.Inter, o.s.Hidden
+	up := make([]float32, I*H)
+	var gate, fc1 []float32
+	if o.f == 2 {
+		gate, fc1 = make([]float32, I*H), make([]float32, 2*I*H)
+	}
 	return func(e int) ([]float32, error) {
-		w := moe.Weights{Up: make([]float32, I*H)}
-		if err := ur.ReadAt(w.Up, e*I*H); err != nil {
+		if err := ur.ReadAt(up, e*I*H); err != nil {
 			return nil, err
 		}
-		if o.f == 2 {
-			w.Gate = make([]float32, I*H)
-			if err := gr.ReadAt(w.Gate, e*I*H); err != nil {
-				return nil, err
-			}
+		if o.f == 1 {
+			return up, nil
 		}
-		_, _, v, _ := ortFC1(&one, &w)
-		return v, nil
+		if err := gr.ReadAt(gate, e*I*H); err != nil {
+			return nil, err
+		}
+		interleaveFC1(fc1, gate, up, 1, I, H)
+		return fc1, nil
 	}
 }
 
 // fc2 returns a function giving expert e's fc2 [H, I]: down times the
-// routed scaling factor.
+// routed scaling factor (in a buffer the next call reuses).
 func (o *ortExperts) fc2() func(e int) ([]float32, error) {
 	dr := reader(o.down)
 	H, I := o.s.Hidden, o.s.Inter
+	v := make([]float32, H*I)
 	return func(e int) ([]float32, error) {
-		v := make([]float32, H*I)
 		if err := dr.ReadAt(v, e*H*I); err != nil {
 			return nil, err
 		}
@@ -118,9 +143,12 @@ func (o *ortExperts) fc2() func(e int) ([]float32, error) {
 	}
 }
 
-// putFloat32s writes v as little-endian float32 into buf (grown as needed)
-// and returns the bytes.
-func putFloat32s(buf []byte, v []float32) []byte {
+// float32Bytes returns v as little-endian float32 bytes: v's own memory
+// where the host stores them so, else buf (grown as needed).
+func float32Bytes(buf []byte, v []float32) []byte {
+	if hostLittleEndian && len(v) > 0 {
+		return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+	}
 	if cap(buf) < 4*len(v) {
 		buf = make([]byte, 4*len(v))
 	}
@@ -170,7 +198,7 @@ func deferFloat32(m *graph.Model, g *graph.Graph, name string, dims []int64, mk 
 			if err != nil {
 				return nil, err
 			}
-			buf = putFloat32s(buf, v)
+			buf = float32Bytes(buf, v)
 			return buf, nil
 		}
 	})
