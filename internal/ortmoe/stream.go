@@ -46,6 +46,10 @@ type streamedWeight struct {
 	out        []float32
 }
 
+// codeChunk bounds the QMoE codes read and widened at a time (a variable
+// for the tests).
+var codeChunk = 1 << 20
+
 // read returns expert e's [rows, cols] values (in a buffer the next read
 // of this weight reuses).
 func (w *streamedWeight) read(a *Attrs, e int) ([]float32, error) {
@@ -58,19 +62,27 @@ func (w *streamedWeight) read(a *Attrs, e int) ([]float32, error) {
 	}
 	if w.sc != nil { // QMoE: packed codes, their scales, the zero points
 		pack := 8 / a.Bits
+		rowCodes := w.cols / pack
+		chunk := max(1, codeChunk/rowCodes) // rows decoded at a time
 		if w.buf == nil {
-			w.buf, w.q, w.scales = make([]float32, n/pack), make([]int64, n/pack), make([]float32, w.rows*w.groups)
-		}
-		if err := w.t.ReadFloat32(w.buf, e*n/pack); err != nil {
-			return nil, err
-		}
-		for i, v := range w.buf {
-			w.q[i] = int64(v)
+			k := min(chunk, w.rows) * rowCodes
+			w.buf, w.q, w.scales = make([]float32, k), make([]int64, k), make([]float32, w.rows*w.groups)
 		}
 		if err := w.sc.ReadFloat32(w.scales, e*w.rows*w.groups); err != nil {
 			return nil, err
 		}
-		a.dequantRows(w.out, w.q, w.scales, w.zp, e*w.rows, w.rows, w.cols, w.groups)
+		for r := 0; r < w.rows; r += chunk {
+			k := min(chunk, w.rows-r)
+			codes := w.buf[:k*rowCodes]
+			if err := w.t.ReadFloat32(codes, (e*w.rows+r)*rowCodes); err != nil {
+				return nil, err
+			}
+			q := w.q[:len(codes)]
+			for i, v := range codes {
+				q[i] = int64(v)
+			}
+			a.dequantRows(w.out[r*w.cols:], q, w.scales[r*w.groups:], w.zp, e*w.rows+r, k, w.cols, w.groups)
+		}
 		return w.out, nil
 	}
 	if !w.legacy {
