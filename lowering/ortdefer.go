@@ -208,27 +208,22 @@ func deferFloat32(m *graph.Model, g *graph.Graph, name string, dims []int64, mk 
 // their scales (float [E, N] or [E, N, K/blockSize]) of the float [E, N, K]
 // weight whose expert e is made by mk()(e), quantized expert by expert
 // (ortmoe.Quantize groups lie within a row, so this is the stack's
-// quantization), and returns the names of both.
+// quantization; the scales' producer computes only the scales), and
+// returns the names of both.
 func deferQuantized(m *graph.Model, g *graph.Graph, prefix, role string, E, N, K, bits, blockSize int, mk func() func(e int) ([]float32, error)) (string, string) {
-	quant := func() func(e int) ([]byte, []float32, error) {
-		expert := mk()
-		return func(e int) ([]byte, []float32, error) {
-			v, err := expert(e)
-			if err != nil {
-				return nil, nil, err
-			}
-			return ortmoe.Quantize(v, 1, N, K, bits, blockSize)
-		}
-	}
 	e64, n64 := int64(E), int64(N)
 	qName := g.UniqueName(prefix + "/" + role + "_experts_weights")
 	qt := &pb.TensorProto{Name: proto.String(qName), Dims: []int64{e64, n64, int64(K * bits / 8)},
 		DataType: proto.Int32(int32(pb.TensorProto_UINT8))}
 	deferExperts(m, g, qt, e64*n64*int64(K*bits/8), E, func() func(int) ([]byte, error) {
-		q := quant()
+		expert := mk()
 		return func(e int) ([]byte, error) {
-			b, _, err := q(e)
-			return b, err
+			v, err := expert(e)
+			if err != nil {
+				return nil, err
+			}
+			q, _, err := ortmoe.Quantize(v, 1, N, K, bits, blockSize)
+			return q, err
 		}
 	})
 	sd := []int64{e64, n64}
@@ -237,10 +232,13 @@ func deferQuantized(m *graph.Model, g *graph.Graph, prefix, role string, E, N, K
 	}
 	sName := g.UniqueName(prefix + "/" + role + "_scales")
 	deferFloat32(m, g, sName, sd, func() func(int) ([]float32, error) {
-		q := quant()
+		expert := mk()
 		return func(e int) ([]float32, error) {
-			_, sc, err := q(e)
-			return sc, err
+			v, err := expert(e)
+			if err != nil {
+				return nil, err
+			}
+			return ortmoe.QuantizeScales(v, 1, N, K, bits, blockSize)
 		}
 	})
 	return qName, sName
