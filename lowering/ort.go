@@ -130,6 +130,9 @@ func ORTUnsupported(s *moe.Spec, quant string) []string {
 // renormalised softmax before it); a shared expert as standard ops added
 // to the op's output; the result reshaped back. Nodes with semantics the op
 // lacks (ORTUnsupported) are refused, naming the node and the semantics.
+// The routed tensors (fc1, fc2, QMoE's codes and scales) are computed
+// expert by expert, from ranged reads of the fused stacks, when m is saved
+// (graph.Model.SetDeferred), so m's source must stay open until then.
 func LowerORT(m *graph.Model, opt ORTOptions) (*ORTReport, error) {
 	rep := &ORTReport{SchemaVersion: 1, Target: TargetORT, Quant: opt.Quant, BlockSize: opt.BlockSize}
 	bits := 0
