@@ -130,6 +130,9 @@ func ORTUnsupported(s *moe.Spec, quant string) []string {
 // renormalised softmax before it); a shared expert as standard ops added
 // to the op's output; the result reshaped back. Nodes with semantics the op
 // lacks (ORTUnsupported) are refused, naming the node and the semantics.
+// The routed tensors (fc1, fc2, QMoE's codes and scales) are computed
+// expert by expert, from ranged reads of the fused stacks, when m is saved
+// (graph.Model.SetDeferred), so m's source must stay open until then.
 func LowerORT(m *graph.Model, opt ORTOptions) (*ORTReport, error) {
 	rep := &ORTReport{SchemaVersion: 1, Target: TargetORT, Quant: opt.Quant, BlockSize: opt.BlockSize}
 	bits := 0
@@ -247,17 +250,24 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 		}
 		return graph.DecodeFloat32(graph.DataType(t), b)
 	}
+	// The routed experts' stacks are not read here: their fc1 / fc2 (or
+	// QMoE's codes and scales) are deferred tensors computed expert by
+	// expert, from ranged reads, when the model is saved.
 	var w moe.Weights
 	for _, r := range []struct {
 		pos int
 		dst *[]float32
-	}{{moe.InRouterW, &w.RouterW}, {moe.InRouterB, &w.RouterB}, {moe.InGate, &w.Gate}, {moe.InUp, &w.Up}, {moe.InDown, &w.Down},
+	}{{moe.InRouterW, &w.RouterW}, {moe.InRouterB, &w.RouterB},
 		{moe.InGateBias, &w.GateB}, {moe.InUpBias, &w.UpB}, {moe.InDownBias, &w.DownB},
 		{moe.InSharedGate, &w.SharedGate}, {moe.InSharedUp, &w.SharedUp}, {moe.InSharedDown, &w.SharedDown}, {moe.InSharedGateW, &w.SharedGateW}} {
 		var err error
 		if *r.dst, err = read(r.pos); err != nil {
 			return nil, err
 		}
+	}
+	routed, err := ortRoutedSources(m, g, n, s, &w)
+	if err != nil {
+		return nil, err
 	}
 	if err := moe.CheckWeights(s, &w); err != nil {
 		return nil, err
@@ -301,18 +311,11 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	// op output), which is exact and costs one elementwise pass.
 	xm := x
 
-	a, f, fc1, fc1b := ortFC1(s, &w)
-	scale := s.RoutedScalingFactor
-	if scale == 0 {
-		scale = 1
-	}
-	fc2 := w.Down
+	a, f, fc1b := ortFC1Bias(s, &w)
+	routed.f = f
+	scale := routed.scale
 	fc2b := w.DownB
 	if scale != 1 {
-		fc2 = make([]float32, len(w.Down))
-		for i, v := range w.Down {
-			fc2[i] = v * scale
-		}
 		if w.DownB != nil {
 			fc2b = make([]float32, len(w.DownB))
 			for i, v := range w.DownB {
@@ -333,35 +336,20 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	var inputs []string
 	op := ortmoe.OpMoE
 	if bits == 0 {
+		deferred := func(role string, dims []int64, mk func() func(int) ([]float32, error)) string {
+			name := g.UniqueName(prefix + "/" + role)
+			deferFloat32(m, g, name, dims, mk)
+			return name
+		}
 		inputs = []string{xm, logits,
-			init("fc1_experts_weights", []int64{e64, f * i64, h64}, fc1), opt("fc1_experts_bias", []int64{e64, f * i64}, fc1b),
-			init("fc2_experts_weights", []int64{e64, h64, i64}, fc2), opt("fc2_experts_bias", []int64{e64, h64}, fc2b)}
+			deferred("fc1_experts_weights", []int64{e64, f * i64, h64}, routed.fc1), opt("fc1_experts_bias", []int64{e64, f * i64}, fc1b),
+			deferred("fc2_experts_weights", []int64{e64, h64, i64}, routed.fc2), opt("fc2_experts_bias", []int64{e64, h64}, fc2b)}
 	} else {
 		op = ortmoe.OpQMoE
 		a.Quantized, a.Bits, a.BlockSize = true, bits, blockSize
 		a.Normalize = true // QMoE on ONNX Runtime 1.30's CPU always renormalises
-		quant := func(role string, v []float32, N, K int) (string, string, error) {
-			q, sc, err := ortmoe.Quantize(v, E, N, K, bits, blockSize)
-			if err != nil {
-				return "", "", err
-			}
-			name := g.UniqueName(prefix + "/" + role + "_experts_weights")
-			g.AddInitializer(&pb.TensorProto{Name: proto.String(name), Dims: []int64{e64, int64(N), int64(K * bits / 8)},
-				DataType: proto.Int32(int32(pb.TensorProto_UINT8)), RawData: q})
-			sd := []int64{e64, int64(N)}
-			if blockSize > 0 {
-				sd = append(sd, int64(K/blockSize))
-			}
-			return name, init(role+"_scales", sd, sc), nil
-		}
-		q1, s1, err := quant("fc1", fc1, int(f)*I, H)
-		if err != nil {
-			return nil, err
-		}
-		q2, s2, err := quant("fc2", fc2, H, I)
-		if err != nil {
-			return nil, err
-		}
+		q1, s1 := deferQuantized(m, g, prefix, "fc1", E, int(f)*I, H, bits, blockSize, routed.fc1)
+		q2, s2 := deferQuantized(m, g, prefix, "fc2", E, H, I, bits, blockSize, routed.fc2)
 		inputs = []string{xm, logits, q1, s1, opt("fc1_experts_bias", []int64{e64, f * i64}, fc1b), q2, s2, opt("fc2_experts_bias", []int64{e64, h64}, fc2b)}
 	}
 	for len(inputs) > 0 && inputs[len(inputs)-1] == "" {
@@ -415,6 +403,37 @@ func emitORT(m *graph.Model, g *graph.Graph, n *pb.NodeProto, blk *ORTBlock, bit
 	}
 	b.Nodes = append(b.Nodes, graph.NewNode("Add", "", prefix+"/add_shared", []string{y, sd}, []string{out}))
 	return finish(), nil
+}
+
+// ortRoutedSources checks fused node n's routed gate, up and down stacks
+// (float [E, I, H], [E, I, H], [E, H, I] initializers), sets their readers
+// in w for CheckWeights, and returns their per-expert producers.
+func ortRoutedSources(m *graph.Model, g *graph.Graph, n *pb.NodeProto, s *moe.Spec, w *moe.Weights) (*ortExperts, error) {
+	E, H, I := s.NumExperts, s.Hidden, s.Inter
+	o := &ortExperts{s: s, scale: s.RoutedScalingFactor}
+	if o.scale == 0 {
+		o.scale = 1
+	}
+	for _, r := range []struct {
+		pos  int
+		dims []int
+		src  *source
+		rd   *moe.ExpertReader
+	}{{moe.InGate, []int{E, I, H}, &o.gate, &w.GateR}, {moe.InUp, []int{E, I, H}, &o.up, &w.UpR}, {moe.InDown, []int{E, H, I}, &o.down, &w.DownR}} {
+		if r.pos >= len(n.Input) || n.Input[r.pos] == "" {
+			continue
+		}
+		t := g.Initializer(n.Input[r.pos])
+		if t == nil {
+			return nil, fmt.Errorf("%s (%q) is not an initializer", moe.InputNames[r.pos], n.Input[r.pos])
+		}
+		src, err := newSource(m, t, r.dims...)
+		if err != nil {
+			return nil, err
+		}
+		*r.src, *r.rd = src, reader(src)
+	}
+	return o, nil
 }
 
 // ortHalfPrecision is ORTBlock.Precision for a block of I/O type io.

@@ -36,35 +36,54 @@ func ortActivation(s *moe.Spec) (ortmoe.Attrs, string) {
 // 1 for an ungated activation, fc1 = up) and fc1's weights and biases.
 // The spec is one ORTUnsupported accepted.
 func ortFC1(s *moe.Spec, w *moe.Weights) (ortmoe.Attrs, int64, []float32, []float32) {
-	a, _ := ortActivation(s)
+	a, f, fc1b := ortFC1Bias(s, w)
+	if f == 1 {
+		return a, 1, w.Up, fc1b
+	}
 	E, H, I := s.NumExperts, s.Hidden, s.Inter
+	fc1 := make([]float32, E*2*I*H)
+	interleaveFC1(fc1, w.Gate, w.Up, E, I, H)
+	return a, 2, fc1, fc1b
+}
+
+// interleaveFC1 writes into fc1 [E, 2I, H] the rows of gate and up
+// ([E, I, H] each) interleaved: gate row i at 2i, up row i at 2i+1.
+func interleaveFC1(fc1, gate, up []float32, E, I, H int) {
+	for e := 0; e < E; e++ {
+		for i := 0; i < I; i++ {
+			src := (e*I + i) * H
+			copy(fc1[(e*2*I+2*i)*H:], gate[src:src+H])
+			copy(fc1[(e*2*I+2*i+1)*H:], up[src:src+H])
+		}
+	}
+}
+
+// ortFC1Bias is ortFC1 without fc1's weights (which w need not hold): the
+// attributes, f, and fc1's biases (nil without expert biases).
+func ortFC1Bias(s *moe.Spec, w *moe.Weights) (ortmoe.Attrs, int64, []float32) {
+	a, _ := ortActivation(s)
+	E, I := s.NumExperts, s.Inter
 	if a.Activation != ortmoe.SwiGLU {
 		var b []float32
 		if s.ExpertBias {
 			b = make([]float32, E*I)
 			copy(b, w.UpB)
 		}
-		return a, 1, w.Up, b
+		return a, 1, b
 	}
-	fc1 := make([]float32, E*2*I*H)
-	var fc1b []float32
-	if s.ExpertBias {
-		fc1b = make([]float32, E*2*I)
+	if !s.ExpertBias {
+		return a, 2, nil
 	}
+	fc1b := make([]float32, E*2*I)
 	for e := 0; e < E; e++ {
 		for i := 0; i < I; i++ {
-			src := (e*I + i) * H
-			copy(fc1[(e*2*I+2*i)*H:], w.Gate[src:src+H])
-			copy(fc1[(e*2*I+2*i+1)*H:], w.Up[src:src+H])
-			if fc1b != nil {
-				if w.GateB != nil {
-					fc1b[e*2*I+2*i] = w.GateB[e*I+i]
-				}
-				if w.UpB != nil {
-					fc1b[e*2*I+2*i+1] = w.UpB[e*I+i]
-				}
+			if w.GateB != nil {
+				fc1b[e*2*I+2*i] = w.GateB[e*I+i]
+			}
+			if w.UpB != nil {
+				fc1b[e*2*I+2*i+1] = w.UpB[e*I+i]
 			}
 		}
 	}
-	return a, 2, fc1, fc1b
+	return a, 2, fc1b
 }

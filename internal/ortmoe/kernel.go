@@ -10,8 +10,15 @@ import (
 
 // AddKernels adds the kernels of com.microsoft::MoE and QMoE to k and
 // returns k. Nothing is registered on import.
+//
+// The experts' weights (fc1, fc2, fc3, and QMoE's codes and scales) are
+// read one expert at a time where the run streams them
+// (eval.Kernels.Streams): a node whose weights lie in a side file is
+// evaluated holding one expert's matrices, not the node's, and computes
+// the same numbers bit for bit.
 func AddKernels(k *eval.Kernels) *eval.Kernels {
-	return k.Add(Domain, OpMoE, evalKernel).Add(Domain, OpQMoE, evalKernel)
+	return k.Add(Domain, OpMoE, evalKernel).Streams(Domain, OpMoE, MoEFC1, MoEFC2, MoEFC3).
+		Add(Domain, OpQMoE, evalKernel).Streams(Domain, OpQMoE, QFC1, QFC1Scales, QFC2, QFC2Scales, QFC3, QFC3Scales)
 }
 
 // Register registers the MoE and QMoE kernels process-wide with graph/eval
@@ -77,6 +84,9 @@ func evalKernel(_ *eval.OpContext, n *pb.NodeProto, in []*eval.Tensor) ([]*eval.
 		return nil, err
 	}
 	src := TensorSource(in)
+	if streamedWeights(a, in) {
+		return a.evalStreamed(n, in)
+	}
 	w, err := a.ReadExperts(src)
 	if err != nil {
 		return nil, fmt.Errorf("%s node %q: %w", n.GetOpType(), graph.NodeLabel(n), err)
@@ -262,6 +272,17 @@ func (a *Attrs) Dequantize(src Source, wPos, sPos, zPos, E, N, K int) ([]float32
 	if zp != nil && len(zp)*pack != E*N*groups {
 		return nil, fmt.Errorf("zero points have %d bytes, want %d", len(zp), E*N*groups/pack)
 	}
+	out := make([]float32, E*N*K)
+	a.dequantRows(out, q, sc, zp, 0, E*N, K, groups)
+	return out, nil
+}
+
+// dequantRows writes into out [rows, K] rows r0 .. r0+rows of a quantized
+// weight: (q − zero) · scale, where q holds those rows' packed values and
+// sc their scales (groups per row), and zp, when not nil, all the weight's
+// zero points (default 2^(bits−1)).
+func (a *Attrs) dequantRows(out []float32, q []int64, sc []float32, zp []int64, r0, rows, K, groups int) {
+	pack := 8 / a.Bits
 	nib := func(b []int64, i int) int64 {
 		if pack == 1 {
 			return b[i]
@@ -273,16 +294,14 @@ func (a *Attrs) Dequantize(src Source, wPos, sPos, zPos, E, N, K int) ([]float32
 		return v & 15
 	}
 	def := int64(1) << (a.Bits - 1)
-	out := make([]float32, E*N*K)
-	for r := 0; r < E*N; r++ {
+	for r := 0; r < rows; r++ {
 		for k := 0; k < K; k++ {
 			g := r*groups + k*groups/K
 			z := def
 			if zp != nil {
-				z = nib(zp, g)
+				z = nib(zp, r0*groups+g)
 			}
 			out[r*K+k] = float32(nib(q, r*K+k)-z) * sc[g]
 		}
 	}
-	return out, nil
 }

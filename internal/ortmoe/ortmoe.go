@@ -351,48 +351,15 @@ func (a *Attrs) Forward(w *Experts, x, router []float32, T int) ([]float32, erro
 		f = 2
 	}
 	out := make([]float32, T*H)
-	h1 := make([]float32, f*I)
-	h3 := make([]float32, I)
-	mid := make([]float32, I)
+	bufs := newFFNBufs(f, I, H)
 	for t := 0; t < T; t++ {
 		xt := x[t*H : (t+1)*H]
 		ids, ws := a.Route(router[t*E : (t+1)*E])
 		acc := make([]float64, H)
 		for j, e := range ids {
-			for r := 0; r < f*I; r++ {
-				h1[r] = dot(xt, w.FC1[(e*f*I+r)*H:(e*f*I+r+1)*H])
-				if w.FC1B != nil {
-					h1[r] += w.FC1B[e*f*I+r]
-				}
-			}
-			if w.FC3 != nil {
-				for r := 0; r < I; r++ {
-					h3[r] = dot(xt, w.FC3[(e*I+r)*H:(e*I+r+1)*H])
-					if w.FC3B != nil {
-						h3[r] += w.FC3B[e*I+r]
-					}
-				}
-			}
-			for r := 0; r < I; r++ {
-				switch {
-				case a.Activation == SwiGLU && a.Fusion == FusionInterleaved:
-					mid[r] = a.swiglu(h1[2*r], h1[2*r+1])
-				case a.Activation == SwiGLU && a.Fusion == FusionConcatenated:
-					mid[r] = a.swiglu(h1[r], h1[I+r])
-				case a.Activation == SwiGLU:
-					mid[r] = a.swiglu(h1[r], h3[r])
-				case w.FC3 != nil:
-					mid[r] = act(a.Activation, h1[r]) * h3[r]
-				default:
-					mid[r] = act(a.Activation, h1[r])
-				}
-			}
-			for c := 0; c < H; c++ {
-				v := dot(mid, w.FC2[(e*H+c)*I:(e*H+c+1)*I])
-				if w.FC2B != nil {
-					v += w.FC2B[e*H+c]
-				}
-				acc[c] += float64(ws[j]) * float64(v)
+			v := a.ffn(w.expert(e, f), xt, bufs)
+			for c := range acc {
+				acc[c] += float64(ws[j]) * float64(v[c])
 			}
 		}
 		for c := range acc {
@@ -400,4 +367,81 @@ func (a *Attrs) Forward(w *Experts, x, router []float32, T int) ([]float32, erro
 		}
 	}
 	return out, nil
+}
+
+// expertMats is one expert's matrices in the current layout (fc1 [f·I, H],
+// fc2 [H, I], fc3 [I, H]) and biases; absent parts are nil.
+type expertMats struct {
+	fc1, fc2, fc3    []float32
+	fc1b, fc2b, fc3b []float32
+}
+
+// part is expert e's n values of v (nil when v is).
+func part(v []float32, e, n int) []float32 {
+	if v == nil {
+		return nil
+	}
+	return v[e*n : (e+1)*n]
+}
+
+// expert returns expert e's slices of w (f fc1 rows per intermediate unit).
+func (w *Experts) expert(e, f int) expertMats {
+	H, I := w.H, w.I
+	return expertMats{fc1: part(w.FC1, e, f*I*H), fc2: part(w.FC2, e, H*I), fc3: part(w.FC3, e, I*H),
+		fc1b: part(w.FC1B, e, f*I), fc2b: part(w.FC2B, e, H), fc3b: part(w.FC3B, e, I)}
+}
+
+// ffnBufs are the scratch rows of ffn.
+type ffnBufs struct {
+	f, I, H     int
+	h1, h3, mid []float32
+	v           []float32
+}
+
+func newFFNBufs(f, I, H int) *ffnBufs {
+	return &ffnBufs{f: f, I: I, H: H, h1: make([]float32, f*I), h3: make([]float32, I), mid: make([]float32, I), v: make([]float32, H)}
+}
+
+// ffn returns one expert's output [H] for token row xt (in b.v, which the
+// next call overwrites). A non-SwiGLU activation with fc3 present
+// multiplies act(fc1) by fc3 elementwise.
+func (a *Attrs) ffn(m expertMats, xt []float32, b *ffnBufs) []float32 {
+	f, I, H := b.f, b.I, b.H
+	h1, h3, mid := b.h1, b.h3, b.mid
+	for r := 0; r < f*I; r++ {
+		h1[r] = dot(xt, m.fc1[r*H:(r+1)*H])
+		if m.fc1b != nil {
+			h1[r] += m.fc1b[r]
+		}
+	}
+	if m.fc3 != nil {
+		for r := 0; r < I; r++ {
+			h3[r] = dot(xt, m.fc3[r*H:(r+1)*H])
+			if m.fc3b != nil {
+				h3[r] += m.fc3b[r]
+			}
+		}
+	}
+	for r := 0; r < I; r++ {
+		switch {
+		case a.Activation == SwiGLU && a.Fusion == FusionInterleaved:
+			mid[r] = a.swiglu(h1[2*r], h1[2*r+1])
+		case a.Activation == SwiGLU && a.Fusion == FusionConcatenated:
+			mid[r] = a.swiglu(h1[r], h1[I+r])
+		case a.Activation == SwiGLU:
+			mid[r] = a.swiglu(h1[r], h3[r])
+		case m.fc3 != nil:
+			mid[r] = act(a.Activation, h1[r]) * h3[r]
+		default:
+			mid[r] = act(a.Activation, h1[r])
+		}
+	}
+	for c := 0; c < H; c++ {
+		v := dot(mid, m.fc2[c*I:(c+1)*I])
+		if m.fc2b != nil {
+			v += m.fc2b[c]
+		}
+		b.v[c] = v
+	}
+	return b.v
 }

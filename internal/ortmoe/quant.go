@@ -35,14 +35,7 @@ func Quantize(w []float32, E, N, K, bits, blockSize int) (q []byte, scales []flo
 	scales = make([]float32, E*N*K/block)
 	for g := range scales {
 		src := w[g*block : (g+1)*block]
-		var m float64
-		for _, v := range src {
-			m = max(m, math.Abs(float64(v)))
-		}
-		s := float32(m / qmax)
-		if s == 0 {
-			s = 1
-		}
+		s := groupScale(src, qmax)
 		scales[g] = s
 		for j, v := range src {
 			iv := int(math.Round(float64(v/s))) + zero
@@ -56,6 +49,44 @@ func Quantize(w []float32, E, N, K, bits, blockSize int) (q []byte, scales []flo
 		}
 	}
 	return q, scales, nil
+}
+
+// groupScale is the scale of one group of values: max|v| / qmax, or 1
+// for a group of zeros.
+func groupScale(v []float32, qmax float64) float32 {
+	var m float64
+	for _, x := range v {
+		m = max(m, math.Abs(float64(x)))
+	}
+	s := float32(m / qmax)
+	if s == 0 {
+		s = 1
+	}
+	return s
+}
+
+// QuantizeScales returns the scales Quantize returns for w, without
+// quantizing the values.
+func QuantizeScales(w []float32, E, N, K, bits, blockSize int) ([]float32, error) {
+	if bits != 8 && bits != 4 {
+		return nil, fmt.Errorf("quantize: %d bits (want 8 or 4)", bits)
+	}
+	if len(w) != E*N*K {
+		return nil, fmt.Errorf("quantize: %d values, want %d x %d x %d", len(w), E, N, K)
+	}
+	block := K
+	if blockSize > 0 {
+		if K%blockSize != 0 {
+			return nil, fmt.Errorf("quantize: K %d is not a multiple of block_size %d", K, blockSize)
+		}
+		block = blockSize
+	}
+	qmax := float64(int(1)<<(bits-1) - 1)
+	scales := make([]float32, E*N*K/block)
+	for g := range scales {
+		scales[g] = groupScale(w[g*block:(g+1)*block], qmax)
+	}
+	return scales, nil
 }
 
 // Dequantized returns what Quantize's output stands for: float32 [E, N, K].
