@@ -84,14 +84,20 @@ func (c *ctx) routerInputRefusal(ri *routerInfo, y string) error {
 // is computed from: not through a read of a shape alone (Shape, Size), and
 // not through the inputs of node stop.
 func (c *ctx) graphInputsRead(v string, stop *pb.NodeProto) []string {
+	return c.graphInputsReadStop(v, func(n *pb.NodeProto) bool { return n == stop })
+}
+
+// graphInputsReadStop is graphInputsRead not through the inputs of the
+// nodes for which stop holds.
+func (c *ctx) graphInputsReadStop(v string, stop func(*pb.NodeProto) bool) []string {
 	isInput := func(name string) bool { return c.g.IsInput(name) && c.g.Initializer(name) == nil }
 	var out []string
 	if isInput(v) {
 		out = append(out, v)
 	}
 	shapeRead := func(n *pb.NodeProto) bool { return n.GetOpType() == "Shape" || n.GetOpType() == "Size" }
-	for n := range c.backwardTo(v, func(n *pb.NodeProto) bool { return n == stop || shapeRead(n) }) {
-		if n == stop || shapeRead(n) {
+	for n := range c.backwardTo(v, func(n *pb.NodeProto) bool { return stop(n) || shapeRead(n) }) {
+		if stop(n) || shapeRead(n) {
 			continue
 		}
 		for _, in := range n.Input {
