@@ -32,8 +32,11 @@ func (c *ctx) fixedDenseExperts(claimed []bool) []NearMiss {
 	var out []NearMiss
 	reported := map[*pb.NodeProto]bool{}
 	for p, n := range c.topo {
+		if claimed[p] {
+			continue
+		}
 		w, data := c.stackedExperts(n)
-		if w == nil || claimed[p] {
+		if w == nil {
 			continue
 		}
 		E := w.GetDims()[0]

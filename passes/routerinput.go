@@ -31,7 +31,10 @@ func (c *ctx) checkRouterInput(ri *routerInfo, x0, y string, regionPos []int32, 
 	for _, p := range regionPos {
 		in[p] = true
 	}
-	router, _ := c.posOf(ri.linear)
+	router, ok := c.posOf(ri.linear)
+	if !ok {
+		router = -1
+	}
 	seen := map[int32]bool{}
 	stack := c.valueIDs(x0)
 	for len(stack) > 0 {
