@@ -72,6 +72,39 @@ func geluTanhSigmoid(b *moe.Builder, x string) string { // 0.5(1+tanh z) = σ(2z
 	z := op(b, "Mul", op(b, "Add", x, op(b, "Mul", op(b, "Mul", op(b, "Mul", x, x), x), sc(b, 0.044715))), sc(b, 2*math.Sqrt(2/math.Pi)))
 	return op(b, "Mul", x, op(b, "Sigmoid", z))
 }
+
+// Spellings written with Exp the way a hand port does, which overflow
+// float32 in the tails (an inf/inf or inf·0 there) where the function is
+// finite; the identifier excuses those probes (passes/actident.go).
+func sigmoidExpRatio(b *moe.Builder, x string) string { // eˣ/(1 + eˣ)
+	e := op(b, "Exp", x)
+	return op(b, "Div", e, op(b, "Add", sc(b, 1), e))
+}
+func tanhExp2(b *moe.Builder, x string) string { // (e²ˣ − 1)/(e²ˣ + 1)
+	e := op(b, "Exp", op(b, "Mul", x, sc(b, 2)))
+	return op(b, "Div", op(b, "Sub", e, sc(b, 1)), op(b, "Add", e, sc(b, 1)))
+}
+func tanhExpPair(b *moe.Builder, x string) string { // (eˣ − e⁻ˣ)/(eˣ + e⁻ˣ)
+	p, n := op(b, "Exp", x), op(b, "Exp", op(b, "Neg", x))
+	return op(b, "Div", op(b, "Sub", p, n), op(b, "Add", p, n))
+}
+func geluTanhPowExp(b *moe.Builder, x string) string { // gelu_tanh with Pow and its tanh by exp
+	z := op(b, "Mul", sc(b, math.Sqrt(2/math.Pi)), op(b, "Add", x, op(b, "Mul", sc(b, 0.044715), op(b, "Pow", x, sc(b, 3)))))
+	return op(b, "Mul", op(b, "Mul", sc(b, 0.5), x), op(b, "Add", sc(b, 1), tanhExp2(b, z)))
+}
+func siluReciprocal(b *moe.Builder, x string) string { // x·(1/(1 + e⁻ˣ)) by Reciprocal
+	return op(b, "Mul", x, op(b, "Reciprocal", op(b, "Add", op(b, "Exp", op(b, "Neg", x)), sc(b, 1))))
+}
+func siluExpRatio(b *moe.Builder, x string) string { return op(b, "Mul", x, sigmoidExpRatio(b, x)) }
+
+// maskMul is x·[x > 0] + neg·[x ≤ 0] with the masks cast to float: inf·0
+// where neg overflows for a large positive x.
+func maskMul(b *moe.Builder, x, neg string) string {
+	pos := b.Op("Cast", []string{op(b, "Greater", x, sc(b, 0))}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+	nm := b.Op("Cast", []string{op(b, "LessOrEqual", x, sc(b, 0))}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+	return op(b, "Add", op(b, "Mul", x, pos), op(b, "Mul", neg, nm))
+}
+
 func onnxGelu(approx string) func(b *moe.Builder, x string) string {
 	return func(b *moe.Builder, x string) string {
 		return b.Op("Gelu", []string{x}, graph.StringAttr("approximate", approx))
@@ -109,6 +142,8 @@ var ActivationCases = []ActCase{
 		{Name: "quickgelu-alpha1", MS: true, Emit: gatedBy(false, func(b *moe.Builder, x string) string {
 			return msOp(b, "QuickGelu", []string{x}, graph.FloatAttr("alpha", 1))
 		})},
+		{Name: "exp-ratio", Emit: gatedBy(false, siluExpRatio)},
+		{Name: "reciprocal", Emit: gatedBy(true, siluReciprocal)},
 	}},
 	{Act: moe.SwiGLUClamped, Params: moe.ActParams{Alpha: 1, Limit: 7}, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.SwiGLUClamped, moe.ActParams{Alpha: 1, Limit: 7})},
@@ -136,6 +171,7 @@ var ActivationCases = []ActCase{
 	{Act: moe.GeGLUTanh, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.GeGLUTanh, moe.ActParams{Alpha: 1})},
 		{Name: "pow", Emit: gatedBy(false, geluTanhPow)},
+		{Name: "pow-exp-tanh", Emit: gatedBy(true, geluTanhPowExp)},
 		{Name: "ms-fastgelu", MS: true, Emit: gatedBy(true, func(b *moe.Builder, x string) string { return msOp(b, "FastGelu", []string{x}) })},
 	}},
 	{Act: moe.ReGLU, Spellings: []Spelling{
@@ -170,6 +206,7 @@ var ActivationCases = []ActCase{
 	{Act: moe.GELUTanh, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.GELUTanh, moe.ActParams{Alpha: 1})},
 		{Name: "pow", Emit: ungated(geluTanhPow)},
+		{Name: "pow-exp-tanh", Emit: ungated(geluTanhPowExp)},
 		{Name: "sigmoid", Emit: ungated(geluTanhSigmoid)},
 		{Name: "onnx-gelu-tanh", Opset: 20, Emit: ungated(onnxGelu("tanh"))},
 		{Name: "ms-fastgelu", MS: true, Emit: ungated(func(b *moe.Builder, x string) string { return msOp(b, "FastGelu", []string{x}) })},
@@ -180,12 +217,21 @@ var ActivationCases = []ActCase{
 			return op(b, "Div", x, op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", x))))
 		})},
 		{Name: "tanh-half", Emit: ungated(siluTanh)},
+		{Name: "reciprocal", Emit: ungated(siluReciprocal)},
+		{Name: "exp-ratio", Emit: ungated(siluExpRatio)},
+		{Name: "x-exp-over-1-exp", Emit: ungated(func(b *moe.Builder, x string) string { // x·eˣ/(eˣ + 1)
+			e := op(b, "Exp", x)
+			return op(b, "Div", op(b, "Mul", x, e), op(b, "Add", e, sc(b, 1)))
+		})},
 	}},
 	{Act: moe.QuickGELU, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.QuickGELU, moe.ActParams{Alpha: 1})},
 		{Name: "ms-quickgelu", MS: true, Emit: ungated(func(b *moe.Builder, x string) string { return msOp(b, "QuickGelu", []string{x}) })},
 		{Name: "div-exp", Emit: ungated(func(b *moe.Builder, x string) string {
 			return op(b, "Div", x, op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Mul", x, sc(b, -1.702)))))
+		})},
+		{Name: "exp-ratio", Emit: ungated(func(b *moe.Builder, x string) string {
+			return op(b, "Mul", x, sigmoidExpRatio(b, op(b, "Mul", x, sc(b, 1.702))))
 		})},
 	}},
 	{Act: moe.Mish, Spellings: []Spelling{
@@ -194,12 +240,24 @@ var ActivationCases = []ActCase{
 			return op(b, "Mul", x, op(b, "Tanh", op(b, "Log", op(b, "Add", op(b, "Exp", x), sc(b, 1)))))
 		})},
 		{Name: "mish-op", Opset: 18, Emit: ungated(func(b *moe.Builder, x string) string { return op(b, "Mish", x) })},
+		{Name: "exp-only", Emit: ungated(func(b *moe.Builder, x string) string { // x·n/(n + 2), n = eˣ(eˣ + 2)
+			e := op(b, "Exp", x)
+			n := op(b, "Mul", e, op(b, "Add", e, sc(b, 2)))
+			return op(b, "Div", op(b, "Mul", x, n), op(b, "Add", n, sc(b, 2)))
+		})},
+		{Name: "tanh-exp-softplus", Emit: ungated(func(b *moe.Builder, x string) string { // x·tanh(log(1 + eˣ)), both by exp
+			return op(b, "Mul", x, tanhExp2(b, op(b, "Log", op(b, "Add", sc(b, 1), op(b, "Exp", x)))))
+		})},
 	}},
 	{Act: moe.SELU, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.SELU, moe.ActParams{Alpha: 1})},
 		{Name: "by-hand", Emit: ungated(func(b *moe.Builder, x string) string {
 			neg := op(b, "Min", sc(b, 0), op(b, "Mul", sc(b, 1.6732632423543772), op(b, "Sub", op(b, "Exp", x), sc(b, 1))))
 			return op(b, "Mul", sc(b, 1.0507009873554805), op(b, "Add", op(b, "Max", x, sc(b, 0)), neg))
+		})},
+		{Name: "mask-mul", Emit: ungated(func(b *moe.Builder, x string) string { // γ·(x·[x > 0] + α(eˣ − 1)·[x ≤ 0])
+			neg := op(b, "Mul", sc(b, 1.6732632423543772), op(b, "Sub", op(b, "Exp", x), sc(b, 1)))
+			return op(b, "Mul", maskMul(b, x, neg), sc(b, 1.0507009873554805))
 		})},
 	}},
 	{Act: moe.HardSwish, Spellings: []Spelling{
@@ -210,6 +268,17 @@ var ActivationCases = []ActCase{
 		})},
 		{Name: "relu6", Emit: ungated(func(b *moe.Builder, x string) string { // x·relu6(x+3)/6
 			return op(b, "Div", op(b, "Mul", x, op(b, "Clip", op(b, "Add", x, sc(b, 3)), sc(b, 0), sc(b, 6))), sc(b, 6))
+		})},
+		{Name: "relu6-min-max", Emit: ungated(func(b *moe.Builder, x string) string { // x·min(max(x + 3, 0), 6)/6
+			r6 := op(b, "Min", op(b, "Max", op(b, "Add", x, sc(b, 3)), sc(b, 0)), sc(b, 6))
+			return op(b, "Mul", op(b, "Div", r6, sc(b, 6)), x)
+		})},
+		{Name: "relu6-relu-min", Emit: ungated(func(b *moe.Builder, x string) string { // x·min(relu(x + 3), 6)·(1/6)
+			r6 := op(b, "Min", op(b, "Relu", op(b, "Add", sc(b, 3), x)), sc(b, 6))
+			return op(b, "Mul", op(b, "Mul", x, r6), sc(b, 1.0/6))
+		})},
+		{Name: "clip-hardsigmoid", Emit: ungated(func(b *moe.Builder, x string) string { // x·clip(x/6 + ½, 0, 1)
+			return op(b, "Mul", x, op(b, "Clip", op(b, "Add", op(b, "Div", x, sc(b, 6)), sc(b, 0.5)), sc(b, 0), sc(b, 1)))
 		})},
 	}},
 	{Act: moe.LeakyReLU, Params: moe.ActParams{Alpha: 0.1}, Spellings: []Spelling{
@@ -226,6 +295,12 @@ var ActivationCases = []ActCase{
 		{Name: "max-min", Emit: ungated(func(b *moe.Builder, x string) string { // max(x, 0) + min(0, α·(eˣ − 1))
 			return op(b, "Add", op(b, "Max", x, sc(b, 0)), op(b, "Min", sc(b, 0), op(b, "Mul", op(b, "Sub", op(b, "Exp", x), sc(b, 1)), sc(b, 0.7))))
 		})},
+		{Name: "where-le", Emit: ungated(func(b *moe.Builder, x string) string { // where(x ≤ 0, α·(eˣ − 1), x)
+			return op(b, "Where", op(b, "LessOrEqual", x, sc(b, 0)), op(b, "Mul", op(b, "Sub", op(b, "Exp", x), sc(b, 1)), sc(b, 0.7)), x)
+		})},
+		{Name: "mask-mul", Emit: ungated(func(b *moe.Builder, x string) string { // x·[x > 0] + α(eˣ − 1)·[x ≤ 0]
+			return maskMul(b, x, op(b, "Mul", sc(b, 0.7), op(b, "Sub", op(b, "Exp", x), sc(b, 1))))
+		})},
 	}},
 	{Act: moe.CELU, Params: moe.ActParams{Alpha: 2}, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.CELU, moe.ActParams{Alpha: 2})},
@@ -236,6 +311,13 @@ var ActivationCases = []ActCase{
 		{Name: "where-mul", Emit: ungated(func(b *moe.Builder, x string) string { // where(x < 0, α·(exp(x·(1/α)) − 1), x)
 			e := op(b, "Sub", op(b, "Exp", op(b, "Mul", x, sc(b, 0.5))), sc(b, 1))
 			return op(b, "Where", op(b, "Less", x, sc(b, 0)), op(b, "Mul", e, sc(b, 2)), x)
+		})},
+		{Name: "mask-mul", Emit: ungated(func(b *moe.Builder, x string) string { // x·[x > 0] + α(e^(x/α) − 1)·[x ≤ 0]
+			return maskMul(b, x, op(b, "Mul", sc(b, 2), op(b, "Sub", op(b, "Exp", op(b, "Div", x, sc(b, 2))), sc(b, 1))))
+		})},
+		{Name: "min-exp", Emit: ungated(func(b *moe.Builder, x string) string { // max(0, x) + α(e^(min(0, x)/α) − 1)
+			e := op(b, "Sub", op(b, "Exp", op(b, "Div", op(b, "Min", x, sc(b, 0)), sc(b, 2))), sc(b, 1))
+			return op(b, "Add", op(b, "Relu", x), op(b, "Mul", e, sc(b, 2)))
 		})},
 	}},
 	{Act: moe.Swish, Params: moe.ActParams{Alpha: 1.25}, Spellings: []Spelling{
@@ -249,6 +331,12 @@ var ActivationCases = []ActCase{
 		{Name: "ms-quickgelu-alpha", MS: true, Emit: ungated(func(b *moe.Builder, x string) string {
 			return msOp(b, "QuickGelu", []string{x}, graph.FloatAttr("alpha", 1.25))
 		})},
+		{Name: "exp-ratio", Emit: ungated(func(b *moe.Builder, x string) string { // x·e^(βx)/(1 + e^(βx))
+			return op(b, "Mul", x, sigmoidExpRatio(b, op(b, "Mul", sc(b, 1.25), x)))
+		})},
+		{Name: "reciprocal-neg", Emit: ungated(func(b *moe.Builder, x string) string { // x·1/(1 + e^(−(βx)))
+			return op(b, "Mul", x, op(b, "Reciprocal", op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", op(b, "Mul", x, sc(b, 1.25)))))))
+		})},
 	}},
 	{Act: moe.Softplus, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.Softplus, moe.ActParams{Alpha: 1})},
@@ -257,6 +345,15 @@ var ActivationCases = []ActCase{
 		})},
 		{Name: "threshold", Emit: ungated(func(b *moe.Builder, x string) string { // PyTorch's: where(x > 20, x, log(1 + eˣ))
 			return op(b, "Where", op(b, "Greater", x, sc(b, 20)), x, op(b, "Log", op(b, "Add", op(b, "Exp", x), sc(b, 1))))
+		})},
+		{Name: "naive", Emit: ungated(func(b *moe.Builder, x string) string { // log(1 + eˣ), infinite past x ≈ 88
+			return op(b, "Log", op(b, "Add", sc(b, 1), op(b, "Exp", x)))
+		})},
+		{Name: "log1p-exp", Emit: ungated(func(b *moe.Builder, x string) string { // torch.log1p(torch.exp(x)) as exported: log(eˣ + 1)
+			return op(b, "Log", op(b, "Add", op(b, "Exp", x), sc(b, 1)))
+		})},
+		{Name: "neg-log-sigmoid", Emit: ungated(func(b *moe.Builder, x string) string { // −log(1/(1 + eˣ))
+			return op(b, "Neg", op(b, "Log", op(b, "Div", sc(b, 1), op(b, "Add", op(b, "Exp", x), sc(b, 1)))))
 		})},
 	}},
 	{Act: moe.Tanh, Spellings: []Spelling{
@@ -268,6 +365,19 @@ var ActivationCases = []ActCase{
 			e := op(b, "Exp", op(b, "Mul", op(b, "Abs", x), sc(b, -2)))
 			return op(b, "Mul", op(b, "Sign", x), op(b, "Div", op(b, "Sub", sc(b, 1), e), op(b, "Add", e, sc(b, 1))))
 		})},
+		{Name: "exp2", Emit: ungated(tanhExp2)},
+		{Name: "exp-pair", Emit: ungated(tanhExpPair)},
+	}},
+	{Act: moe.SigmoidAct, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.SigmoidAct, moe.ActParams{Alpha: 1})},
+		{Name: "div-exp", Emit: ungated(sigmoidDivExp)},
+		{Name: "exp-ratio", Emit: ungated(sigmoidExpRatio)},
+		{Name: "reciprocal", Emit: ungated(func(b *moe.Builder, x string) string {
+			return op(b, "Reciprocal", op(b, "Add", op(b, "Exp", op(b, "Neg", x)), sc(b, 1)))
+		})},
+		{Name: "tanh-half", Emit: ungated(func(b *moe.Builder, x string) string { // ½ + ½·tanh(x/2)
+			return op(b, "Add", sc(b, 0.5), op(b, "Mul", sc(b, 0.5), op(b, "Tanh", op(b, "Mul", x, sc(b, 0.5)))))
+		})},
 	}},
 	{Act: moe.QuickGeGLU, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.QuickGeGLU, moe.ActParams{Alpha: 1})},
@@ -275,6 +385,9 @@ var ActivationCases = []ActCase{
 		{Name: "div-exp", Emit: func(b *moe.Builder, g, u string) string { // g·u/(1 + e^(−1.702·g))
 			return op(b, "Div", op(b, "Mul", g, u), op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Mul", g, sc(b, -1.702)))))
 		}},
+		{Name: "exp-ratio", Emit: gatedBy(false, func(b *moe.Builder, x string) string {
+			return op(b, "Mul", x, sigmoidExpRatio(b, op(b, "Mul", x, sc(b, 1.702))))
+		})},
 	}},
 	{Act: moe.SwishGLU, Params: moe.ActParams{Alpha: 1.25}, Spellings: []Spelling{
 		{Name: "body", Emit: body(moe.SwishGLU, moe.ActParams{Alpha: 1.25})},
@@ -283,6 +396,9 @@ var ActivationCases = []ActCase{
 		})},
 		{Name: "sigmoid-tau", Emit: gatedBy(true, func(b *moe.Builder, x string) string {
 			return op(b, "Mul", x, op(b, "Sigmoid", op(b, "Div", x, sc(b, 0.8))))
+		})},
+		{Name: "exp-ratio", Emit: gatedBy(true, func(b *moe.Builder, x string) string {
+			return op(b, "Mul", x, sigmoidExpRatio(b, op(b, "Mul", x, sc(b, 1.25))))
 		})},
 	}},
 }

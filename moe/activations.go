@@ -51,6 +51,10 @@ const (
 	Softplus = "softplus"
 	// Tanh is down(tanh(up)).
 	Tanh = "tanh"
+	// SigmoidAct is down(σ(up)), the logistic sigmoid as an expert
+	// activation (named apart from the router's Sigmoid, which is the
+	// router_activation value).
+	SigmoidAct = "sigmoid"
 	// QuickGeGLU is quick_gelu(gate)·up: gate·σ(1.702·gate)·up.
 	QuickGeGLU = "quick_geglu"
 	// SwishGLU is swish(gate)·up: gate·σ(β·gate)·up, with β the
@@ -310,6 +314,10 @@ var Activations = []ActivationDef{
 		Eval: func(_, u float64, _ ActParams) float64 { return math.Tanh(u) },
 		Body: func(b *Builder, _, u string, _ ActParams) string { return b.Op("Tanh", []string{u}) },
 		ORT:  noORT("tanh, which the op lacks")},
+	{Name: SigmoidAct, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(_, u float64, _ ActParams) float64 { return sigmoid64(u) },
+		Body: func(b *Builder, _, u string, _ ActParams) string { return b.Op("Sigmoid", []string{u}) },
+		ORT:  noORT("the sigmoid expert activation (sigmoid), which the op lacks")},
 	{Name: QuickGeGLU, Gated: true, RTol: 1e-5, ATol: 1e-6,
 		Eval: func(g, u float64, _ ActParams) float64 { return g * sigmoid64(1.702*g) * u },
 		Body: func(b *Builder, g, u string, _ ActParams) string {

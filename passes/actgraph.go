@@ -129,7 +129,10 @@ func (c *ctx) actSubgraph(out string, ins []string, dtype pb.TensorProto_DataTyp
 	for _, n := range nodes {
 		cl := proto.Clone(n).(*pb.NodeProto)
 		op := n.GetOpType()
-		if actPassThrough[op] || floatCast(n) {
+		switch {
+		case floatCast(n) && c.castsNonFloat(n):
+			cl = graph.NewNode("Cast", "", n.GetName(), []string{n.Input[0]}, []string{n.Output[0]}, graph.IntAttr("to", int64(evalFloatType(n))))
+		case actPassThrough[op] || floatCast(n):
 			cl = graph.NewNode("Identity", "", n.GetName(), []string{n.Input[0]}, []string{n.Output[0]})
 		}
 		a.nodes = append(a.nodes, cl)
@@ -216,6 +219,33 @@ func floatCast(n *pb.NodeProto) bool {
 		return true // a like operand that is not a float would not be elementwise math on the probes
 	}
 	return false
+}
+
+// actBoolOps compute booleans (a mask that a Cast turns into 0 and 1).
+var actBoolOps = map[string]bool{"Equal": true, "Less": true, "Greater": true, "LessOrEqual": true,
+	"GreaterOrEqual": true, "Not": true, "And": true, "Or": true}
+
+// castsNonFloat reports whether cast n reads a value that is no float (a
+// comparison's mask): the evaluation cannot look through it as through a
+// cast between float types.
+func (c *ctx) castsNonFloat(n *pb.NodeProto) bool {
+	if p := c.g.Producer(n.Input[0]); p != nil && actBoolOps[p.GetOpType()] {
+		return true
+	}
+	switch c.elemType(n.Input[0]) {
+	case pb.TensorProto_UNDEFINED, pb.TensorProto_FLOAT, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16, pb.TensorProto_DOUBLE:
+		return false
+	}
+	return true
+}
+
+// evalFloatType is the type a cast to a float type computes in during the
+// evaluation: float32 (which the probes are), double for a double.
+func evalFloatType(n *pb.NodeProto) pb.TensorProto_DataType {
+	if n.GetOpType() == "Cast" && pb.TensorProto_DataType(graph.AttrInt(n, "to", 0)) == pb.TensorProto_DOUBLE {
+		return pb.TensorProto_DOUBLE
+	}
+	return pb.TensorProto_FLOAT
 }
 
 // run evaluates the subgraph on probe columns xs (one per input, all of one

@@ -94,12 +94,21 @@ func actParamCands(d *moe.ActivationDef, scalars []float64) []moe.ActParams {
 	return out
 }
 
+// actOverflowMin is the smallest probe magnitude at which a non-finite
+// value of the subgraph may be excused: a spelling written with Exp (a
+// softplus as log(1 + eˣ), a tanh as (e²ˣ − 1)/(e²ˣ + 1)) overflows float32
+// in its tails, where the function it spells is finite.
+const actOverflowMin = 9.5
+
 // actScore compares row d (parameters p; gate and up as given) with the
 // evaluated outputs y: the largest error in units of the tolerance, or
-// +Inf as soon as one probe is outside it.
+// +Inf as soon as one probe is outside it. A probe where y is infinite or
+// NaN, the row is finite and an input is at least actOverflowMin in
+// magnitude is excused (the spelling overflowed there), provided at most a
+// third of the probes are; every finite probe must agree.
 func actScore(d *moe.ActivationDef, p moe.ActParams, g, u, y []float64, eps float64) float64 {
 	rtol, atol := max(d.RTol, 2*eps), max(d.ATol, 2*eps) // eps: of the constants' type
-	worst := 0.0
+	worst, excused := 0.0, 0
 	for i := range y {
 		gi := 0.0
 		if g != nil {
@@ -107,7 +116,12 @@ func actScore(d *moe.ActivationDef, p moe.ActParams, g, u, y []float64, eps floa
 		}
 		want := d.Eval(gi, u[i], p)
 		got := y[i]
-		if math.IsNaN(want) || math.IsInf(want, 0) || math.IsNaN(got) || math.IsInf(got, 0) {
+		wantFinite, gotFinite := !math.IsNaN(want) && !math.IsInf(want, 0), !math.IsNaN(got) && !math.IsInf(got, 0)
+		if !gotFinite && wantFinite && max(math.Abs(gi), math.Abs(u[i])) >= actOverflowMin {
+			excused++
+			continue
+		}
+		if !wantFinite || !gotFinite {
 			if want == got || math.IsNaN(want) && math.IsNaN(got) {
 				continue
 			}
@@ -120,7 +134,22 @@ func actScore(d *moe.ActivationDef, p moe.ActParams, g, u, y []float64, eps floa
 		}
 		worst = max(worst, e)
 	}
+	if 3*excused > len(y) {
+		return math.Inf(1)
+	}
 	return worst
+}
+
+// actNonFinite counts the probes where the subgraph's value is infinite or
+// NaN, for the refusal of a function no row computes.
+func actNonFinite(y []float64) int {
+	n := 0
+	for _, v := range y {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			n++
+		}
+	}
+	return n
 }
 
 // identifyAct evaluates the activation subgraph on probes and returns the
@@ -211,6 +240,9 @@ func (c *ctx) identifyActEval(a *actGraph, want *actID) (*actID, error) {
 	case best == nil && want != nil:
 		return nil, rejectf("expert activation (ops: %s) differs from the first expert's %s", a.opsList(), want.def.Name)
 	case best == nil:
+		if n := actNonFinite(y); n > 0 {
+			return nil, rejectf("expert activation is not a known function (made of %s): it is infinite or NaN at %d of its %d probe values", a.opsList(), n, len(y))
+		}
 		return nil, rejectf("expert activation is not a known function (made of %s)", a.opsList())
 	}
 	for _, f := range fits {

@@ -328,6 +328,7 @@ func TestIdentifyActivationToldApart(t *testing.T) {
 		{"Softplus", false, attrOp("Softplus"), moe.Softplus, 1},
 		{"Mish", false, func(b *moe.Builder, _, u string) string { return op(b, "Mul", u, op(b, "Tanh", op(b, "Softplus", u))) }, moe.Mish, 1},
 		{"Tanh", false, attrOp("Tanh"), moe.Tanh, 1},
+		{"Sigmoid", false, attrOp("Sigmoid"), moe.SigmoidAct, 1},
 		{"LeakyRelu α=0.1", false, attrOp("LeakyRelu", graph.FloatAttr("alpha", 0.1)), moe.LeakyReLU, 0.1},
 	}
 	for _, tc := range cases {

@@ -44,6 +44,9 @@ func (c *ctx) analyze(tk *pb.NodeProto) (*Block, error) {
 	if sharedVal != "" {
 		sharedNodes = c.backward(sharedVal, map[string]bool{x0: true})
 	}
+	if err := c.checkRouterInput(ri, x0, y, regionPos, sharedNodes); err != nil { // routerinput.go
+		return nil, err
+	}
 	c.setLimitPos(regionPos)
 	c.idxDeps = nil
 	defer func() { c.setLimit(nil); c.idxDeps = nil }()

@@ -253,6 +253,7 @@ func (l *candidateLoop) finish() {
 	}
 	det.NearMiss = append(det.NearMiss, c.routerlessExperts(covered)...)
 	det.NearMiss = append(det.NearMiss, c.fixedRoutedExperts(covered)...)
+	det.NearMiss = append(det.NearMiss, c.fixedDenseExperts(covered)...)
 	c.refuseCapacity(det)  // capacity.go
 	c.refuseQuantized(det) // quantized.go
 	kept := det.Blocks[:0]
