@@ -647,6 +647,11 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i 
 // read one expert at a time, are edited by corruptExpert.
 var corruptWeights func(b *Block, w *moe.Weights)
 
+// checkedRouting, set by tests only, is told the routing of each block's
+// distinct check tokens and which experts the check computes (only; nil:
+// all), before the fused semantics read the routed experts.
+var checkedRouting func(b *Block, ids [][]int, only func(int) bool)
+
 // checkBlock compares block b's captured output in vals with the fused
 // node's reference semantics on its captured input; where names the inputs
 // for the message. A nil ws[i] is read from the block's weight plan
@@ -697,6 +702,10 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	var only func(int) bool
 	if b.TracedExperts > 0 {
 		only = tracedExperts(&b.Spec, w, xd, Td, b.TracedExperts)
+	}
+	if checkedRouting != nil {
+		ids, _ := moe.Route(&b.Spec, w, xd, Td)
+		checkedRouting(b, ids, only)
 	}
 	gd, err := moe.ForwardExperts(&b.Spec, w, xd, Td, only)
 	if err != nil {
