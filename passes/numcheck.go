@@ -297,9 +297,10 @@ func distinctRowsBy(x []float32, H int, hash func([]byte) uint64) ([]float32, []
 // numericCheck runs the original model on random inputs (one run of
 // checkTokens distinct tokens; further seeds only if a run fails),
 // captures each block's input and output, and compares the output with the
-// fused node's reference semantics on the captured input; a nil entry of
-// ws is read from the block's weight plan when the block is checked and
-// dropped after it. It returns one error (or nil) per block. A block whose
+// fused node's reference semantics on the captured input; for a nil entry
+// of ws the block's weights are read from its weight plan when the block
+// is checked and dropped after it (checkWeights: router, shared expert and
+// routed biases whole, the routed experts one at a time). It returns one error (or nil) per block. A block whose
 // fused input has the wrong shape but whose router input fits is switched
 // to the router input.
 //
