@@ -34,9 +34,9 @@ type planReader struct {
 	slab       []float32
 	slabInit   *pb.TensorProto
 	slabExpert int
-	// inline caches the bytes of sources stored inside the model
+	// inline caches the bytes of sources not in a side file
 	// (graph.Model.TensorBytes: raw_data as it is, typed fields converted
-	// once).
+	// and deferred producers run once).
 	inline map[*pb.TensorProto][]byte
 }
 
@@ -165,8 +165,8 @@ func (r *planReader) decode(t *pb.TensorProto, off int64, dst []float32) error {
 }
 
 // readInto fills p with t's stored bytes from byte off on: copied from an
-// inline tensor's bytes, or a ranged read of its side file (or of its
-// deferred producer) straight into p.
+// inline tensor's bytes, or a ranged read of its side file straight into
+// p.
 func (r *planReader) readInto(t *pb.TensorProto, off int64, p []byte) error {
 	if b, ok, err := r.inlineBytes(t); err != nil {
 		return err
@@ -187,13 +187,13 @@ func (r *planReader) readInto(t *pb.TensorProto, off int64, p []byte) error {
 	return nil
 }
 
-// inlineBytes returns the bytes of t when it is stored inside the model
-// (ok false for a side file's tensor or a deferred one).
+// inlineBytes returns the bytes of t when they are not in a side file (ok
+// false for a side file's tensor): raw_data as it is; typed fields, or the
+// bytes of a deferred producer (a model generated in memory, whose
+// producer would otherwise run again for every range), made once per block.
 func (r *planReader) inlineBytes(t *pb.TensorProto) ([]byte, bool, error) {
-	if graph.IsExternal(t) {
-		return nil, false, nil
-	}
-	if _, ok := r.m.Deferred(t); ok {
+	_, deferred := r.m.Deferred(t)
+	if graph.IsExternal(t) && !deferred {
 		return nil, false, nil
 	}
 	if b, ok := r.inline[t]; ok {
