@@ -199,9 +199,11 @@ var pairBudget = 64 << 20
 // that unrolled its loop over the experts hit at trace time.
 //
 // The experts run one after another, each on all the tokens routed to it,
-// so that a weight given as an ExpertReader is read one expert at a time;
-// the outputs of each token's experts are then summed in the token's slot
-// order, so the result does not depend on that schedule.
+// so that weights given as ExpertReaders or an ExpertSet are read one
+// expert at a time, each routed expert once per run of tokens (one run
+// unless the tokens' expert outputs would take over 64 MiB); the outputs
+// of each token's experts are then summed in the token's slot order, so
+// the result does not depend on that schedule.
 func ForwardExperts(s *Spec, w *Weights, x []float32, T int, keep func(expert int) bool) ([]float32, error) {
 	H := s.Hidden
 	if len(x) != T*H {

@@ -300,9 +300,9 @@ func distinctRowsBy(x []float32, H int, hash func([]byte) uint64) ([]float32, []
 // fused node's reference semantics on the captured input; for a nil entry
 // of ws the block's weights are read from its weight plan when the block
 // is checked and dropped after it (checkWeights: router, shared expert and
-// routed biases whole, the routed experts one at a time). It returns one error (or nil) per block. A block whose
-// fused input has the wrong shape but whose router input fits is switched
-// to the router input.
+// routed biases whole, the routed experts one at a time). It returns one
+// error (or nil) per block. A block whose fused input has the wrong shape
+// but whose router input fits is switched to the router input.
 //
 // A block is checked as soon as the run has computed its values, on
 // another core while the run goes on (the run and the checks, the two
@@ -468,8 +468,8 @@ func remainingCheckBytes(blocks []*Block, ws []*moe.Weights, errs []error, done 
 // vanished) goes to a worker on another core, one block at a time, if the
 // weights its check holds (checkBytes: the router, the shared expert and a
 // few routed experts' matrices at a time) fit a quarter of the memory
-// limit (1 GiB without one). The run
-// reports values through captured, on its own goroutine.
+// limit (1 GiB without one). The run reports values through captured, on
+// its own goroutine.
 type earlyChecks struct {
 	m      *graph.Model
 	blocks []*Block
@@ -567,8 +567,8 @@ func (e *earlyChecks) finish(ok bool) []bool {
 	return e.done
 }
 
-// weightsBudget is the weight bytes the check reads at once: a quarter of
-// memLimit, 1 GiB without one.
+// weightsBudget is the weight bytes (checkBytes) the checks running at
+// once may hold: a quarter of memLimit, 1 GiB without one.
 func weightsBudget(memLimit int64) int64 {
 	if memLimit > 0 {
 		return memLimit / 4
