@@ -122,37 +122,56 @@ func Float32ToHalf(f float32) uint16 {
 // DecodeFloat32 converts little-endian raw bytes of a tensor of type dt to
 // float32 values, for the numeric types the interpreter and lowering use.
 func DecodeFloat32(dt pb.TensorProto_DataType, raw []byte) ([]float32, error) {
+	size := ElemBits(dt) / 8
+	switch dt {
+	case pb.TensorProto_FLOAT, pb.TensorProto_DOUBLE, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16:
+	default:
+		return nil, fmt.Errorf("cannot decode %s as float32", dt)
+	}
+	out := make([]float32, len(raw)/size)
+	if err := DecodeFloat32Into(dt, raw[:len(out)*size], out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// DecodeFloat32Into is DecodeFloat32 into dst, which must hold exactly the
+// values raw encodes: a caller that decodes one slice of a tensor after
+// another reuses dst instead of allocating.
+func DecodeFloat32Into(dt pb.TensorProto_DataType, raw []byte, dst []float32) error {
+	var size int
+	switch dt {
+	case pb.TensorProto_FLOAT, pb.TensorProto_DOUBLE, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16:
+		size = ElemBits(dt) / 8
+	default:
+		return fmt.Errorf("cannot decode %s as float32", dt)
+	}
+	if len(raw) != size*len(dst) {
+		return fmt.Errorf("%d bytes of %s do not hold %d values", len(raw), dt, len(dst))
+	}
 	switch dt {
 	case pb.TensorProto_FLOAT:
-		out := make([]float32, len(raw)/4)
-		if hostLittleEndian && len(out) > 0 { // the same bytes: one copy
-			copy(unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 4*len(out)), raw)
-			return out, nil
+		if hostLittleEndian && len(dst) > 0 { // the same bytes: one copy
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), raw)
+			return nil
 		}
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 		}
-		return out, nil
 	case pb.TensorProto_DOUBLE:
-		out := make([]float32, len(raw)/8)
-		for i := range out {
-			out[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:])))
+		for i := range dst {
+			dst[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:])))
 		}
-		return out, nil
 	case pb.TensorProto_FLOAT16:
-		out := make([]float32, len(raw)/2)
-		for i := range out {
-			out[i] = HalfToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
+		for i := range dst {
+			dst[i] = HalfToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
 		}
-		return out, nil
 	case pb.TensorProto_BFLOAT16:
-		out := make([]float32, len(raw)/2)
-		for i := range out {
-			out[i] = BFloat16ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
+		for i := range dst {
+			dst[i] = BFloat16ToFloat32(binary.LittleEndian.Uint16(raw[2*i:]))
 		}
-		return out, nil
 	}
-	return nil, fmt.Errorf("cannot decode %s as float32", dt)
+	return nil
 }
 
 // DataType returns t's element type as the enum (TensorProto stores it as int32).

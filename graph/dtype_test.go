@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"math"
 	"testing"
 
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -22,5 +23,39 @@ func TestCoarserHalf(t *testing.T) {
 		if got := CoarserHalf(c.a, c.b); got != c.want {
 			t.Errorf("CoarserHalf(%v, %v) = %v, want %v", c.a, c.b, got, c.want)
 		}
+	}
+}
+
+// TestDecodeFloat32Into: decoding into a given slice gives DecodeFloat32's
+// values bit for bit for every float type, and a slice of another length or
+// a type without a float32 decoding is refused.
+func TestDecodeFloat32Into(t *testing.T) {
+	raw := make([]byte, 48)
+	for i := range raw {
+		raw[i] = byte(37*i + 11)
+	}
+	for _, dt := range []pb.TensorProto_DataType{pb.TensorProto_FLOAT, pb.TensorProto_DOUBLE, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16} {
+		want, err := DecodeFloat32(dt, raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(want) != 48/(ElemBits(dt)/8) {
+			t.Fatalf("%v: DecodeFloat32 gave %d values", dt, len(want))
+		}
+		got := make([]float32, len(want))
+		if err := DecodeFloat32Into(dt, raw, got); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%v: value %d is %g, DecodeFloat32 gives %g", dt, i, got[i], want[i])
+			}
+		}
+		if err := DecodeFloat32Into(dt, raw, got[1:]); err == nil {
+			t.Errorf("%v: a slice one value short was accepted", dt)
+		}
+	}
+	if err := DecodeFloat32Into(pb.TensorProto_INT64, raw, make([]float32, 6)); err == nil {
+		t.Error("int64 decoded as float32")
 	}
 }

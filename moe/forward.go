@@ -20,6 +20,17 @@ type ExpertReader interface {
 	ReadAt(dst []float32, off int) error
 }
 
+// ExpertSet hands out the routed experts' matrices one expert at a time,
+// in canonical layout: gate and up [I, H] (gate nil for an ungated
+// activation), down [H, I]. It stands for Gate, Up and Down (and their
+// readers) of Weights where those are nil: a block's weights read from
+// the model expert by expert, say. What Expert returns may be overwritten
+// by its next call; Forward holds one expert's matrices at a time and asks
+// for each routed expert once per run of tokens (ForwardExperts).
+type ExpertSet interface {
+	Expert(e int) (gate, up, down []float32, err error)
+}
+
 // expertMats is one routed expert's matrices and biases (nil where absent).
 type expertMats struct{ gate, up, down, gateB, upB, downB []float32 }
 
@@ -36,7 +47,7 @@ type expertSource struct {
 }
 
 func newExpertSource(s *Spec, w *Weights) *expertSource {
-	return &expertSource{w: w, I: s.Inter, H: s.Hidden, gated: w.Gate != nil || w.GateR != nil}
+	return &expertSource{w: w, I: s.Inter, H: s.Hidden, gated: w.Gate != nil || w.GateR != nil || w.Experts != nil && s.Gated()}
 }
 
 // part returns expert e's n values of one stacked weight: a slice of mem,
@@ -63,6 +74,13 @@ func (x *expertSource) get(e int) (expertMats, error) {
 	w, I, H := x.w, x.I, x.H
 	var m expertMats
 	var err error
+	if w.Experts != nil && w.Gate == nil && w.Up == nil && w.Down == nil {
+		if m, err = x.fromSet(e); err != nil {
+			return m, err
+		}
+		x.biases(&m, e)
+		return m, nil
+	}
 	if x.gated {
 		if m.gate, err = x.part(w.Gate, w.GateR, &x.gate, e, I*H); err != nil {
 			return m, fmt.Errorf("MoE gate of expert %d: %w", e, err)
@@ -74,6 +92,36 @@ func (x *expertSource) get(e int) (expertMats, error) {
 	if m.down, err = x.part(w.Down, w.DownR, &x.down, e, H*I); err != nil {
 		return m, fmt.Errorf("MoE down of expert %d: %w", e, err)
 	}
+	x.biases(&m, e)
+	return m, nil
+}
+
+// fromSet returns expert e's matrices from w.Experts, checking their
+// lengths.
+func (x *expertSource) fromSet(e int) (expertMats, error) {
+	var m expertMats
+	var err error
+	if m.gate, m.up, m.down, err = x.w.Experts.Expert(e); err != nil {
+		return m, fmt.Errorf("MoE expert %d: %w", e, err)
+	}
+	I, H := x.I, x.H
+	switch {
+	case x.gated && len(m.gate) != I*H:
+		return m, fmt.Errorf("MoE gate of expert %d has %d values, want %d", e, len(m.gate), I*H)
+	case !x.gated && m.gate != nil:
+		return m, fmt.Errorf("MoE expert %d has a gate matrix, but its activation is ungated", e)
+	case len(m.up) != I*H:
+		return m, fmt.Errorf("MoE up of expert %d has %d values, want %d", e, len(m.up), I*H)
+	case len(m.down) != H*I:
+		return m, fmt.Errorf("MoE down of expert %d has %d values, want %d", e, len(m.down), H*I)
+	}
+	x.bytesRead += int64(4 * (len(m.gate) + len(m.up) + len(m.down)))
+	return m, nil
+}
+
+// biases sets m's biases to expert e's (nil where absent).
+func (x *expertSource) biases(m *expertMats, e int) {
+	w, I, H := x.w, x.I, x.H
 	if x.gated && w.GateB != nil {
 		m.gateB = w.GateB[e*I : (e+1)*I]
 	}
@@ -83,7 +131,6 @@ func (x *expertSource) get(e int) (expertMats, error) {
 	if w.DownB != nil {
 		m.downB = w.DownB[e*H : (e+1)*H]
 	}
-	return m, nil
 }
 
 // expertFFN computes one expert's output for one token into out (length H).
@@ -152,9 +199,11 @@ var pairBudget = 64 << 20
 // that unrolled its loop over the experts hit at trace time.
 //
 // The experts run one after another, each on all the tokens routed to it,
-// so that a weight given as an ExpertReader is read one expert at a time;
-// the outputs of each token's experts are then summed in the token's slot
-// order, so the result does not depend on that schedule.
+// so that weights given as ExpertReaders or an ExpertSet are read one
+// expert at a time, each routed expert once per run of tokens (one run
+// unless the tokens' expert outputs would take over 64 MiB); the outputs
+// of each token's experts are then summed in the token's slot order, so
+// the result does not depend on that schedule.
 func ForwardExperts(s *Spec, w *Weights, x []float32, T int, keep func(expert int) bool) ([]float32, error) {
 	H := s.Hidden
 	if len(x) != T*H {

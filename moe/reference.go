@@ -25,6 +25,10 @@ type Weights struct {
 	// nil: the routed experts' weights read one expert at a time
 	// (ExpertReader), in the same layout.
 	GateR, UpR, DownR ExpertReader
+	// Experts stands for Gate, Up and Down (and GateR, UpR, DownR) where
+	// all of those are nil: the routed experts' matrices handed out one
+	// expert at a time (ExpertSet).
+	Experts ExpertSet
 }
 
 // Route computes, for each of T tokens, the selected experts and the weights
@@ -302,7 +306,8 @@ func CheckWeights(s *Spec, w *Weights) error {
 			return fmt.Errorf("MoE weight %s has %d values, the spec (E=%d H=%d I=%d) needs %d", p.name, readLen(p.r), E, H, I, p.n)
 		}
 	}
-	has := func(v []float32, r ExpertReader) bool { return v != nil || r != nil }
+	set := w.Experts != nil && w.Gate == nil && w.Up == nil && w.Down == nil
+	has := func(v []float32, r ExpertReader) bool { return v != nil || r != nil || set }
 	reqs := []req{
 		{"router_weight", w.RouterW, s.NumExperts * H, true},
 		{"router_bias", w.RouterB, s.NumExperts, false},

@@ -125,3 +125,80 @@ func TestForwardStreamedExperts(t *testing.T) {
 		}
 	}
 }
+
+// countingSet is an ExpertSet over whole weights that hands out copies in
+// buffers it reuses (as a reader from a model does) and counts the reads of
+// each expert.
+type countingSet struct {
+	w              *Weights
+	I, H           int
+	gate, up, down []float32
+	reads          map[int]int
+	trim           int // values left off each down matrix
+}
+
+func (c *countingSet) Expert(e int) (gate, up, down []float32, err error) {
+	c.reads[e]++
+	n := c.I * c.H
+	if c.w.Gate != nil {
+		c.gate = append(c.gate[:0], c.w.Gate[e*n:(e+1)*n]...)
+	}
+	c.up = append(c.up[:0], c.w.Up[e*n:(e+1)*n]...)
+	c.down = append(c.down[:0], c.w.Down[e*n:(e+1)*n-c.trim]...)
+	if c.w.Gate == nil {
+		return nil, c.up, c.down, nil
+	}
+	return c.gate, c.up, c.down, nil
+}
+
+// TestForwardExpertSet checks that routed experts given as an ExpertSet give
+// the same output bit for bit as weights held in memory, with biases and a
+// shared expert held whole, that each expert a token is routed to is asked
+// for exactly once and no other expert at all, and that matrices of the
+// wrong length are refused.
+func TestForwardExpertSet(t *testing.T) {
+	const E, k, H, I, Is, T = 8, 2, 8, 4, 3, 3
+	r := rand.New(rand.NewPCG(5, 6))
+	s := &Spec{NumExperts: E, TopK: k, Hidden: H, Inter: I, SharedInter: Is, RouterActivation: Softmax, RouterOrder: ActivationThenTopK,
+		NormalizeTopK: true, RoutedScalingFactor: 1, NGroup: 1, TopKGroup: 1, Activation: SwiGLU, EPSize: 1}
+	w := &Weights{RouterW: randVec(r, E*H), Gate: randVec(r, E*I*H), Up: randVec(r, E*I*H), Down: randVec(r, E*H*I),
+		GateB: randVec(r, E*I), UpB: randVec(r, E*I), DownB: randVec(r, E*H),
+		SharedGate: randVec(r, Is*H), SharedUp: randVec(r, Is*H), SharedDown: randVec(r, H*Is)}
+	x := randVec(r, T*H)
+	want, err := Forward(s, w, x, T)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := &countingSet{w: w, I: I, H: H, reads: map[int]int{}}
+	ws := *w
+	ws.Gate, ws.Up, ws.Down, ws.Experts = nil, nil, nil, set
+	got, err := Forward(s, &ws, x, T)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("output from the expert set differs at %d: %g != %g", i, got[i], want[i])
+		}
+	}
+	routed := map[int]bool{}
+	ids, _ := Route(s, w, x, T)
+	for _, tok := range ids {
+		for _, e := range tok {
+			routed[e] = true
+		}
+	}
+	if len(routed) == E {
+		t.Fatal("every expert routed to: the test cannot tell a skipped expert from a read one")
+	}
+	for e := range E {
+		if n, want := set.reads[e], map[bool]int{true: 1}[routed[e]]; n != want {
+			t.Errorf("expert %d read %d times, want %d (routed %v)", e, n, want, routed[e])
+		}
+	}
+	short := &countingSet{w: w, I: I, H: H, reads: map[int]int{}, trim: 1}
+	ws.Experts = short
+	if _, err := Forward(s, &ws, x, T); err == nil {
+		t.Error("a down matrix one value short was not refused")
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
-	"github.com/mokopt/mokopt/moe"
 )
 
 // aheadCase loads file, saved first with its weights in a side file when
@@ -91,12 +90,12 @@ func TestRewriteAheadAsRewrite(t *testing.T) {
 				}
 				t.Run(name, func(t *testing.T) {
 					if corrupt {
-						corruptWeights = func(b *Block, w *moe.Weights) {
-							for i := range w.Down {
-								w.Down[i] *= 1.01
+						corruptExpert = func(b *Block, e int, gate, up, down []float32) {
+							for i := range down {
+								down[i] *= 1.01
 							}
 						}
-						defer func() { corruptWeights = nil }()
+						defer func() { corruptExpert = nil }()
 					}
 					opt := Options{Check: true, StreamWeights: true, RestoreTracedExperts: true}
 					m := aheadLoad(t, f, side)

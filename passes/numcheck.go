@@ -297,11 +297,12 @@ func distinctRowsBy(x []float32, H int, hash func([]byte) uint64) ([]float32, []
 // numericCheck runs the original model on random inputs (one run of
 // checkTokens distinct tokens; further seeds only if a run fails),
 // captures each block's input and output, and compares the output with the
-// fused node's reference semantics on the captured input; a nil entry of
-// ws is read from the block's weight plan when the block is checked and
-// dropped after it. It returns one error (or nil) per block. A block whose
-// fused input has the wrong shape but whose router input fits is switched
-// to the router input.
+// fused node's reference semantics on the captured input; for a nil entry
+// of ws the block's weights are read from its weight plan when the block
+// is checked and dropped after it (checkWeights: router, shared expert and
+// routed biases whole, the routed experts one at a time). It returns one
+// error (or nil) per block. A block whose fused input has the wrong shape
+// but whose router input fits is switched to the router input.
 //
 // A block is checked as soon as the run has computed its values, on
 // another core while the run goes on (the run and the checks, the two
@@ -382,10 +383,10 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 		// weights of the remaining blocks are read, so that peak memory is
 		// the larger of the two, not their sum. (Small weights fit the
 		// collector's headroom: a forced cycle would only cost time.)
-		if remainingWeights(blocks, ws, errs, done) >= checkGCHeadroom/2 {
+		if remainingCheckBytes(blocks, ws, errs, done) >= checkGCHeadroom/2 {
 			runtime.GC()
 		}
-		forBlocks(blocks, ws, memLimit, func(i int, scratch *moe.Weights) {
+		forBlocks(blocks, ws, memLimit, func(i int, scratch *checkScratch) {
 			if errs[i] != nil || done[i] {
 				return
 			}
@@ -450,13 +451,13 @@ func checkGCPercent() int {
 // collections.
 const checkGCHeadroom = 128 << 20
 
-// remainingWeights returns the largest weights, in bytes, that a block
-// still to be checked (without an error, not done) has yet to read.
-func remainingWeights(blocks []*Block, ws []*moe.Weights, errs []error, done []bool) int64 {
+// remainingCheckBytes returns the most weight bytes (checkBytes) that a
+// block still to be checked (without an error, not done) will hold.
+func remainingCheckBytes(blocks []*Block, ws []*moe.Weights, errs []error, done []bool) int64 {
 	var most int64
 	for i, b := range blocks {
 		if errs[i] == nil && !done[i] && ws[i] == nil {
-			most = max(most, b.W.weightBytes(&b.Spec))
+			most = max(most, b.W.checkBytes(&b.Spec))
 		}
 	}
 	return most
@@ -464,9 +465,11 @@ func remainingWeights(blocks []*Block, ws []*moe.Weights, errs []error, done []b
 
 // earlyChecks checks blocks while the model runs: each block whose input,
 // router input and output the run has computed (and whose input has not
-// vanished) goes to a worker on another core, one block at a time, if its
-// weights fit a quarter of the memory limit (1 GiB without one). The run
-// reports values through captured, on its own goroutine.
+// vanished) goes to a worker on another core, one block at a time, if the
+// weights its check holds (checkBytes: the router, the shared expert and a
+// few routed experts' matrices at a time) fit a quarter of the memory
+// limit (1 GiB without one). The run reports values through captured, on
+// its own goroutine.
 type earlyChecks struct {
 	m      *graph.Model
 	blocks []*Block
@@ -493,7 +496,7 @@ func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*
 	e.vals = make([]map[string]*eval.Tensor, len(blocks))
 	e.left = make([]int, len(blocks))
 	for i, b := range blocks {
-		if errs[i] != nil || ws[i] == nil && b.W.weightBytes(&b.Spec) > budget {
+		if errs[i] != nil || ws[i] == nil && b.W.checkBytes(&b.Spec) > budget {
 			continue
 		}
 		e.vals[i] = map[string]*eval.Tensor{}
@@ -509,7 +512,7 @@ func newEarlyChecks(ctx context.Context, m *graph.Model, blocks []*Block, ws []*
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		scratch := &moe.Weights{}
+		scratch := &checkScratch{}
 		for j := range e.queue {
 			if ctx.Err() != nil {
 				continue // the run ends with the context's error
@@ -564,8 +567,8 @@ func (e *earlyChecks) finish(ok bool) []bool {
 	return e.done
 }
 
-// weightsBudget is the weight bytes the check reads at once: a quarter of
-// memLimit, 1 GiB without one.
+// weightsBudget is the weight bytes (checkBytes) the checks running at
+// once may hold: a quarter of memLimit, 1 GiB without one.
 func weightsBudget(memLimit int64) int64 {
 	if memLimit > 0 {
 		return memLimit / 4
@@ -574,18 +577,18 @@ func weightsBudget(memLimit int64) int64 {
 }
 
 // forBlocks calls check(i, scratch) for every block, on up to GOMAXPROCS
-// goroutines, each with its own scratch weights to read blocks into.
-// A block whose weights are not retained (ws[i] nil and retain[i] unset)
-// has them read while it is checked and dropped after: such blocks run at
-// once only while their weight bytes together stay within a quarter of
-// memLimit (1 GiB without a limit), so that the check's memory stays that
-// of one block's weights where blocks are large; a block larger than that
-// runs alone, as it would serially. Retained weights are in memory for the
-// rewrite anyway.
-func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i int, scratch *moe.Weights)) {
+// goroutines, each with its own scratch to read blocks' weights into.
+// A block whose weights are not given (ws[i] nil) has them read while it
+// is checked and dropped after: the router, the shared expert and the
+// routed biases whole, the routed experts one at a time (checkBytes counts
+// what that holds). Such blocks run at once only while their checkBytes
+// together stay within a quarter of memLimit (1 GiB without a limit); a
+// block larger than that runs alone, as it would serially. Given weights
+// are in memory anyway.
+func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i int, scratch *checkScratch)) {
 	workers := min(runtime.GOMAXPROCS(0), len(blocks))
 	if workers <= 1 {
-		scratch := &moe.Weights{}
+		scratch := &checkScratch{}
 		for i := range blocks {
 			check(i, scratch)
 		}
@@ -595,7 +598,7 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i 
 	cost := make([]int64, len(blocks))
 	for i, b := range blocks {
 		if ws[i] == nil {
-			cost[i] = b.W.weightBytes(&b.Spec)
+			cost[i] = b.W.checkBytes(&b.Spec)
 		}
 	}
 	var (
@@ -610,7 +613,7 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			scratch := &moe.Weights{}
+			scratch := &checkScratch{}
 			for {
 				mu.Lock()
 				// Blocks start in order: wait until the next one fits (or
@@ -640,16 +643,25 @@ func forBlocks(blocks []*Block, ws []*moe.Weights, memLimit int64, check func(i 
 }
 
 // corruptWeights, set by tests only, edits each block's weights as the
-// check reads them, for a check that must fail.
+// check reads them, for a check that must fail: the weights read whole
+// (router, routed biases, shared expert); the routed experts' matrices,
+// read one expert at a time, are edited by corruptExpert.
 var corruptWeights func(b *Block, w *moe.Weights)
+
+// checkedRouting, set by tests only, is told the routing of each block's
+// distinct check tokens and which experts the check computes (only; nil:
+// all), before the fused semantics read the routed experts.
+var checkedRouting func(b *Block, ids [][]int, only func(int) bool)
 
 // checkBlock compares block b's captured output in vals with the fused
 // node's reference semantics on its captured input; where names the inputs
-// for the message. A nil ws[i] is read from the block's weight plan into
-// scratch's memory (nil: fresh memory), and scratch keeps what was
-// allocated for the next block. It may switch b.Input to the router input
-// (see numericCheck).
-func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*moe.Weights, i int, scratch *moe.Weights, where string) error {
+// for the message. A nil ws[i] is read from the block's weight plan
+// (checkWeights): the router, the routed biases and the shared expert into
+// scratch's memory, the routed experts one at a time by scratch's reader,
+// which reads each expert the tokens are routed to once (nil scratch:
+// fresh memory); scratch keeps what was allocated for the next block. It
+// may switch b.Input to the router input (see numericCheck).
+func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*moe.Weights, i int, scratch *checkScratch, where string) error {
 	x, y := vals[b.Input], vals[b.Output]
 	if x == nil || y == nil || x.F32 == nil || y.F32 == nil {
 		return fmt.Errorf("numerical check: block input or output not computed as float")
@@ -677,11 +689,8 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	w := ws[i]
 	if w == nil { // read now into scratch, which the next block reuses
 		var err error
-		if w, err = b.W.materializeInto(m, &b.Spec, scratch); err != nil {
+		if w, err = b.checkWeights(m, scratch); err != nil {
 			return err
-		}
-		if scratch != nil {
-			*scratch = *w
 		}
 	}
 	if corruptWeights != nil {
@@ -694,6 +703,10 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 	var only func(int) bool
 	if b.TracedExperts > 0 {
 		only = tracedExperts(&b.Spec, w, xd, Td, b.TracedExperts)
+	}
+	if checkedRouting != nil {
+		ids, _ := moe.Route(&b.Spec, w, xd, Td)
+		checkedRouting(b, ids, only)
 	}
 	gd, err := moe.ForwardExperts(&b.Spec, w, xd, Td, only)
 	if err != nil {

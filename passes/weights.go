@@ -286,6 +286,13 @@ func (p *WeightPlan) Materialize(m *graph.Model, s *moe.Spec) (*moe.Weights, err
 // another then allocates the weights once rather than once per block. The
 // result shares reuse's memory.
 func (p *WeightPlan) materializeInto(m *graph.Model, s *moe.Spec, reuse *moe.Weights) (*moe.Weights, error) {
+	return p.materializeParts(m, s, reuse, true)
+}
+
+// materializeParts is materializeInto, reading the routed experts' gate, up
+// and down matrices only with routed (the numerical check reads those one
+// expert at a time instead: planReader).
+func (p *WeightPlan) materializeParts(m *graph.Model, s *moe.Spec, reuse *moe.Weights, routed bool) (*moe.Weights, error) {
 	if reuse == nil {
 		reuse = &moe.Weights{}
 	}
@@ -312,10 +319,34 @@ func (p *WeightPlan) materializeInto(m *graph.Model, s *moe.Spec, reuse *moe.Wei
 	if w.CorrectionBias, err = one(p.Corr, reuse.CorrectionBias, true); err != nil {
 		return nil, err
 	}
-	E, H, I := s.StoredExperts(), s.Hidden, s.Inter
-	if len(p.Experts) != E {
-		return nil, fmt.Errorf("weight plan has %d experts, spec %d", len(p.Experts), E)
+	if len(p.Experts) != s.StoredExperts() {
+		return nil, fmt.Errorf("weight plan has %d experts, spec %d", len(p.Experts), s.StoredExperts())
 	}
+	if err := p.materializeRouted(m, s, reuse, w, cache, routed); err != nil {
+		return nil, err
+	}
+	if s.SharedInter > 0 {
+		if w.SharedGate, err = one(p.SharedGate, reuse.SharedGate, false); err != nil {
+			return nil, err
+		}
+		if w.SharedUp, err = one(p.SharedUp, reuse.SharedUp, false); err != nil {
+			return nil, err
+		}
+		if w.SharedDown, err = one(p.SharedDown, reuse.SharedDown, false); err != nil {
+			return nil, err
+		}
+		if w.SharedGateW, err = one(p.SharedGateW, reuse.SharedGateW, false); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// materializeRouted reads the routed experts' stacked weights of the plan
+// into w (reuse's memory where large enough): the biases, and with
+// matrices the gate, up and down matrices.
+func (p *WeightPlan) materializeRouted(m *graph.Model, s *moe.Spec, reuse, w *moe.Weights, cache map[*pb.TensorProto][]float32, matrices bool) error {
+	E, H, I := s.StoredExperts(), s.Hidden, s.Inter
 	stack := func(get func(e *ExpertProj) *Proj, dst []float32, rows, cols int, isVec bool) ([]float32, error) {
 		if get(&p.Experts[0]) == nil {
 			return nil, nil
@@ -342,39 +373,26 @@ func (p *WeightPlan) materializeInto(m *graph.Model, s *moe.Spec, reuse *moe.Wei
 		}
 		return out, nil
 	}
-	if w.Gate, err = stack(func(e *ExpertProj) *Proj { return e.Gate }, reuse.Gate, I, H, false); err != nil {
-		return nil, err
-	}
-	if w.Up, err = stack(func(e *ExpertProj) *Proj { return e.Up }, reuse.Up, I, H, false); err != nil {
-		return nil, err
-	}
-	if w.Down, err = stack(func(e *ExpertProj) *Proj { return e.Down }, reuse.Down, H, I, false); err != nil {
-		return nil, err
+	var err error
+	if matrices {
+		if w.Gate, err = stack(func(e *ExpertProj) *Proj { return e.Gate }, reuse.Gate, I, H, false); err != nil {
+			return err
+		}
+		if w.Up, err = stack(func(e *ExpertProj) *Proj { return e.Up }, reuse.Up, I, H, false); err != nil {
+			return err
+		}
+		if w.Down, err = stack(func(e *ExpertProj) *Proj { return e.Down }, reuse.Down, H, I, false); err != nil {
+			return err
+		}
 	}
 	if w.GateB, err = stack(func(e *ExpertProj) *Proj { return e.GateB }, reuse.GateB, I, 0, true); err != nil {
-		return nil, err
+		return err
 	}
 	if w.UpB, err = stack(func(e *ExpertProj) *Proj { return e.UpB }, reuse.UpB, I, 0, true); err != nil {
-		return nil, err
+		return err
 	}
-	if w.DownB, err = stack(func(e *ExpertProj) *Proj { return e.DownB }, reuse.DownB, H, 0, true); err != nil {
-		return nil, err
-	}
-	if s.SharedInter > 0 {
-		if w.SharedGate, err = one(p.SharedGate, reuse.SharedGate, false); err != nil {
-			return nil, err
-		}
-		if w.SharedUp, err = one(p.SharedUp, reuse.SharedUp, false); err != nil {
-			return nil, err
-		}
-		if w.SharedDown, err = one(p.SharedDown, reuse.SharedDown, false); err != nil {
-			return nil, err
-		}
-		if w.SharedGateW, err = one(p.SharedGateW, reuse.SharedGateW, false); err != nil {
-			return nil, err
-		}
-	}
-	return w, nil
+	w.DownB, err = stack(func(e *ExpertProj) *Proj { return e.DownB }, reuse.DownB, H, 0, true)
+	return err
 }
 
 // scratch returns buf emptied when it can hold n values, else a new slice
@@ -384,18 +402,4 @@ func scratch(buf []float32, n int) []float32 {
 		return buf[:0]
 	}
 	return make([]float32, 0, n)
-}
-
-// weightBytes is how many float32 bytes Materialize returns for the plan
-// (from dims alone; 0 when the plan does not fit the spec).
-func (p *WeightPlan) weightBytes(s *moe.Spec) int64 {
-	ts, err := p.fusedTensors(s)
-	if err != nil {
-		return 0
-	}
-	var n int64
-	for i := range ts {
-		n += ts[i].size()
-	}
-	return n
 }
