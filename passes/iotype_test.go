@@ -11,6 +11,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/models"
 	"github.com/mokopt/mokopt/moe"
 	"google.golang.org/protobuf/proto"
 )
@@ -369,5 +370,26 @@ func bodyMatchesKernel(t *testing.T, m *graph.Model, dt pb.TensorProto_DataType)
 	d, err := eval.Compare(b[out], k[out], rtol, 1e-3)
 	if err != nil || !d.OK() {
 		t.Errorf("function body and kernel disagree on the half-weight node: %+v %v", d, err)
+	}
+}
+
+// TestUncheckedHalfBlockClaimsNoPrecision: a half-precision block fused
+// with the check off reports no check precision (nothing was checked at
+// any); with the check on it reports the type's.
+func TestUncheckedHalfBlockClaimsNoPrecision(t *testing.T) {
+	cfg := models.Config{Layers: 1, Experts: 4, TopK: 2, Hidden: 32, Inter: 64, Shape: models.ShapeBatched, DType: models.DTypeBFloat16, Router: "softmax", Normalize: true, Seed: 3}
+	for _, check := range []bool{false, true} {
+		m, err := models.Build(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Rewrite(m, Options{Check: check})
+		if err != nil || len(rep.Fused) != 1 {
+			t.Fatalf("check %v: %v, %v", check, rep, err)
+		}
+		want := map[bool]string{true: "bfloat16"}[check]
+		if f := rep.Fused[0]; f.CheckPrecision != want || (f.CheckRTol != 0) != check || (f.CheckTolerance != "") != check {
+			t.Errorf("check %v: precision %q rtol %g tolerance %q, want precision %q", check, f.CheckPrecision, f.CheckRTol, f.CheckTolerance, want)
+		}
 	}
 }

@@ -165,8 +165,15 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 	if opt.beforeEdit != nil {
 		opt.beforeEdit()
 	}
+	first := len(rep.Fused)
 	if err := fuseReady(ctx, m, g, todo, rep, &opt); err != nil {
 		return rep, err
+	}
+	if !check { // nothing was checked at any precision
+		for i := first; i < len(rep.Fused); i++ {
+			f := &rep.Fused[i]
+			f.CheckPrecision, f.CheckRTol, f.CheckTolerance = "", 0, ""
+		}
 	}
 	m.SetOpset(moe.Domain, moe.Version)
 	if m.Proto.GetIrVersion() < 10 {
