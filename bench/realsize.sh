@@ -16,7 +16,7 @@
 # what it fixes (the environment still overrides the rest):
 #   deepseek-layer  one DeepSeek-V3-shaped layer in bf16: E=256 k=8 H=7168
 #                   I=2048, sigmoid router, a shared expert (22.5 GB)
-#   h4096-bf16      8 layers of E=8 k=2 H=4096 I=14336 in bf16 (45 GB)
+#   h4096-bf16      8 layers of E=8 k=2 H=4096 I=14336 in bf16 (22.5 GB)
 # The machine is shared: the figures are of one run.
 set -euo pipefail
 
