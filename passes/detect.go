@@ -85,6 +85,9 @@ type NearMiss struct {
 type Detection struct {
 	Blocks   []*Block   `json:"blocks"`
 	NearMiss []NearMiss `json:"near_misses"`
+	// Warnings name what detection saw and left alone although it is
+	// not a refusal: a soft mixture of experts (softdense.go).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // DetectOptions changes what Detect accepts.
@@ -254,6 +257,7 @@ func (l *candidateLoop) finish() {
 	det.NearMiss = append(det.NearMiss, c.routerlessExperts(covered)...)
 	det.NearMiss = append(det.NearMiss, c.fixedRoutedExperts(covered)...)
 	det.NearMiss = append(det.NearMiss, c.fixedDenseExperts(covered)...)
+	det.Warnings = append(det.Warnings, c.softDenseExperts(covered)...)
 	c.refuseCapacity(det)  // capacity.go
 	c.refuseQuantized(det) // quantized.go
 	kept := det.Blocks[:0]

@@ -147,7 +147,8 @@ func softDense(t *testing.T, variant string) *graph.Model {
 // all of them (no TopK), with or without a per-expert constant scale or a
 // scalar one beside the router's weights, on the outputs or on the
 // inputs, are not reported as routing that does not depend on the hidden
-// state (nor, having no TopK, as anything else).
+// state (nor, having no TopK, refused as anything else): they are named in
+// a warning as soft routing left unfused.
 func TestFixedDenseRoutingNotMisread(t *testing.T) {
 	t.Run("dense with TopK", func(t *testing.T) {
 		m, err := models.Build(models.Config{Shape: models.ShapeDense, Layers: 1, Experts: 4, TopK: 2, Hidden: 16, Inter: 8, Normalize: true, Tokens: 6, Seed: 2})
@@ -179,7 +180,15 @@ func TestFixedDenseRoutingNotMisread(t *testing.T) {
 				t.Fatal(err)
 			}
 			if len(d.NearMiss) != 0 {
-				t.Fatalf("soft routing reported: %v", d.NearMiss)
+				t.Fatalf("soft routing reported as a refusal: %v", d.NearMiss)
+			}
+			// It is named, in a warning: exit 0, nothing fused, not silent.
+			if len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "soft routing left unfused") || !strings.Contains(d.Warnings[0], "Softmax of a router over all 4 experts") {
+				t.Fatalf("soft routing warnings %q, want one naming it", d.Warnings)
+			}
+			rep, err := Rewrite(m, Options{Check: true})
+			if err != nil || len(rep.Fused) != 0 || len(rep.Warnings) != 1 {
+				t.Fatalf("rewrite: %v, %d fused, warnings %q", err, len(rep.Fused), rep.Warnings)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/mokopt/mokopt/graph"
@@ -186,7 +187,7 @@ func rewriteIn(m *graph.Model, opt Options) (*Report, error) {
 // its near-misses, then those and the refusals pending from elsewhere, and
 // a warning per block restored from a trace that computed fewer experts.
 func detectedReport(det *Detection, pending *Report) *Report {
-	rep := &Report{NearMiss: det.NearMiss}
+	rep := &Report{NearMiss: det.NearMiss, Warnings: slices.Clone(det.Warnings)}
 	if pending != nil {
 		rep.NearMiss = append(rep.NearMiss, pending.NearMiss...)
 		rep.Refused = append(rep.Refused, pending.Refused...)

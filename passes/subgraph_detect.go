@@ -63,6 +63,9 @@ func detectScopesAt(m *graph.Model, opt DetectOptions, top bool, depth int) (*De
 		for _, n := range d.NearMiss {
 			det.NearMiss = append(det.NearMiss, scopedMiss(n, where))
 		}
+		for _, w := range d.Warnings {
+			det.Warnings = append(det.Warnings, where+": "+w)
+		}
 	}
 	return det, nil
 }
