@@ -37,45 +37,38 @@ func (t *Tensor) ReadFloat32(dst []float32, off int) error {
 	if t.src == nil {
 		return t.readInMemory(dst, off)
 	}
-	if graph.ElemBits(t.DType) == 8 {
-		raw := make([]byte, len(dst))
-		if err := t.src.m.ReadTensorAt(t.src.p, raw, int64(off)); err != nil {
-			return err
-		}
-		v, err := fromRaw(t.DType, []int{len(dst)}, raw)
-		if err != nil {
-			return err
-		}
-		return v.readInMemory(dst, 0)
-	}
+	width := graph.ElemBits(t.DType) / 8
 	switch t.DType {
 	case pb.TensorProto_FLOAT:
 		if littleEndian && len(dst) > 0 {
 			return t.src.m.ReadTensorAt(t.src.p, f32Bytes(dst), 4*int64(off))
 		}
-		raw := make([]byte, 4*len(dst))
-		if err := t.src.m.ReadTensorAt(t.src.p, raw, 4*int64(off)); err != nil {
-			return err
-		}
-		v, err := fromRaw(t.DType, []int{len(dst)}, raw)
-		if err != nil {
-			return err
-		}
-		copy(dst, v.F32)
-		return nil
 	case pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16:
-		raw := make([]byte, 2*len(dst))
-		if err := t.src.m.ReadTensorAt(t.src.p, raw, 2*int64(off)); err != nil {
+	default:
+		if width != 1 {
+			return fmt.Errorf("streamed %s tensor", t.DType)
+		}
+	}
+	// Read and widen a bounded chunk at a time, so that reading one
+	// expert's matrix does not hold its stored bytes and a widened copy
+	// beside dst.
+	const chunk = 1 << 18
+	raw := make([]byte, width*min(len(dst), chunk))
+	for i := 0; i < len(dst); i += chunk {
+		n := min(chunk, len(dst)-i)
+		b := raw[:width*n]
+		if err := t.src.m.ReadTensorAt(t.src.p, b, int64(width)*int64(off+i)); err != nil {
 			return err
 		}
-		v, err := fromRaw(t.DType, []int{len(dst)}, raw)
+		v, err := fromRaw(t.DType, []int{n}, b)
 		if err != nil {
 			return err
 		}
-		copy(dst, v.F32)
-		return nil
+		if err := v.readInMemory(dst[i:i+n], 0); err != nil {
+			return err
+		}
 	}
-	return fmt.Errorf("streamed %s tensor", t.DType)
+	return nil
 }
 
 // readInMemory is ReadFloat32 of a tensor held in memory.
