@@ -174,6 +174,41 @@ func DecodeFloat32Into(dt pb.TensorProto_DataType, raw []byte, dst []float32) er
 	return nil
 }
 
+// EncodeFloat32Into writes v into dst as little-endian values of type dt
+// (FLOAT, FLOAT16 or BFLOAT16; the half types rounded to nearest even,
+// exactly v when its values came from dt): DecodeFloat32Into's inverse.
+// dst must hold len(v) values of dt.
+func EncodeFloat32Into(dt pb.TensorProto_DataType, dst []byte, v []float32) error {
+	var enc func(float32) uint16
+	switch dt {
+	case pb.TensorProto_FLOAT:
+		if len(dst) != 4*len(v) {
+			return fmt.Errorf("%d bytes cannot hold %d values of %s", len(dst), len(v), dt)
+		}
+		if hostLittleEndian && len(v) > 0 {
+			copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v)))
+			return nil
+		}
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(x))
+		}
+		return nil
+	case pb.TensorProto_FLOAT16:
+		enc = Float32ToHalf
+	case pb.TensorProto_BFLOAT16:
+		enc = Float32ToBFloat16
+	default:
+		return fmt.Errorf("cannot encode float32 as %s", dt)
+	}
+	if len(dst) != 2*len(v) {
+		return fmt.Errorf("%d bytes cannot hold %d values of %s", len(dst), len(v), dt)
+	}
+	for i, x := range v {
+		binary.LittleEndian.PutUint16(dst[2*i:], enc(x))
+	}
+	return nil
+}
+
 // DataType returns t's element type as the enum (TensorProto stores it as int32).
 func DataType(t *pb.TensorProto) pb.TensorProto_DataType {
 	return pb.TensorProto_DataType(t.GetDataType())

@@ -59,3 +59,42 @@ func TestDecodeFloat32Into(t *testing.T) {
 		t.Error("int64 decoded as float32")
 	}
 }
+
+// TestEncodeFloat32IntoRoundTrips: encoding values of each float type and
+// decoding them gives the same values, bit for bit; the wrong size and an
+// unsupported type are errors.
+func TestEncodeFloat32IntoRoundTrips(t *testing.T) {
+	v := []float32{0, -0.5, 1.25, 3.5e4, -65504, 1e-3, float32(math.Inf(1))}
+	for _, dt := range []pb.TensorProto_DataType{pb.TensorProto_FLOAT, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16} {
+		want := make([]float32, len(v))
+		for i, x := range v { // the values dt holds
+			switch dt {
+			case pb.TensorProto_FLOAT16:
+				want[i] = HalfToFloat32(Float32ToHalf(x))
+			case pb.TensorProto_BFLOAT16:
+				want[i] = BFloat16ToFloat32(Float32ToBFloat16(x))
+			default:
+				want[i] = x
+			}
+		}
+		raw := make([]byte, ElemBits(dt)/8*len(want))
+		if err := EncodeFloat32Into(dt, raw, want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeFloat32(dt, raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Errorf("%s: value %d round-trips to %g, want %g", dt, i, got[i], want[i])
+			}
+		}
+		if EncodeFloat32Into(dt, raw[1:], want) == nil {
+			t.Errorf("%s: a short buffer encoded", dt)
+		}
+	}
+	if EncodeFloat32Into(pb.TensorProto_INT8, make([]byte, 1), []float32{1}) == nil {
+		t.Error("INT8 encoded")
+	}
+}

@@ -82,20 +82,11 @@ func Float32Tensor(name string, dims []int64, v []float32) *pb.TensorProto {
 // BFLOAT16) holding v rounded to dt (exactly v when its values came from
 // dt); for FLOAT it is Float32TensorOwned.
 func FloatTensorAs(name string, dims []int64, v []float32, dt pb.TensorProto_DataType) *pb.TensorProto {
-	var enc func(float32) uint16
-	switch dt {
-	case pb.TensorProto_FLOAT16:
-		enc = graph.Float32ToHalf
-	case pb.TensorProto_BFLOAT16:
-		enc = graph.Float32ToBFloat16
-	default:
+	if dt != pb.TensorProto_FLOAT16 && dt != pb.TensorProto_BFLOAT16 {
 		return Float32TensorOwned(name, dims, v)
 	}
 	raw := make([]byte, 2*len(v))
-	for i, x := range v {
-		u := enc(x)
-		raw[2*i], raw[2*i+1] = byte(u), byte(u>>8)
-	}
+	_ = graph.EncodeFloat32Into(dt, raw, v) // a half type and its size: no error
 	t := float32Proto(name, dims, raw)
 	t.DataType = proto.Int32(int32(dt))
 	return t

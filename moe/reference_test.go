@@ -99,17 +99,7 @@ func TestForwardStreamedExperts(t *testing.T) {
 			t.Fatalf("streamed output differs at %d: %g != %g", i, got[i], want[i])
 		}
 	}
-	// The experts the tokens are routed to (T*k picks, at most T*k experts).
-	routed := map[int]bool{}
-	ids, _ := Route(s, w, x, T)
-	for _, tok := range ids {
-		for _, e := range tok {
-			routed[e] = true
-		}
-	}
-	if len(routed) == E {
-		t.Fatal("every expert routed to: the test cannot tell a skipped expert from a read one")
-	}
+	routed := routedExperts(t, s, w, x, T)
 	for name, c := range map[string]*countingReader{"gate": gate, "up": up, "down": down} {
 		for e := range E {
 			n := c.reads[e*I*H]
@@ -181,16 +171,7 @@ func TestForwardExpertSet(t *testing.T) {
 			t.Fatalf("output from the expert set differs at %d: %g != %g", i, got[i], want[i])
 		}
 	}
-	routed := map[int]bool{}
-	ids, _ := Route(s, w, x, T)
-	for _, tok := range ids {
-		for _, e := range tok {
-			routed[e] = true
-		}
-	}
-	if len(routed) == E {
-		t.Fatal("every expert routed to: the test cannot tell a skipped expert from a read one")
-	}
+	routed := routedExperts(t, s, w, x, T)
 	for e := range E {
 		if n, want := set.reads[e], map[bool]int{true: 1}[routed[e]]; n != want {
 			t.Errorf("expert %d read %d times, want %d (routed %v)", e, n, want, routed[e])
@@ -201,4 +182,23 @@ func TestForwardExpertSet(t *testing.T) {
 	if _, err := Forward(s, &ws, x, T); err == nil {
 		t.Error("a down matrix one value short was not refused")
 	}
+}
+
+// routedExperts returns the experts the T tokens of x are routed to (T·k
+// picks, at most T·k experts); it fails the test when that is every
+// expert, since a test counting reads could not then tell a skipped
+// expert from a read one.
+func routedExperts(t *testing.T, s *Spec, w *Weights, x []float32, T int) map[int]bool {
+	t.Helper()
+	routed := map[int]bool{}
+	ids, _ := Route(s, w, x, T)
+	for _, tok := range ids {
+		for _, e := range tok {
+			routed[e] = true
+		}
+	}
+	if len(routed) == s.NumExperts {
+		t.Fatal("every expert routed to: the test cannot tell a skipped expert from a read one")
+	}
+	return routed
 }

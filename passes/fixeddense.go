@@ -31,18 +31,11 @@ import (
 func (c *ctx) fixedDenseExperts(claimed []bool) []NearMiss {
 	var out []NearMiss
 	reported := map[*pb.NodeProto]bool{}
-	for p, n := range c.topo {
-		if claimed[p] {
-			continue
-		}
-		w, data := c.stackedExperts(n)
-		if w == nil {
-			continue
-		}
+	c.eachStackedExperts(claimed, func(n *pb.NodeProto, w *pb.TensorProto, data string) {
 		E := w.GetDims()[0]
 		at, mix, onInput := c.fixedMixture(n, data, E, claimed)
 		if at == nil || reported[at] || len(c.graphInputsRead(data, nil)) == 0 {
-			continue
+			return
 		}
 		reported[at] = true
 		how := fmt.Sprintf("their outputs are weighted by %q", mix)
@@ -52,8 +45,22 @@ func (c *ctx) fixedDenseExperts(claimed []bool) []NearMiss {
 		out = append(out, NearMiss{Node: graph.NodeLabel(at), Reason: fmt.Sprintf(
 			"routing does not depend on the hidden state: %d dense experts (stacked weights %q %v) run on every token and %s, which is computed from constants alone: a fixed mixture, with no TopK and no router of the hidden state; ai.mok::MoE cannot express that (its router is a linear layer of the block input)",
 			E, w.GetName(), w.GetDims(), how)})
-	}
+	})
 	return out
+}
+
+// eachStackedExperts calls fn, in topological order, for every MatMul or
+// Gemm no block claimed that uses a stack of expert matrices whole
+// (stackedExperts), with that stack and its other operand.
+func (c *ctx) eachStackedExperts(claimed []bool, fn func(n *pb.NodeProto, w *pb.TensorProto, data string)) {
+	for p, n := range c.topo {
+		if claimed[p] {
+			continue
+		}
+		if w, data := c.stackedExperts(n); w != nil {
+			fn(n, w, data)
+		}
+	}
 }
 
 // stackedExperts returns the stacked expert weight [E, in, out] (E ≥ 2)

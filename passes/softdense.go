@@ -23,23 +23,16 @@ import (
 func (c *ctx) softDenseExperts(claimed []bool) []string {
 	var out []string
 	reported := map[string]bool{}
-	for p, n := range c.topo {
-		if claimed[p] {
-			continue
-		}
-		w, data := c.stackedExperts(n)
-		if w == nil {
-			continue
-		}
+	c.eachStackedExperts(claimed, func(n *pb.NodeProto, w *pb.TensorProto, data string) {
 		E := w.GetDims()[0]
 		mix, act := c.softMixtureOf(n, data, E, claimed)
 		if mix == "" || reported[mix] {
-			continue
+			return
 		}
 		reported[mix] = true
 		out = append(out, fmt.Sprintf("%s: soft routing left unfused: %d dense experts (stacked weights %q %v) run on every token, weighted by %q, the %s of a router over all %d experts, with no TopK; ai.mok::MoE routes each token to its top-k experts",
 			graph.NodeLabel(n), E, w.GetName(), w.GetDims(), mix, act, E))
-	}
+	})
 	return out
 }
 

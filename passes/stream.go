@@ -2,10 +2,8 @@ package passes
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"io"
-	"math"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -344,19 +342,11 @@ func readFloats(m *graph.Model, t *pb.TensorProto, off, n int64) ([]float32, err
 func writeFloatsAs(w io.Writer, v []float32, dt pb.TensorProto_DataType) error {
 	const chunk = 1 << 16
 	width := graph.ElemBits(dt) / 8
-	enc := map[pb.TensorProto_DataType]func(float32) uint16{pb.TensorProto_FLOAT16: graph.Float32ToHalf, pb.TensorProto_BFLOAT16: graph.Float32ToBFloat16}[dt]
-	if dt != pb.TensorProto_FLOAT && enc == nil {
-		return fmt.Errorf("fused weights of type %s", dt)
-	}
 	buf := make([]byte, width*min(len(v), chunk))
 	for len(v) > 0 {
 		k := min(len(v), chunk)
-		for i, x := range v[:k] {
-			if enc != nil {
-				binary.LittleEndian.PutUint16(buf[2*i:], enc(x))
-			} else {
-				binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
-			}
+		if err := graph.EncodeFloat32Into(dt, buf[:width*k], v[:k]); err != nil {
+			return fmt.Errorf("fused weights: %w", err)
 		}
 		if _, err := w.Write(buf[:width*k]); err != nil {
 			return err

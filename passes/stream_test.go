@@ -102,15 +102,7 @@ func TestWriteCanonicalMatchesValues(t *testing.T) {
 		cfg.Router, cfg.Normalize, cfg.External, cfg.Seed = "softmax", true, true, 5
 		name := cfg.Shape + map[bool]string{true: "_swiglu"}[cfg.ORTSwiGLU] + map[bool]string{true: "_" + cfg.DType}[cfg.DType != ""]
 		t.Run(name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "m.onnx")
-			if err := models.Write(cfg, path); err != nil {
-				t.Fatal(err)
-			}
-			m, err := graph.Load(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
+			m := writtenModel(t, cfg)
 			det, err := Detect(m)
 			if err != nil || len(det.Blocks) == 0 {
 				t.Fatalf("detect: %v, %d blocks", err, len(det.Blocks))

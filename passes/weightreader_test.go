@@ -316,16 +316,7 @@ func assertReadsOnce(t *testing.T, m *graph.Model, blocks []*Block) {
 // makes the check of that block fail, of the others pass, so the check
 // computes from what the reader returns.
 func TestCorruptExpertFails(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.onnx")
-	cfg := models.Config{Shape: models.ShapeBatched, Layers: 2, Experts: 8, TopK: 2, Hidden: 32, Inter: 48, Router: "softmax", Normalize: true, External: true, Seed: 4}
-	if err := models.Write(cfg, path); err != nil {
-		t.Fatal(err)
-	}
-	m, err := graph.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := writtenModel(t, models.Config{Shape: models.ShapeBatched, Layers: 2, Experts: 8, TopK: 2, Hidden: 32, Inter: 48, Router: "softmax", Normalize: true, External: true, Seed: 4})
 	det, err := Detect(m)
 	if err != nil || len(det.Blocks) != 2 {
 		t.Fatalf("detect: %v", err)
@@ -369,4 +360,21 @@ func TestCheckBytesBoundedByExperts(t *testing.T) {
 	if routed := 4 * 3 * E * H * I; want*4 > routed {
 		t.Errorf("checkBytes %d is not small against the %d bytes of routed matrices", want, routed)
 	}
+}
+
+// writtenModel writes the model cfg describes to a temporary folder (its
+// weights in a side file when cfg.External) and loads it; the model is
+// closed when the test ends.
+func writtenModel(t *testing.T, cfg models.Config) *graph.Model {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m.onnx")
+	if err := models.Write(cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	m, err := graph.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }

@@ -2,6 +2,7 @@ package eval
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -144,29 +145,26 @@ func (r *runner) streamable(p *pb.TensorProto, narrow bool) *Tensor {
 
 // streamsInput reports whether node n's kernel reads input position i as
 // a streamed tensor (Kernels.Streams), given that the kernel, not a
-// model-local function, will run it.
-func (r *runner) streamsInput(n *pb.NodeProto, i int) bool {
+// model-local function, will run it; narrow says the reader also takes the one-byte types (streamWidth): a
+// declared kernel does, the built-in gathers, whose lazy slabs are read as
+// float, do not.
+func (r *runner) streamsInput(n *pb.NodeProto, i int) (streams, narrow bool) {
 	if i == 0 && normDomain(n.GetDomain()) == "" && (n.GetOpType() == "Gather" || n.GetOpType() == "GatherND") {
 		// the built-in gathers keep whole slabs of a weight lazy (lazy.go);
 		// over a streamed weight MatMul then reads each slab once.
 		_, _, custom := r.lookup("", n.GetOpType())
-		return !custom && r.funcs[funcKey{"", n.GetOpType(), n.GetOverload()}] == nil
+		return !custom && r.funcs[funcKey{"", n.GetOpType(), n.GetOverload()}] == nil, false
 	}
 	ks := r.opt.Kernels
 	if ks == nil || ks.streams == nil {
-		return false
+		return false, false
 	}
 	key := opKey{normDomain(n.GetDomain()), n.GetOpType()}
 	pos, ok := ks.streams[key]
 	if !ok || (r.opt.PreferFunctions && r.funcs[funcKey{key.domain, key.op, n.GetOverload()}] != nil) {
-		return false
+		return false, false
 	}
-	for _, p := range pos {
-		if p == i {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(pos, i), true
 }
 
 // input returns input i (named name) of node n: a streamed tensor when
@@ -174,10 +172,7 @@ func (r *runner) streamsInput(n *pb.NodeProto, i int) bool {
 // the value itself, a streamed one loaded whole (and kept so for later
 // readers).
 func (r *runner) input(sc *scope, n *pb.NodeProto, i int, name string) (*Tensor, error) {
-	streams := r.streamsInput(n, i)
-	// the built-in gathers take float weights only; declared kernels also
-	// the one-byte types
-	narrow := streams && !(i == 0 && normDomain(n.GetDomain()) == "" && (n.GetOpType() == "Gather" || n.GetOpType() == "GatherND"))
+	streams, narrow := r.streamsInput(n, i)
 	if streams {
 		for s := sc; s != nil; s = s.parent {
 			if t, ok := s.vals[name]; ok {
