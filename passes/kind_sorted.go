@@ -807,13 +807,6 @@ func (c *ctx) rowIndex(idx string) string {
 	return ""
 }
 
-// sortedElementwise are the ops an activation between a sort-based
-// block's projections may use.
-var sortedElementwise = map[string]bool{
-	"Sigmoid": true, "Tanh": true, "Relu": true, "Erf": true, "Gelu": true, "Neg": true, "Exp": true, "Softplus": true,
-	"Mul": true, "Add": true, "Sub": true, "Div": true, "Min": true, "Max": true, "Clip": true, "Pow": true,
-}
-
 // setOnce sets *dst to v, failing when it already holds another value.
 func (c *ctx) setOnce(dst *string, v, what string) error {
 	if *dst != "" && *dst != v {

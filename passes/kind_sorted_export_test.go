@@ -90,14 +90,7 @@ func TestSortedExports(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Rewrite(m, Options{Check: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(rep.Fused) != 1 {
-				t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
-			}
-			fb := rep.Fused[0]
+			fb := fuseOnly(t, m)
 			sp := fb.Block.Spec
 			z := pc.Sizes
 			if fb.Block.Kind != KindSorted || sp.NumExperts != z.E || sp.TopK != z.K || sp.Hidden != z.H || sp.Inter != z.I ||

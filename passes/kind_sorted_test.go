@@ -11,6 +11,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"github.com/mokopt/mokopt/models"
 	"github.com/mokopt/mokopt/moe"
 	"google.golang.org/protobuf/proto"
 )
@@ -18,37 +19,38 @@ import (
 // sortedOpts shapes a synthetic sort-based (MegaBlocks-style) MoE block.
 type sortedOpts struct {
 	E, K, H, I, B, S int
-	gateSecond       bool   // the gate is the second half of the fused projection
-	separate         bool   // separate gate and up weights, activation per group
-	actThenTopK      bool   // softmax over all experts before the top-k
-	scatterElements  bool   // scatter back with ScatterElements instead of ScatterND
-	listCounts       bool   // split sizes listed count by count (Gather + Concat)
-	oneHot           bool   // counts from OneHot instead of ScatterElements
-	oneHotTwice      bool   // the OneHot summed by two reductions
-	breakOnes        bool   // the counts' one-hot scatters twos
-	countSorted      bool   // with equalCounts: count the sorted ids
-	unsort           string // "scatter" or "gather": outputs put back in pair order, then weighted and summed over k
-	unsortWeighted   bool   // with unsort: weight by the sorted weights before putting back
-	tokGather        string // "const" or "range": the pairs' tokens gathered by the permutation from token_of_pair
-	breakTok         bool   // with tokGather "const": each pair given the next pair's token
-	halveUp          bool   // the up half scaled by 0.5: silu(g)·u/2, which no activation of the table computes
-	perPair          bool   // first projections put back in pair order between the projections
-	bias             bool   // an output bias after the scatter
-	gatesPerGroup    bool   // weight each expert's group before joining the groups
-	noDiv            bool   // top-1: the permutation is the pairs' tokens, no division
-	rawGates         bool   // weight by the top-k logits instead of their softmax
-	gelu             bool   // a two-layer GELU MLP per expert
-	equalCounts      bool   // counts from ids[:, None] == arange(E) over the flattened ids
-	sliceGroups      string // "inclusive", "exclusive" or "padded": groups sliced between running sums of the counts; "traced": at constant rows
-	breakSlice       bool   // the first group sliced over two experts' rows
-	gemmBias         bool   // per-expert projections as Gemm with per-expert biases
-	half             bool   // float16 input and output around a float32 block
-	unbindCounts     bool   // split sizes from the counts split into one-element pieces
-	shared           bool   // a SwiGLU shared expert added to the scattered outputs
-	sharedFused      bool   // the shared expert with one fused gate_up projection (GraniteMoeShared)
-	breakScatter     string // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
-	breakSplit       string // "const": split by constant sizes
-	breakDiv         int    // divide the permutation by this instead of K
+	gateSecond       bool             // the gate is the second half of the fused projection
+	separate         bool             // separate gate and up weights, activation per group
+	actThenTopK      bool             // softmax over all experts before the top-k
+	scatterElements  bool             // scatter back with ScatterElements instead of ScatterND
+	listCounts       bool             // split sizes listed count by count (Gather + Concat)
+	oneHot           bool             // counts from OneHot instead of ScatterElements
+	oneHotTwice      bool             // the OneHot summed by two reductions
+	breakOnes        bool             // the counts' one-hot scatters twos
+	countSorted      bool             // with equalCounts: count the sorted ids
+	unsort           string           // "scatter" or "gather": outputs put back in pair order, then weighted and summed over k
+	unsortWeighted   bool             // with unsort: weight by the sorted weights before putting back
+	tokGather        string           // "const" or "range": the pairs' tokens gathered by the permutation from token_of_pair
+	breakTok         bool             // with tokGather "const": each pair given the next pair's token
+	halveUp          bool             // the up half scaled by 0.5: silu(g)·u/2, which no activation of the table computes
+	perPair          bool             // first projections put back in pair order between the projections
+	bias             bool             // an output bias after the scatter
+	gatesPerGroup    bool             // weight each expert's group before joining the groups
+	noDiv            bool             // top-1: the permutation is the pairs' tokens, no division
+	rawGates         bool             // weight by the top-k logits instead of their softmax
+	gelu             bool             // a two-layer GELU MLP per expert
+	equalCounts      bool             // counts from ids[:, None] == arange(E) over the flattened ids
+	sliceGroups      string           // "inclusive", "exclusive" or "padded": groups sliced between running sums of the counts; "traced": at constant rows
+	breakSlice       bool             // the first group sliced over two experts' rows
+	gemmBias         bool             // per-expert projections as Gemm with per-expert biases
+	half             bool             // float16 input and output around a float32 block
+	unbindCounts     bool             // split sizes from the counts split into one-element pieces
+	shared           bool             // a SwiGLU shared expert added to the scattered outputs
+	sharedFused      bool             // the shared expert with one fused gate_up projection (GraniteMoeShared)
+	breakScatter     string           // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
+	breakSplit       string           // "const": split by constant sizes
+	breakDiv         int              // divide the permutation by this instead of K
+	act              *models.Spelling // the expert activation spelled so (gated: of the fused gate_up halves; else of the gelu MLP's hidden)
 }
 
 // sortedModel builds a sort-based block as JetMoE's ParallelExperts export
@@ -92,6 +94,12 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		return name
 	}
 	zeroF := graph.TensorAttr("value", moe.Float32Tensor("", []int64{1}, []float32{0}))
+	spelled := func(g, u string) string { // o.act written between the projections
+		b := &moe.Builder{Prefix: "act"}
+		out := o.act.Write(b, g, u, int64(I))
+		nodes = append(nodes, b.Nodes...)
+		return out
+	}
 
 	xin := "x"
 	if o.half {
@@ -259,8 +267,13 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 			hs = append(hs, perExpert(w1, e, segs[e]))
 		}
 		h := one("Concat", hs, graph.IntAttr("axis", 0))
-		erf := one("Erf", []string{one("Mul", []string{h, floats(nil, []float32{0.70710678})})})
-		a := one("Mul", []string{one("Mul", []string{h, floats(nil, []float32{0.5})}), one("Add", []string{erf, floats(nil, []float32{1})})})
+		var a string
+		if o.act != nil {
+			a = spelled(h, h)
+		} else {
+			erf := one("Erf", []string{one("Mul", []string{h, floats(nil, []float32{0.70710678})})})
+			a = one("Mul", []string{one("Mul", []string{h, floats(nil, []float32{0.5})}), one("Add", []string{erf, floats(nil, []float32{1})})})
+		}
 		as := groups(a)
 		for e := range E {
 			outs = append(outs, perExpert(wOut, e, as[e]))
@@ -292,7 +305,12 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		if o.halveUp {
 			u = one("Mul", []string{u, floats(nil, []float32{0.5})})
 		}
-		a := one("Mul", []string{silu(g), u})
+		a := ""
+		if o.act != nil {
+			a = spelled(g, u)
+		} else {
+			a = one("Mul", []string{silu(g), u})
+		}
 		as := groups(a)
 		for e := range E {
 			outs = append(outs, perExpert(wOut, e, as[e]))
@@ -377,7 +395,14 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 			ElemType: proto.Int32(int32(io)), Shape: &pb.TensorShapeProto{Dim: ds}}}}}
 	}
 	dims := []int64{int64(o.B), int64(o.S), int64(H)}
-	mp := &pb.ModelProto{IrVersion: proto.Int64(10), OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}},
+	opsets := []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(18)}}
+	if o.act != nil && o.act.Opset > 18 {
+		opsets[0].Version = proto.Int64(o.act.Opset)
+	}
+	if o.act != nil && o.act.MS {
+		opsets = append(opsets, &pb.OperatorSetIdProto{Domain: proto.String("com.microsoft"), Version: proto.Int64(1)})
+	}
+	mp := &pb.ModelProto{IrVersion: proto.Int64(10), OpsetImport: opsets,
 		Graph: &pb.GraphProto{Name: proto.String("sorted"), Node: nodes, Initializer: inits,
 			Input: []*pb.ValueInfoProto{vi("x", dims...)}, Output: []*pb.ValueInfoProto{vi("y", dims...)}}}
 	return &graph.Model{Proto: mp, Dir: "."}
@@ -447,42 +472,87 @@ func TestSortedSynthetic(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base
 			tc.mod(&o)
-			m := sortedModel(o, int64(i+1))
-			orig := sortedModel(o, int64(i+1))
-			xs := make([]float32, o.B*o.S*o.H)
-			r := rand.New(rand.NewSource(int64(100 + i)))
-			for j := range xs {
-				xs[j] = r.Float32()*2 - 1
+			fb := fuseSorted(t, o, int64(i+1))
+			if fb.Variant != tc.variant {
+				t.Fatalf("fused as %s, want %s", fb.Variant, tc.variant)
 			}
-			x := eval.NewFloat32([]int{o.B, o.S, o.H}, xs)
-			if o.half {
-				x = eval.NewFloatAs(pb.TensorProto_FLOAT16, []int{o.B, o.S, o.H}, xs)
-			}
-			feeds := map[string]*eval.Tensor{"x": x}
-			ref, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rep, err := Rewrite(m, Options{Check: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(rep.Fused) != 1 {
-				t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
-			}
-			fb := rep.Fused[0]
-			sp := fb.Block.Spec
-			if fb.Block.Kind != KindSorted || fb.Variant != tc.variant || sp.NumExperts != o.E || sp.TopK != o.K || sp.Hidden != o.H || sp.Inter != o.I {
-				t.Fatalf("fused kind %s %s E=%d k=%d H=%d I=%d, want %s %s E=%d k=%d H=%d I=%d", fb.Block.Kind, fb.Variant, sp.NumExperts, sp.TopK, sp.Hidden, sp.Inter,
-					KindSorted, tc.variant, o.E, o.K, o.H, o.I)
-			}
-			for _, n := range m.Proto.Graph.Node {
-				if n.GetOpType() == "TopK" || n.GetOpType() == "ScatterND" || n.GetOpType() == "Split" {
-					t.Fatalf("%s %q left after fusion", n.GetOpType(), n.GetName())
-				}
-			}
-			runBoth(t, m, feeds, ref["y"])
 		})
+	}
+}
+
+// fuseSorted builds sortedModel(o, seed), rewrites it with the numerical
+// check, expects one sort-based block of o's sizes with no dispatch op
+// left, and compares the fused model (reference kernel and function body)
+// with the original on random inputs.
+func fuseSorted(t *testing.T, o sortedOpts, seed int64) Fused {
+	t.Helper()
+	m := sortedModel(o, seed)
+	orig := sortedModel(o, seed)
+	xs := make([]float32, o.B*o.S*o.H)
+	r := rand.New(rand.NewSource(99 + seed))
+	for j := range xs {
+		xs[j] = r.Float32()*2 - 1
+	}
+	x := eval.NewFloat32([]int{o.B, o.S, o.H}, xs)
+	if o.half {
+		x = eval.NewFloatAs(pb.TensorProto_FLOAT16, []int{o.B, o.S, o.H}, xs)
+	}
+	feeds := map[string]*eval.Tensor{"x": x}
+	ref, err := eval.Run(context.Background(), orig, feeds, eval.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb := fuseOnly(t, m)
+	sp := fb.Block.Spec
+	if fb.Block.Kind != KindSorted || sp.NumExperts != o.E || sp.TopK != o.K || sp.Hidden != o.H || sp.Inter != o.I {
+		t.Fatalf("fused kind %s E=%d k=%d H=%d I=%d, want %s E=%d k=%d H=%d I=%d", fb.Block.Kind, sp.NumExperts, sp.TopK, sp.Hidden, sp.Inter,
+			KindSorted, o.E, o.K, o.H, o.I)
+	}
+	for _, n := range m.Proto.Graph.Node {
+		if n.GetOpType() == "TopK" || n.GetOpType() == "ScatterND" || n.GetOpType() == "Split" {
+			t.Fatalf("%s %q left after fusion", n.GetOpType(), n.GetName())
+		}
+	}
+	runBoth(t, m, feeds, ref["y"])
+	return fb
+}
+
+// fuseOnly rewrites m with the numerical check and expects one fused block.
+func fuseOnly(t *testing.T, m *graph.Model) Fused {
+	t.Helper()
+	rep, err := Rewrite(m, Options{Check: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Fused) != 1 {
+		t.Fatalf("fused %d blocks, want 1", len(rep.Fused))
+	}
+	return rep.Fused[0]
+}
+
+// TestSortedActivations: a sort-based block fuses with every activation of
+// the table in each of its spellings (models.ActivationCases; gated ones
+// between the halves of the fused gate_up, the others in a two-layer MLP),
+// identified as that row with its parameters, and the fused model
+// reproduces the original.
+func TestSortedActivations(t *testing.T) {
+	for ci, cs := range models.ActivationCases {
+		def := moe.LookupActivation(cs.Act)
+		for si := range cs.Spellings {
+			sp := cs.Spellings[si]
+			t.Run(cs.Act+"/"+sp.Name, func(t *testing.T) {
+				o := sortedOpts{E: 4, K: 2, H: 16, I: 8, B: 2, S: 5, act: &sp, gelu: !def.Gated}
+				fb := fuseSorted(t, o, int64(10*ci+si+1))
+				s := fb.Block.Spec
+				p := cs.Params
+				if p.Alpha == 0 {
+					p.Alpha = 1
+				}
+				if s.Activation != cs.Act || s.ActParams() != p {
+					t.Fatalf("fused as %s %+v, want %s %+v", s.Activation, s.ActParams(), cs.Act, p)
+				}
+			})
+		}
 	}
 }
 

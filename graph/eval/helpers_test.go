@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
@@ -56,8 +57,9 @@ func modelOf(opset int64, nodes []*pb.NodeProto, inNames []string, ins []*Tensor
 	return &graph.Model{Proto: mp}
 }
 
-// runOp evaluates a single node at the given opset; nil inputs become
-// omitted optional inputs.
+// runOp evaluates a single node at the given opset (op may be
+// "domain::op", imported at version 1); nil inputs become omitted optional
+// inputs.
 func runOp(t *testing.T, opset int64, op string, attrs []*pb.AttributeProto, nOut int, inputs ...*Tensor) ([]*Tensor, error) {
 	t.Helper()
 	var names []string
@@ -75,8 +77,15 @@ func runOp(t *testing.T, opset int64, op string, attrs []*pb.AttributeProto, nOu
 	for i := 0; i < nOut; i++ {
 		outs = append(outs, "y"+string(rune('0'+i)))
 	}
-	node := graph.NewNode(op, "", "n0", names, outs, attrs...)
+	domain, typ, ok := strings.Cut(op, "::")
+	if !ok {
+		domain, typ = "", op
+	}
+	node := graph.NewNode(typ, domain, "n0", names, outs, attrs...)
 	m := modelOf(opset, []*pb.NodeProto{node}, names, inputs, outs)
+	if domain != "" {
+		m.Proto.OpsetImport = append(m.Proto.OpsetImport, &pb.OperatorSetIdProto{Domain: proto.String(domain), Version: proto.Int64(1)})
+	}
 	res, err := Run(context.Background(), m, feeds, Options{})
 	if err != nil {
 		return nil, err

@@ -624,6 +624,26 @@ func intUnary(n *pb.NodeProto, op string, dt pb.TensorProto_DataType) func(int64
 	return nil
 }
 
+// kBiasThen is a contrib activation with an optional bias (FastGelu's
+// input 1, BiasGelu's B): op(X + bias), the sum broadcast as Add does.
+func kBiasThen(op string) KernelFunc {
+	f := kUnary(op)
+	return func(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
+		if len(in) > 1 && in[1] != nil {
+			x, err := need(in, 0)
+			if err != nil {
+				return nil, err
+			}
+			sum, err := applyArith(arithOps["Add"], x, in[1])
+			if err != nil {
+				return nil, err
+			}
+			in = []*Tensor{sum}
+		}
+		return f(c, n, in)
+	}
+}
+
 func kUnary(op string) KernelFunc {
 	return func(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 		x, err := need(in, 0)
@@ -1168,9 +1188,10 @@ func init() {
 		"HardSigmoid", "HardSwish", "Gelu", "Shrink"} {
 		builtin("", kUnary(op), op)
 	}
-	for _, op := range []string{"Gelu", "FastGelu", "QuickGelu"} {
-		builtin("com.microsoft", kUnary(op), op)
-	}
+	builtin("com.microsoft", kUnary("Gelu"), "Gelu")
+	builtin("com.microsoft", kUnary("QuickGelu"), "QuickGelu")
+	builtin("com.microsoft", kBiasThen("FastGelu"), "FastGelu")
+	builtin("com.microsoft", kBiasThen("Gelu"), "BiasGelu")
 	for _, op := range []string{"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"} {
 		builtin("", kCompare(op), op)
 	}

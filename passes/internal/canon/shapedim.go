@@ -54,6 +54,9 @@ var StaticDim = Rule{
 var dimKeepers = map[string]bool{
 	"Softmax": true, "LogSoftmax": true, "Sigmoid": true, "Exp": true, "Neg": true, "Tanh": true, "Relu": true,
 	"Cast": true, "Identity": true, "Abs": true, "Log": true, "Sqrt": true, "Reciprocal": true, "Erf": true, "Clip": true,
+	"Softplus": true, "Softsign": true, "Mish": true, "Elu": true, "Celu": true, "Selu": true, "LeakyRelu": true,
+	"ThresholdedRelu": true, "HardSigmoid": true, "HardSwish": true, "Gelu": true, "Sign": true, "Floor": true, "Ceil": true,
+	"Round": true, "Sin": true, "Cos": true,
 }
 
 // staticDim returns dimension i of v (rank r) when it is static.

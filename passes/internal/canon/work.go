@@ -523,6 +523,8 @@ var sameTypeOps = map[string]bool{
 	"LeakyRelu": true, "HardSigmoid": true, "Elu": true, "Softplus": true, "Gelu": true, "ScatterND": true, "ScatterElements": true,
 	"com.microsoft::QuickGelu": true, "com.microsoft::FusedGemm": true, "com.microsoft::FusedMatMul": true,
 	"com.microsoft::Gelu": true, "com.microsoft::BiasGelu": true, "com.microsoft::FastGelu": true,
+	"Log": true, "Reciprocal": true, "Softsign": true, "Mish": true, "Celu": true, "Selu": true, "ThresholdedRelu": true,
+	"HardSwish": true, "PRelu": true, "Sign": true, "Floor": true, "Ceil": true, "Round": true, "Sin": true, "Cos": true,
 }
 
 // inferElemType follows producers back (a few steps) to the element type of
