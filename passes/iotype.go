@@ -32,7 +32,15 @@ func (c *ctx) elemType(v string) pb.TensorProto_DataType {
 			return pb.TensorProto_DataType(graph.AttrInt(p, "to", 0))
 		case "Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Expand", "Transpose":
 			v = p.Input[0]
-		case "ReduceSum", "Mul", "Add", "Sub", "Div", "MatMul", "Gemm", "Sigmoid", "Softmax", "Neg", "Concat", "GatherND", "ScatterND", "ScatterElements":
+		case "TopK":
+			if len(p.Output) > 1 && v == p.Output[1] {
+				return pb.TensorProto_INT64
+			}
+			v = p.Input[0]
+		case "ArgMax", "ArgMin":
+			return pb.TensorProto_INT64
+		case "ReduceSum", "Mul", "Add", "Sub", "Div", "MatMul", "Gemm", "Sigmoid", "Softmax", "Neg", "Concat", "GatherND", "ScatterND", "ScatterElements",
+			"Gather", "GatherElements", "Slice", "Exp", "Reciprocal", "ReduceMax", "Max", "Min", "Clip", "LogSoftmax", "Tanh", "Abs":
 			// the result has the type of the first input (ONNX's type
 			// constraint T): an export without value_info (TorchScript, a
 			// generated model) still tells a half-precision sum

@@ -872,7 +872,22 @@ func (c *ctx) isRoutingWeights(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec, v 
 	if c.reachFrom(tk.Output[0]).has(p) {
 		return true
 	}
-	return ri.scores != "" && p.GetOpType() == "GatherElements" && c.through(p.Input[0]) == c.through(ri.scores) && c.through(p.Input[1]) == c.through(tk.Output[1])
+	if ri.scores != "" && p.GetOpType() == "GatherElements" && c.through(p.Input[0]) == c.through(ri.scores) && c.through(p.Input[1]) == c.through(tk.Output[1]) {
+		return true
+	}
+	// Any other float value computed from the selection (scores gathered
+	// by the indices, then renormalised, scaled, ...): what it computes is
+	// decided by evaluation (pickWeights) and the numerical check.
+	return c.reachFrom(tk.Output[1]).has(p) && isFloatType(c.elemType(v))
+}
+
+// isFloatType reports whether t is a floating-point element type.
+func isFloatType(t pb.TensorProto_DataType) bool {
+	switch t {
+	case pb.TensorProto_FLOAT, pb.TensorProto_FLOAT16, pb.TensorProto_BFLOAT16, pb.TensorProto_DOUBLE:
+		return true
+	}
+	return false
 }
 
 // splitAxis returns a Split's axis (normalised against a declared rank

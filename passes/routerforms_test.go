@@ -349,17 +349,89 @@ func TestRouterForms(t *testing.T) {
 			if shape == models.ShapeDense && f.extra > 0 {
 				continue // its zeros take the logits' shape: no valid original
 			}
-			t.Run(shape+"/"+f.name, func(t *testing.T) { checkRouterForm(t, f, shape) })
+			t.Run(shape+"/"+f.name, func(t *testing.T) {
+				checkRouterForm(t, f, func() *graph.Model { return withRouterForm(t, f, shape) })
+			})
 		}
+	}
+	for _, f := range routerForms() {
+		t.Run(KindSorted+"/"+f.name, func(t *testing.T) {
+			checkRouterForm(t, f, func() *graph.Model { return sortedWithRouterForm(t, f) })
+		})
 	}
 }
 
-// checkRouterForm is one row of TestRouterForms.
-func checkRouterForm(t *testing.T, f routerForm, shape string) {
+// sortedWithRouterForm is a sort-based block (sortedModel, E=8) whose
+// router post-processing, top-k then softmax, is replaced by f's.
+func sortedWithRouterForm(t *testing.T, f routerForm) *graph.Model {
+	t.Helper()
+	m := sortedModel(sortedOpts{E: 8, K: f.k, H: 16, I: 8, B: 2, S: 5}, 7)
+	g := m.Proto.Graph
+	var tk, act, mm *pb.NodeProto
+	for _, n := range g.Node {
+		if n.GetOpType() == "MatMul" && mm == nil {
+			mm = n // the router's, the first
+		}
+		if n.GetOpType() == "TopK" && mm != nil && tk == nil && n.Input[0] == mm.Output[0] {
+			tk = n
+		}
+		if n.GetOpType() == "Softmax" && tk != nil && n.Input[0] == tk.Output[0] {
+			act = n
+		}
+	}
+	if tk == nil || act == nil {
+		t.Fatal("no router in the synthetic sort-based block")
+	}
+	if f.extra > 0 {
+		extendRouterColumns(t, g, mm.Input[1], f.extra)
+	}
+	g.Node = slices.DeleteFunc(g.Node, func(n *pb.NodeProto) bool { return n == tk || n == act })
+	r := &routerSurgery{g: g, logits: mm.Output[0], extra: f.extra}
+	w, idx := f.form(r, f.k)
+	g.Node = append(g.Node,
+		graph.NewNode("Identity", "", "rf_w", []string{w}, []string{act.Output[0]}),
+		graph.NewNode("Identity", "", "rf_i", []string{idx}, []string{tk.Output[1]}))
+	sorted, err := m.Graph().TopoSort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Node = sorted
+	return &graph.Model{Proto: m.Proto, Dir: "."}
+}
+
+// extendRouterColumns appends extra columns to the router weight [H, E]
+// of a MatMul router.
+func extendRouterColumns(t *testing.T, g *pb.GraphProto, name string, extra int) {
+	t.Helper()
+	for i, init := range g.Initializer {
+		if init.GetName() != name {
+			continue
+		}
+		d := init.GetDims()
+		raw := init.GetRawData()
+		var out []byte
+		for row := range int(d[0]) {
+			out = append(out, raw[4*row*int(d[1]):4*(row+1)*int(d[1])]...)
+			for j := range extra {
+				out = append(out, byte(row*37+j*11), byte(row*13+j), byte(j*7+row), 0x3c)
+			}
+		}
+		nt := proto.Clone(init).(*pb.TensorProto)
+		nt.Dims = []int64{d[0], d[1] + int64(extra)}
+		nt.RawData = out
+		g.Initializer[i] = nt
+		return
+	}
+	t.Fatalf("no router weight %q", name)
+}
+
+// checkRouterForm is one row of TestRouterForms on the model build makes
+// (called twice: the original and the one rewritten).
+func checkRouterForm(t *testing.T, f routerForm, build func() *graph.Model) {
 	{
 		{
-			orig := withRouterForm(t, f, shape)
-			m := withRouterForm(t, f, shape)
+			orig := build()
+			m := build()
 			rep, err := Rewrite(m, Options{Check: true})
 			if f.refused != "" {
 				if err == nil || !errors.Is(err, ErrNotFused) || !slices.ContainsFunc(strings.Split(f.refused, "|"), func(s string) bool { return strings.Contains(err.Error(), s) }) {

@@ -36,7 +36,7 @@ func (c *ctx) pickWeights(run *routingRun, cands []routerCand, ref func(int) *re
 	var fitting []string
 	for _, v := range run.order {
 		// A value nothing reads (a TopK's unused values) reaches no expert.
-		if run.dep[v] && run.fits(run.vals[v]) && len(c.g.Consumers(v)) > 0 {
+		if run.dep[v] && run.fits(run.vals[v]) && c.floatUse(v, 8) {
 			fitting = append(fitting, v)
 		}
 	}
@@ -91,6 +91,31 @@ func (c *ctx) pickWeights(run *routingRun, cands []routerCand, ref func(int) *re
 		}
 	}
 	return nil, nil
+}
+
+// floatUse reports whether some consumer of v (followed through ops that
+// only move values, depth steps at most) reads it as a float: a value read
+// only as integers (a selection one-hot cast for counting) or only for its
+// shape weights nothing.
+func (c *ctx) floatUse(v string, depth int) bool {
+	for _, n := range c.g.Consumers(v) {
+		switch op := n.GetOpType(); {
+		case op == "Shape" || op == "Size":
+		case op == "Cast":
+			if isFloatType(pb.TensorProto_DataType(graph.AttrInt(n, "to", 0))) && (depth == 0 || c.floatUse(n.Output[0], depth-1)) {
+				return true
+			}
+		case movesData[op] && depth > 0 && len(n.Output) > 0:
+			for _, o := range n.Output {
+				if c.floatUse(o, depth-1) {
+					return true
+				}
+			}
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // descendants maps each of the values vals to those of vals computed from
