@@ -294,19 +294,21 @@ func withRouterFormTokens(t *testing.T, f routerForm, shape string, tokens int) 
 	if f.extra > 0 {
 		extendRouter(t, g, gemm.Input[1], f.extra)
 	}
-	var kept []*pb.NodeProto
-	for _, n := range g.Node {
-		if n != tk && n != act {
-			kept = append(kept, n)
-		}
-	}
-	g.Node = kept
-	w, idx := f.form(r, f.k)
+	return replaceRouter(t, m, f, r, []*pb.NodeProto{tk, act}, tk.Output[0], tk.Output[1])
+}
+
+// replaceRouter drops the nodes old from m, appends what f emits through r,
+// and binds its weights and indices to the values w and idx the old nodes
+// produced.
+func replaceRouter(t *testing.T, m *graph.Model, f routerForm, r *routerSurgery, old []*pb.NodeProto, w, idx string) *graph.Model {
+	t.Helper()
+	g := m.Proto.Graph
+	g.Node = slices.DeleteFunc(g.Node, func(n *pb.NodeProto) bool { return slices.Contains(old, n) })
+	fw, fi := f.form(r, f.k)
 	g.Node = append(g.Node,
-		graph.NewNode("Identity", "", "rf_w", []string{w}, []string{tk.Output[0]}),
-		graph.NewNode("Identity", "", "rf_i", []string{idx}, []string{tk.Output[1]}))
-	out := &graph.Model{Proto: m.Proto, Dir: "."}
-	sorted, err := out.Graph().TopoSort()
+		graph.NewNode("Identity", "", "rf_w", []string{fw}, []string{w}),
+		graph.NewNode("Identity", "", "rf_i", []string{fi}, []string{idx}))
+	sorted, err := m.Graph().TopoSort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,18 +387,8 @@ func sortedWithRouterForm(t *testing.T, f routerForm) *graph.Model {
 	if f.extra > 0 {
 		extendRouterColumns(t, g, mm.Input[1], f.extra)
 	}
-	g.Node = slices.DeleteFunc(g.Node, func(n *pb.NodeProto) bool { return n == tk || n == act })
 	r := &routerSurgery{g: g, logits: mm.Output[0], extra: f.extra}
-	w, idx := f.form(r, f.k)
-	g.Node = append(g.Node,
-		graph.NewNode("Identity", "", "rf_w", []string{w}, []string{act.Output[0]}),
-		graph.NewNode("Identity", "", "rf_i", []string{idx}, []string{tk.Output[1]}))
-	sorted, err := m.Graph().TopoSort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.Node = sorted
-	return &graph.Model{Proto: m.Proto, Dir: "."}
+	return replaceRouter(t, m, f, r, []*pb.NodeProto{tk, act}, act.Output[0], tk.Output[1])
 }
 
 // extendRouterColumns appends extra columns to the router weight [H, E]
