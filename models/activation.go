@@ -401,6 +401,25 @@ var ActivationCases = []ActCase{
 			return op(b, "Mul", x, sigmoidExpRatio(b, op(b, "Mul", x, sc(b, 1.25))))
 		})},
 	}},
+	{Act: moe.GLU, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.GLU, moe.ActParams{Alpha: 1})},
+		{Name: "div-exp", Emit: func(b *moe.Builder, g, u string) string { // u/(1 + e^(−g))
+			return op(b, "Div", u, op(b, "Add", sc(b, 1), op(b, "Exp", op(b, "Neg", g))))
+		}},
+		{Name: "tanh-half", Emit: func(b *moe.Builder, g, u string) string { // u·(½ + ½·tanh(g/2))
+			t := op(b, "Tanh", op(b, "Mul", g, sc(b, 0.5)))
+			return op(b, "Mul", op(b, "Add", op(b, "Mul", t, sc(b, 0.5)), sc(b, 0.5)), u)
+		}},
+		{Name: "exp-ratio", Emit: func(b *moe.Builder, g, u string) string { return op(b, "Mul", u, sigmoidExpRatio(b, g)) }},
+	}},
+	{Act: moe.Bilinear, Spellings: []Spelling{
+		{Name: "body", Emit: body(moe.Bilinear, moe.ActParams{Alpha: 1})},
+		{Name: "neg-neg", Emit: func(b *moe.Builder, g, u string) string { return op(b, "Mul", op(b, "Neg", g), op(b, "Neg", u)) }},
+		{Name: "div-reciprocal", Emit: func(b *moe.Builder, g, u string) string { // g/(1/u), infinite where u is 0
+			return op(b, "Div", g, op(b, "Reciprocal", u))
+		}},
+		{Name: "identity-gate", Emit: func(b *moe.Builder, g, u string) string { return op(b, "Mul", op(b, "Identity", g), u) }},
+	}},
 }
 
 // ActivationCase returns the case of activation act, or nil.

@@ -60,6 +60,11 @@ const (
 	// SwishGLU is swish(gate)·up: gate·σ(β·gate)·up, with β the
 	// swiglu_alpha attribute (neither SwiGLU's 1 nor QuickGeGLU's 1.702).
 	SwishGLU = "swishglu"
+	// GLU is σ(gate)·up, the original gated linear unit (PyTorch's
+	// F.glu on a fused projection, with the gate the second half).
+	GLU = "glu"
+	// Bilinear is gate·up, the gated unit without an activation.
+	Bilinear = "bilinear"
 )
 
 // ActParams are the parameters of a parametrised activation: Alpha
@@ -334,6 +339,14 @@ var Activations = []ActivationDef{
 		ORT: func(p ActParams) (ORTActivation, string) {
 			return ORTActivation{Type: "swiglu", Alpha: p.Alpha}, ""
 		}},
+	{Name: GLU, Gated: true, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(g, u float64, _ ActParams) float64 { return sigmoid64(g) * u },
+		Body: func(b *Builder, g, u string, _ ActParams) string { return mul(b, b.Op("Sigmoid", []string{g}), u) },
+		ORT:  noORT("the gated sigmoid (glu, σ(g)·u): the op's only gated form is SwiGLU, and its CPU kernel has no fc3")},
+	{Name: Bilinear, Gated: true, RTol: 1e-5, ATol: 1e-6,
+		Eval: func(g, u float64, _ ActParams) float64 { return g * u },
+		Body: func(b *Builder, g, u string, _ ActParams) string { return mul(b, g, u) },
+		ORT:  noORT("the bilinear gated unit (bilinear, g·u): the op's only gated form is SwiGLU, and its CPU kernel has no fc3")},
 }
 
 // LookupActivation returns the table row named name, or nil.

@@ -245,9 +245,12 @@ func (c *ctx) identifyActEval(a *actGraph, want *actID) (*actID, error) {
 		}
 		return nil, rejectf("expert activation is not a known function (made of %s)", a.opsList())
 	}
+	// Where the row fits both assignments of the two projections (a
+	// symmetric function, bilinear g·u), they compute the same: the first
+	// projection is taken as the gate.
 	for _, f := range fits {
-		if f.def == best.def && f.swap != best.swap {
-			return nil, rejectf("cannot tell gate from up: the expert activation %s (ops: %s) fits both assignments of the two projections", best.def.Name, a.opsList())
+		if f.def == best.def && f.p == best.p && !f.swap {
+			return f, nil
 		}
 	}
 	return best, nil

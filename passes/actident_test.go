@@ -120,8 +120,10 @@ func TestIdentifyActivation(t *testing.T) {
 						if err != nil {
 							t.Fatalf("inputs %v: %v", ins, err)
 						}
-						if id.def.Name != cs.Act || id.p != want || id.swap != (i == 1) {
-							t.Fatalf("inputs %v: identified %s %+v swap %v, want %s %+v swap %v", ins, id.def.Name, id.p, id.swap, cs.Act, want, i == 1)
+						// a symmetric row (bilinear) takes the first input as the gate
+						swap := i == 1 && def.Eval(-0.3, 1.7, want) != def.Eval(1.7, -0.3, want)
+						if id.def.Name != cs.Act || id.p != want || id.swap != swap {
+							t.Fatalf("inputs %v: identified %s %+v swap %v, want %s %+v swap %v", ins, id.def.Name, id.p, id.swap, cs.Act, want, swap)
 						}
 					}
 				}
@@ -159,7 +161,7 @@ func TestIdentifyActivationRefuses(t *testing.T) {
 			g = b.Op("Min", []string{g, b.Scalar(7)})
 			return b.Op("Mul", []string{b.Op("Mul", []string{g, b.Op("Sigmoid", []string{g})}), u})
 		}, "not a known function (made of Min, Sigmoid, Mul)"},
-		{"product g·u", true, func(b *moe.Builder, g, u string) string { return b.Op("Mul", []string{g, u}) }, "not a known function (made of Mul)"},
+		{"product g·u²", true, func(b *moe.Builder, g, u string) string { return b.Op("Mul", []string{b.Op("Mul", []string{g, u}), u}) }, "not a known function (made of Mul)"},
 		{"softmax between", false, func(b *moe.Builder, _, u string) string {
 			return b.Op("Mul", []string{u, b.Op("Softmax", []string{u}, graph.IntAttr("axis", -1))})
 		}, "not elementwise (ops: Softmax)"},
