@@ -307,9 +307,18 @@ func holdsSelection(m *graph.Model, gp *pb.GraphProto) bool {
 // selects is holdsSelection over nodes ns; seen holds the functions
 // entered (so that a recursive function ends the walk).
 func selects(funcs map[string]*pb.FunctionProto, ns []*pb.NodeProto, seen map[*pb.FunctionProto]bool) bool {
+	matmuls := 0
 	for _, n := range ns {
 		if n.GetOpType() == "TopK" || n.GetOpType() == "ArgMax" || isORTMoE(n) {
 			return true
+		}
+		// Experts without a selection (a fixed routing table, dense
+		// experts mixed by constants or by a soft router) are named by the
+		// detection too: two projections may be two experts.
+		if isProjection(n) {
+			if matmuls++; matmuls >= 2 {
+				return true
+			}
 		}
 		if f := funcs[funcKey(n.GetDomain(), n.GetOpType(), n.GetOverload())]; f != nil && !seen[f] {
 			seen[f] = true
@@ -327,6 +336,16 @@ func selects(funcs map[string]*pb.FunctionProto, ns []*pb.NodeProto, seen map[*p
 				}
 			}
 		}
+	}
+	return false
+}
+
+// isProjection reports whether n is a matrix product an expert may be made
+// of.
+func isProjection(n *pb.NodeProto) bool {
+	switch n.GetOpType() {
+	case "MatMul", "Gemm", "Einsum", "MatMulInteger", "FusedMatMul", "MatMulNBits", "QLinearMatMul":
+		return true
 	}
 	return false
 }

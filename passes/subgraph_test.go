@@ -2,6 +2,7 @@ package passes
 
 import (
 	"context"
+	"errors"
 	"math"
 	"path/filepath"
 	"strings"
@@ -287,8 +288,26 @@ func TestControlFlowNeverSilent(t *testing.T) {
 			}
 		}
 		rep, err := Rewrite(m, Options{Partial: true})
-		if err != nil || len(rep.Fused) != 0 || len(rep.NearMiss) != 0 || len(rep.Refused) != 0 {
+		if err != nil || len(rep.Fused) != 0 || len(rep.Refused) != 0 {
 			t.Fatalf("err %v, report %+v", err, rep)
+		}
+		// The branch is searched as the main graph is: the same graph on
+		// its own gives the same near-misses, named here with the scope.
+		alone := proto.Clone(branch).(*pb.GraphProto)
+		alone.Input = append(alone.Input, m.Proto.Graph.Input...)
+		alone.Initializer = append(alone.Initializer, m.Proto.Graph.Initializer...) // captured from the outer scope
+		main := &graph.Model{Proto: &pb.ModelProto{IrVersion: m.Proto.IrVersion, OpsetImport: m.Proto.OpsetImport, Graph: alone}, Dir: m.Dir}
+		det, err := Detect(main)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.NearMiss) != len(det.NearMiss) {
+			t.Fatalf("near-misses in the branch %v, of the branch alone %v", rep.NearMiss, det.NearMiss)
+		}
+		for _, nm := range rep.NearMiss {
+			if !strings.Contains(nm.Node, `in If node "moe_if"'s then_branch`) {
+				t.Errorf("near-miss %q does not name its scope", nm.Node)
+			}
 		}
 	})
 }
@@ -309,5 +328,44 @@ func TestControlFlowRecursiveFunction(t *testing.T) {
 	_, err := Rewrite(m, Options{})
 	if err == nil || !strings.Contains(err.Error(), "nest deeper") {
 		t.Fatalf("err %v, want a refusal for nesting", err)
+	}
+}
+
+// TestControlFlowNoSelectionNamed: experts without a TopK (a fixed
+// routing table, a fixed dense mixture, a soft mixture) inside an If
+// branch or a Loop body are named as they are in the main graph: the
+// fixed ones refused naming the scope, the soft one in a warning.
+func TestControlFlowNoSelectionNamed(t *testing.T) {
+	blocks := []struct {
+		name  string
+		build func(t *testing.T) *graph.Model
+		say   string // in the refusal; "" for a warning
+	}{
+		{"fixed routing table", func(t *testing.T) *graph.Model {
+			return fixedRoutingModel(t, nil, func(b *fixedBuilder, e int) string { return b.ints([]int64{2, 1}, int64(e), int64(e+4)) })
+		}, "routing does not depend on the hidden state: 4 expert branches"},
+		{"fixed dense mixture", func(t *testing.T) *graph.Model { return fixedDenseBlock(t, models.MixConstant, 3) },
+			"routing does not depend on the hidden state: 4 dense experts"},
+		{"soft mixture", func(t *testing.T) *graph.Model { return softDense(t, "output") }, ""},
+	}
+	for _, b := range blocks {
+		for _, how := range []string{models.WrapIfThen, models.WrapLoop} {
+			t.Run(b.name+"/"+how, func(t *testing.T) {
+				m, err := models.WrapControlFlow(b.build(t), how)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rep, err := Rewrite(m, Options{Check: true})
+				if b.say == "" {
+					if err != nil || len(rep.Fused) != 0 || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "soft routing left unfused") || !strings.Contains(rep.Warnings[0], " node ") {
+						t.Fatalf("want one warning naming the soft mixture and its scope, got %v, report %+v", err, rep)
+					}
+					return
+				}
+				if err == nil || !errors.Is(err, ErrNotFused) || !strings.Contains(err.Error(), b.say) || !strings.Contains(err.Error(), "node \"") {
+					t.Fatalf("want a refusal naming the scope and %q, got %v", b.say, err)
+				}
+			})
+		}
 	}
 }
