@@ -51,6 +51,7 @@ func Rules() []Rule {
 		DropIdentityTranspose,
 		DropNoOpCast,
 		DropNoOpReshape,
+		DropNeutral,
 		SqueezeOfUnsqueeze,
 		ExpandToOwnShape,
 		QuickGelu,
