@@ -415,12 +415,16 @@ func fromLinear(prod map[string]*pb.NodeProto, v string) bool {
 }
 
 // unsearched reports, for each router-like TopK of gp (see routerTopKs),
-// that the scope could not be searched, and why.
+// that the scope could not be searched, and why; where gp has none (its
+// selection is an ArgMax), it names the scope itself.
 func unsearched(gp *pb.GraphProto, where, why string) []NearMiss {
 	var out []NearMiss
 	for _, n := range routerTopKs(gp, where) {
 		n.Reason = why
 		out = append(out, scopedMiss(NearMiss{Node: n.Node, Reason: why}, n.Scope))
+	}
+	if len(out) == 0 { // its selection is no TopK (an ArgMax, ...): the scope is named
+		out = append(out, NearMiss{Node: where, Reason: why, Scope: where})
 	}
 	return out
 }

@@ -369,3 +369,19 @@ func TestControlFlowNoSelectionNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestControlFlowArgMaxRouterNotSilent: a block whose selection is no
+// TopK (PhiMoE's sparsemixer, by ArgMax) in an If branch of an opset-12
+// model, which cannot fuse there (its fusion raises the opset that the
+// branch shares with the model), is refused naming the branch, not passed
+// over with nothing fused.
+func TestControlFlowArgMaxRouterNotSilent(t *testing.T) {
+	m := loadWrapped(t, "producers/m_opset12_phimoe.onnx", models.WrapIfThen)
+	if m.Opset("") != 12 {
+		t.Fatalf("opset %d, want the source's 12", m.Opset(""))
+	}
+	_, err := Rewrite(m, Options{Check: true})
+	if err == nil || !errors.Is(err, ErrNotFused) || !strings.Contains(err.Error(), `If node "moe_if"'s then_branch`) || !strings.Contains(err.Error(), "opset raised from 12 to 13") {
+		t.Fatalf("want a refusal naming the branch and the opset, got %v", err)
+	}
+}
