@@ -20,7 +20,7 @@ Transforms:
   divmul     x / c by a constant written x * (1/c)
   subneg     a - b written a + (-b)
   softmax    Softmax(x) written Exp(x - ReduceMax(x)) / ReduceSum(...)
-  topkneg    TopK(x) written TopK(-x, largest=0) with the values negated back
+  topkneg    TopK(x) written TopK(-x) with largest flipped, the values negated back
   mul1       a Mul by 1 after each Sigmoid
 """
 import copy
@@ -169,8 +169,9 @@ def t_topkneg(m):
             continue
         p = f"tkn{k}"
         attrs = {a.name: a.i for a in n.attribute if a.name in ("axis", "sorted")}
+        largest = next((a.i for a in n.attribute if a.name == "largest"), 1)
         nodes.append(helper.make_node("Neg", [n.input[0]], [p + "_x"], name=p + "a"))
-        nodes.append(helper.make_node("TopK", [p + "_x", n.input[1]], [p + "_v", n.output[1]], name=n.name, largest=0, **attrs))
+        nodes.append(helper.make_node("TopK", [p + "_x", n.input[1]], [p + "_v", n.output[1]], name=n.name, largest=1 - largest, **attrs))
         if n.output[0]:
             nodes.append(helper.make_node("Neg", [p + "_v"], [n.output[0]], name=p + "b"))
     rebuild(g, nodes)

@@ -26,8 +26,11 @@ func TestTopKOfNeg(t *testing.T) {
 			inputs: x, inits: k, outputs: []string{"y", "i"}, want: map[string]int{"TopK": 1, "Neg": 2}},
 		{name: "ties", nodes: []*pb.NodeProto{neg, topk(0, "v", "i")},
 			inputs: map[string]*eval.Tensor{"x": tied}, inits: k, outputs: []string{"v", "i"}, want: map[string]int{"TopK": 1}},
-		{name: "largest of the negation kept", nodes: []*pb.NodeProto{neg, topk(1, "v", "i")},
+		{name: "largest of the negated scores kept", nodes: []*pb.NodeProto{neg, topk(1, "v", "i")},
 			inputs: x, inits: k, outputs: []string{"v", "i"}, noChange: true},
+		{name: "largest of negated ids: an ascending sort", nodes: []*pb.NodeProto{neg, topk(1, "v", "i")},
+			inputs: map[string]*eval.Tensor{"x": eval.NewInt64([]int{2, 6}, []int64{3, 1, 3, 0, 2, 1, 5, 5, 0, 4, 4, 1})}, inits: k,
+			outputs: []string{"v", "i"}, want: map[string]int{"TopK": 1, "Neg": 1}},
 		{name: "smallest of the scores kept", nodes: []*pb.NodeProto{node("TopK", []string{"x", "k"}, []string{"v", "i"}, graph.IntAttr("largest", 0))},
 			inputs: x, inits: k, outputs: []string{"v", "i"}, noChange: true},
 	})
