@@ -134,14 +134,17 @@ func (w *Work) dim(v string, axis int64) (int64, bool) {
 			return int64(depth), true
 		}
 	}
-	if t == nil || t.GetShape() == nil || axis >= int64(len(t.GetShape().GetDim())) {
-		return 0, false
+	if t != nil && t.GetShape() != nil && axis < int64(len(t.GetShape().GetDim())) {
+		if dv, ok := t.GetShape().GetDim()[axis].GetValue().(*pb.TensorShapeProto_Dimension_DimValue); ok && dv.DimValue >= 0 {
+			return dv.DimValue, true
+		}
 	}
-	dv, ok := t.GetShape().GetDim()[axis].GetValue().(*pb.TensorShapeProto_Dimension_DimValue)
-	if !ok || dv.DimValue < 0 {
-		return 0, false
+	// undeclared (shapes stripped, an Identity in between): followed back
+	// to a projection's weight or a constant
+	if r, ok := w.Rank(v); ok && axis < int64(r) {
+		return staticDim(w, v, int(axis), r, 0)
 	}
-	return dv.DimValue, true
+	return 0, false
 }
 
 // squeeze builds a Squeeze of axis from in to out, in the form the opset

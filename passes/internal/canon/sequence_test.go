@@ -38,6 +38,20 @@ func TestSequenceToSplit(t *testing.T) {
 		return out
 	}
 	sizes := map[string]*eval.Tensor{"sz": eval.NewInt64([]int{2}, []int64{2, 4})}
+	wProj := randF32(r, 6, 4)
+	hCols := func(lo, hi int) *eval.Tensor { // columns [lo, hi) of x·wProj
+		var v []float32
+		for i := range 2 {
+			for j := lo; j < hi; j++ {
+				var acc float32
+				for k := range 6 {
+					acc += x["x"].F32[i*6+k] * wProj.F32[k*4+j]
+				}
+				v = append(v, acc)
+			}
+		}
+		return eval.NewFloat32([]int{2, hi - lo}, v)
+	}
 	runRuleCases(t, []Rule{SequenceToSplit}, []ruleCase{
 		{name: "explicit sizes", nodes: cat([]*pb.NodeProto{node("SplitToSequence", []string{"x", "sz"}, []string{"s"}, graph.IntAttr("axis", 1))}, at(0, "a"), at(-1, "b")),
 			inputs: x, inits: sizes, outputs: []string{"a", "b"}, want: map[string]int{"SplitToSequence": 0, "SequenceAt": 0, "Split": 1},
@@ -45,6 +59,10 @@ func TestSequenceToSplit(t *testing.T) {
 		{name: "chunk size", nodes: cat([]*pb.NodeProto{node("SplitToSequence", []string{"x", "c"}, []string{"s"}, graph.IntAttr("axis", -1))}, at(2, "a"), at(0, "b")),
 			inputs: x, inits: map[string]*eval.Tensor{"c": eval.ScalarInt64(2)}, outputs: []string{"a", "b"}, want: map[string]int{"Split": 1},
 			ref: ref(map[string]*eval.Tensor{"a": cols(4, 6), "b": cols(0, 2)})},
+		{name: "chunks of an undeclared projection", nodes: cat([]*pb.NodeProto{node("MatMul", []string{"x", "w"}, []string{"h"}),
+			node("SplitToSequence", []string{"h", "c"}, []string{"s"}, graph.IntAttr("axis", -1))}, at(1, "a"), at(0, "b")),
+			inputs: x, inits: map[string]*eval.Tensor{"c": eval.ScalarInt64(2), "w": wProj}, outputs: []string{"a", "b"},
+			want: map[string]int{"SplitToSequence": 0, "Split": 1}, ref: ref(map[string]*eval.Tensor{"a": hCols(2, 4), "b": hCols(0, 2)})},
 		{name: "pieces of one squeezed", nodes: cat([]*pb.NodeProto{node("SplitToSequence", []string{"x"}, []string{"s"}, graph.IntAttr("axis", 0), graph.IntAttr("keepdims", 0))}, at(1, "a")),
 			inputs: x, outputs: []string{"a"}, want: map[string]int{"Split": 1, "Squeeze": 1},
 			ref: ref(map[string]*eval.Tensor{"a": row(1)})},
