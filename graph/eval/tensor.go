@@ -38,6 +38,9 @@ type Tensor struct {
 	Bool []bool
 	// Str holds STRING data.
 	Str []string
+	// Seq, when not nil, makes the value a sequence (ONNX seq(tensor)) of
+	// these tensors; DType and Shape are then unset.
+	Seq []*Tensor
 	// lazy, when set, holds the data as slabs of another tensor (F32 is
 	// then nil); only lazy-aware kernels see such tensors.
 	lazy *gathered
@@ -205,6 +208,13 @@ func (t *Tensor) Rank() int { return len(t.Shape) }
 // ByteSize estimates the memory the tensor's data occupies in this
 // interpreter (not its ONNX storage size).
 func (t *Tensor) ByteSize() int64 {
+	if t.Seq != nil {
+		var b int64
+		for _, e := range t.Seq {
+			b += e.ByteSize()
+		}
+		return b
+	}
 	if t.lazy != nil { // the offsets, and the source it keeps alive
 		return 8*int64(len(t.lazy.offs)) + t.lazy.src.ByteSize()
 	}
