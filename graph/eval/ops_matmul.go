@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"github.com/mokopt/mokopt/graph"
 	vec "github.com/mokopt/mokopt/internal/f32"
 	"slices"
 	"sync"
@@ -306,6 +307,53 @@ func kMatMul(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 	return one(matmul(c, a, b))
 }
 
+// kFusedMatMul is com.microsoft::FusedMatMul: alpha · op(A) · op(B), op a
+// transpose of the last two axes where transA / transB is set (the batch
+// transposes transBatchA / transBatchB are refused).
+func kFusedMatMul(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
+	a, b, err := need2(in)
+	if err != nil {
+		return nil, err
+	}
+	if attrInt(n, "transBatchA", 0) != 0 || attrInt(n, "transBatchB", 0) != 0 {
+		return nil, errf("FusedMatMul with transBatchA or transBatchB is not supported")
+	}
+	last2 := func(t *Tensor) (*Tensor, error) {
+		r := t.Rank()
+		if r < 2 {
+			return nil, errf("FusedMatMul transposes a tensor of rank %d", r)
+		}
+		perm := make([]int64, r)
+		for i := range perm {
+			perm[i] = int64(i)
+		}
+		perm[r-2], perm[r-1] = perm[r-1], perm[r-2]
+		out, err := kTranspose(c, graph.NewNode("Transpose", "", "", nil, []string{""}, graph.IntsAttr("perm", perm...)), []*Tensor{t})
+		if err != nil {
+			return nil, err
+		}
+		return out[0], nil
+	}
+	if attrInt(n, "transA", 0) != 0 {
+		if a, err = last2(a); err != nil {
+			return nil, err
+		}
+	}
+	if attrInt(n, "transB", 0) != 0 {
+		if b, err = last2(b); err != nil {
+			return nil, err
+		}
+	}
+	y, err := matmul(c, a, b)
+	if err != nil {
+		return nil, err
+	}
+	if alpha := attrFloat(n, "alpha", 1); alpha != 1 {
+		return one(applyArith(arithOps["Mul"], y, NewFloatAs(y.DType, nil, []float32{alpha})))
+	}
+	return []*Tensor{y}, nil
+}
+
 func kGemm(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
 	a, b, err := need2(in)
 	if err != nil {
@@ -381,6 +429,7 @@ func scale(t *Tensor, s float64) {
 
 func init() {
 	builtin("", kMatMul, "MatMul")
+	builtin("com.microsoft", kFusedMatMul, "FusedMatMul")
 	builtin("", kGemm, "Gemm")
 }
 
