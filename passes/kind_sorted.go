@@ -180,8 +180,8 @@ func (r *sortedReader) readPermutation() error {
 func (r *sortedReader) permutationReader(n *pb.NodeProto) error {
 	c, sd, k := r.c, &r.sd, r.k
 	switch op := n.GetOpType(); {
-	case op == "Div":
-		if c.through(n.Input[0]) != c.through(sd.perm) {
+	case op == "Div" || op == "Mul" && len(n.Input) == 2 && c.isConst(n.Input[1-c.permOperand(n, sd.perm)]):
+		if op == "Div" && c.through(n.Input[0]) != c.through(sd.perm) {
 			return rejectf("%q divides by the sort permutation", graph.NodeLabel(n))
 		}
 		q, err := c.quotientOf(n, k)
@@ -722,15 +722,26 @@ func (c *ctx) groupBound(v string, E int) (int, string) {
 // Floor(Abs(q)) * Sign(q), the truncation exporters write for
 // rounding_mode="trunc"), before any cast back to integers.
 func (c *ctx) quotientOf(div *pb.NodeProto, k int) (string, error) {
-	if d, ok := c.scalarInt(div.Input[1]); ok {
-		if int(d) != k {
-			return "", rejectf("%q divides the sort permutation by %d, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), d, k)
+	if div.GetOpType() == "Div" {
+		if d, ok := c.scalarInt(div.Input[1]); ok {
+			if int(d) != k {
+				return "", rejectf("%q divides the sort permutation by %d, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), d, k)
+			}
+			return div.Output[0], nil
 		}
-		return div.Output[0], nil
 	}
-	f, ok := c.scalarFloat(div.Input[1])
+	// in floating point: divided by k, or multiplied by 1/k (rounded)
+	cv := div.Input[1]
+	if div.GetOpType() == "Mul" {
+		cv = div.Input[1-c.permOperand(div, "")]
+	}
+	f, ok := c.scalarFloat(cv)
+	if div.GetOpType() == "Mul" && ok && f != 0 {
+		ok = float32(1/float64(f)) == float32(k) || f == float32(1/float64(k))
+		f = float32(k)
+	}
 	if !ok || f != float32(k) {
-		return "", rejectf("%q divides the sort permutation by %v, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), div.Input[1], k)
+		return "", rejectf("%q divides the sort permutation by %v, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), cv, k)
 	}
 	q := div.Output[0]
 	cons := c.g.Consumers(q)
@@ -752,6 +763,19 @@ func (c *ctx) quotientOf(div *pb.NodeProto, k int) (string, error) {
 		}
 	}
 	return "", rejectf("%q divides the sort permutation by top_k in floating point without rounding the quotient down", graph.NodeLabel(div))
+}
+
+// permOperand is the index of the operand of binary n that is not a
+// constant (0 when both or neither are), the permutation's side of a
+// product by a constant; perm, when not "", is preferred.
+func (c *ctx) permOperand(n *pb.NodeProto, perm string) int {
+	if perm != "" && c.through(n.Input[1]) == c.through(perm) {
+		return 1
+	}
+	if c.isConst(n.Input[0]) && !c.isConst(n.Input[1]) {
+		return 1
+	}
+	return 0
 }
 
 // gatherRows reads a gather of whole rows along the first axis: Gather

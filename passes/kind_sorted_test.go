@@ -50,6 +50,7 @@ type sortedOpts struct {
 	breakScatter     string           // "perm": scatter back by the permutation, not the tokens; "identity": by the unsorted pairs' tokens
 	breakSplit       string           // "const": split by constant sizes
 	breakDiv         int              // divide the permutation by this instead of K
+	floatMulDiv      bool             // the pairs' tokens as floor(float(perm) · (1/K)), cast back
 	act              *models.Spelling // the expert activation spelled so (gated: of the fused gate_up halves; else of the gelu MLP's hidden)
 }
 
@@ -192,6 +193,10 @@ func sortedModel(o sortedOpts, seed int64) *graph.Model {
 		shp := one("Concat", []string{one("Unsqueeze", []string{T, ints(0)}), ints(int64(K))}, graph.IntAttr("axis", 0))
 		tp := one("Reshape", []string{one("Expand", []string{ar, shp}), ints(-1)})
 		tok = one("Gather", []string{tp, perm}, graph.IntAttr("axis", 0))
+	case o.floatMulDiv:
+		pf := one("Cast", []string{perm}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT)))
+		q := one("Floor", []string{one("Mul", []string{pf, floats(nil, []float32{float32(1 / float64(div))})})})
+		tok = one("Cast", []string{q}, graph.IntAttr("to", int64(pb.TensorProto_INT64)))
 	case !o.noDiv:
 		tok = one("Div", []string{perm, scalarI(div)})
 	}
@@ -467,6 +472,8 @@ func TestSortedSynthetic(t *testing.T) {
 		{"GELU MLP", func(o *sortedOpts) { o.gelu = true }, "softmax_topk_act_gelu"},
 		{"weights per group", func(o *sortedOpts) { o.gatesPerGroup = true; o.separate = true }, "softmax_topk_act_swiglu"},
 		{"top-3 of 6, wide", func(o *sortedOpts) { o.E, o.K, o.H, o.I = 6, 3, 24, 12 }, "softmax_topk_act_swiglu"},
+		{"tokens by a float product with 1/k", func(o *sortedOpts) { o.floatMulDiv = true }, "softmax_topk_act_swiglu"},
+		{"tokens by a float product with 1/3", func(o *sortedOpts) { o.floatMulDiv = true; o.E, o.K = 6, 3 }, "softmax_topk_act_swiglu"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
