@@ -62,6 +62,19 @@ func runOut(t testing.TB, m *graph.Model, feeds map[string]*eval.Tensor, preferF
 	return o.F32
 }
 
+// checkActSpec fails the test unless s reads cs's activation with its
+// parameters (Alpha 1 where the case leaves it 0).
+func checkActSpec(t *testing.T, s *moe.Spec, cs models.ActCase) {
+	t.Helper()
+	p := cs.Params
+	if p.Alpha == 0 {
+		p.Alpha = 1
+	}
+	if s.Activation != cs.Act || s.ActParams() != p {
+		t.Fatalf("fused as %s %+v, want %s %+v", s.Activation, s.ActParams(), cs.Act, p)
+	}
+}
+
 // TestFuseActivations: a block with every activation of the table, in each
 // spelling and shape, fuses (numerical check on) into one ai.mok::MoE node
 // with that activation and its parameters, and the fused model, run by
@@ -105,14 +118,7 @@ func TestFuseActivations(t *testing.T) {
 					if len(rep.Fused) != 1 {
 						t.Fatalf("%d fused", len(rep.Fused))
 					}
-					s := rep.Fused[0].Block.Spec
-					p := cs.Params
-					if p.Alpha == 0 {
-						p.Alpha = 1
-					}
-					if s.Activation != cs.Act || s.ActParams() != p {
-						t.Fatalf("fused as %s %+v, want %s %+v", s.Activation, s.ActParams(), cs.Act, p)
-					}
+					checkActSpec(t, &rep.Fused[0].Block.Spec, cs)
 					for _, pf := range []bool{false, true} {
 						if d := maxRelDiff(want, runOut(t, m, feeds, pf)); d > 1e-4 {
 							t.Errorf("fused (function body %v) differs from the original by %.3g", pf, d)

@@ -296,7 +296,7 @@ func (c *ctx) expertAct(out string, ins []string, dt pb.TensorProto_DataType, s 
 // float32.
 func (c *ctx) actType(e *emm) pb.TensorProto_DataType {
 	for _, v := range []string{e.out, e.act} {
-		if dt := c.elemType(v); dt == pb.TensorProto_FLOAT || dt == pb.TensorProto_FLOAT16 || dt == pb.TensorProto_BFLOAT16 || dt == pb.TensorProto_DOUBLE {
+		if dt := c.elemType(v); isFloatType(dt) {
 			return dt
 		}
 	}

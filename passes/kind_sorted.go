@@ -180,7 +180,7 @@ func (r *sortedReader) readPermutation() error {
 func (r *sortedReader) permutationReader(n *pb.NodeProto) error {
 	c, sd, k := r.c, &r.sd, r.k
 	switch op := n.GetOpType(); {
-	case op == "Div" || op == "Mul" && len(n.Input) == 2 && c.isConst(n.Input[1-c.permOperand(n, sd.perm)]):
+	case op == "Div" || op == "Mul" && c.constOperand(n) != "":
 		if op == "Div" && c.through(n.Input[0]) != c.through(sd.perm) {
 			return rejectf("%q divides by the sort permutation", graph.NodeLabel(n))
 		}
@@ -733,14 +733,15 @@ func (c *ctx) quotientOf(div *pb.NodeProto, k int) (string, error) {
 	// in floating point: divided by k, or multiplied by 1/k (rounded)
 	cv := div.Input[1]
 	if div.GetOpType() == "Mul" {
-		cv = div.Input[1-c.permOperand(div, "")]
+		cv = c.constOperand(div)
 	}
 	f, ok := c.scalarFloat(cv)
-	if div.GetOpType() == "Mul" && ok && f != 0 {
-		ok = float32(1/float64(f)) == float32(k) || f == float32(1/float64(k))
-		f = float32(k)
+	if div.GetOpType() == "Mul" {
+		ok = ok && f != 0 && (float32(1/float64(f)) == float32(k) || f == float32(1/float64(k)))
+	} else {
+		ok = ok && f == float32(k)
 	}
-	if !ok || f != float32(k) {
+	if !ok {
 		return "", rejectf("%q divides the sort permutation by %v, not by top_k %d: not the pairs' tokens", graph.NodeLabel(div), cv, k)
 	}
 	q := div.Output[0]
@@ -765,17 +766,16 @@ func (c *ctx) quotientOf(div *pb.NodeProto, k int) (string, error) {
 	return "", rejectf("%q divides the sort permutation by top_k in floating point without rounding the quotient down", graph.NodeLabel(div))
 }
 
-// permOperand is the index of the operand of binary n that is not a
-// constant (0 when both or neither are), the permutation's side of a
-// product by a constant; perm, when not "", is preferred.
-func (c *ctx) permOperand(n *pb.NodeProto, perm string) int {
-	if perm != "" && c.through(n.Input[1]) == c.through(perm) {
-		return 1
+// constOperand is the constant operand of binary n when exactly one is
+// constant, else "".
+func (c *ctx) constOperand(n *pb.NodeProto) string {
+	if len(n.Input) != 2 || c.isConst(n.Input[0]) == c.isConst(n.Input[1]) {
+		return ""
 	}
-	if c.isConst(n.Input[0]) && !c.isConst(n.Input[1]) {
-		return 1
+	if c.isConst(n.Input[0]) {
+		return n.Input[0]
 	}
-	return 0
+	return n.Input[1]
 }
 
 // gatherRows reads a gather of whole rows along the first axis: Gather

@@ -550,14 +550,7 @@ func TestSortedActivations(t *testing.T) {
 			t.Run(cs.Act+"/"+sp.Name, func(t *testing.T) {
 				o := sortedOpts{E: 4, K: 2, H: 16, I: 8, B: 2, S: 5, act: &sp, gelu: !def.Gated}
 				fb := fuseSorted(t, o, int64(10*ci+si+1))
-				s := fb.Block.Spec
-				p := cs.Params
-				if p.Alpha == 0 {
-					p.Alpha = 1
-				}
-				if s.Activation != cs.Act || s.ActParams() != p {
-					t.Fatalf("fused as %s %+v, want %s %+v", s.Activation, s.ActParams(), cs.Act, p)
-				}
+				checkActSpec(t, &fb.Block.Spec, cs)
 			})
 		}
 	}

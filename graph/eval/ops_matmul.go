@@ -1,7 +1,6 @@
 package eval
 
 import (
-	"github.com/mokopt/mokopt/graph"
 	vec "github.com/mokopt/mokopt/internal/f32"
 	"slices"
 	"sync"
@@ -323,16 +322,12 @@ func kFusedMatMul(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error
 		if r < 2 {
 			return nil, errf("FusedMatMul transposes a tensor of rank %d", r)
 		}
-		perm := make([]int64, r)
+		perm := make([]int, r)
 		for i := range perm {
-			perm[i] = int64(i)
+			perm[i] = i
 		}
-		perm[r-2], perm[r-1] = perm[r-1], perm[r-2]
-		out, err := kTranspose(c, graph.NewNode("Transpose", "", "", nil, []string{""}, graph.IntsAttr("perm", perm...)), []*Tensor{t})
-		if err != nil {
-			return nil, err
-		}
-		return out[0], nil
+		perm[r-2], perm[r-1] = r-1, r-2
+		return transpose(t, perm), nil
 	}
 	if attrInt(n, "transA", 0) != 0 {
 		if a, err = last2(a); err != nil {
@@ -349,7 +344,7 @@ func kFusedMatMul(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error
 		return nil, err
 	}
 	if alpha := attrFloat(n, "alpha", 1); alpha != 1 {
-		return one(applyArith(arithOps["Mul"], y, NewFloatAs(y.DType, nil, []float32{alpha})))
+		scale(y, float64(alpha))
 	}
 	return []*Tensor{y}, nil
 }
