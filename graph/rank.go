@@ -22,6 +22,14 @@ type RankSource interface {
 // long chain of elementwise ops costs a bounded walk.
 const maxRankDepth = 64
 
+// DimSource is a RankSource that can also tell a static dimension of a
+// value (dimension i of a value of rank r); InferRank uses it where a rank
+// depends on a dimension (GatherND's index depth).
+type DimSource interface {
+	RankSource
+	StaticDim(v string, i, r int) (int64, bool)
+}
+
 // InferRank returns v's rank: the known one, or one worked out from its
 // producer's op and the ranks of that producer's inputs (shape ops with
 // constant or measured shapes, elementwise ops, reductions, matmuls,
@@ -149,6 +157,15 @@ func rankFromProducer(src RankSource, v string, memo map[string]int, depth int) 
 		if r, q := in(0), in(1); r >= 1 && q >= 0 {
 			return r - 1 + q
 		}
+	case op == "GatherND":
+		r, q := in(0), in(1)
+		ds, ok := src.(DimSource)
+		if r < 1 || q < 1 || !ok {
+			return -1
+		}
+		if m, ok := ds.StaticDim(p.Input[1], q-1, q); ok {
+			return q - 1 + r - int(m) - int(AttrInt(p, "batch_dims", 0))
+		}
 	case op == "MatMul":
 		if a, b := in(0), in(1); a >= 2 && b >= 2 {
 			return max(a, b)
@@ -200,10 +217,18 @@ func shapeLen(src RankSource, v string, memo map[string]int, depth int) int {
 	}
 	switch p.GetOpType() {
 	case "Shape":
-		if AttrInt(p, "start", 0) != 0 || Attr(p, "end") != nil {
+		r := inferRank(src, p.Input[0], memo, depth+1)
+		if r < 0 {
 			return -1
 		}
-		return inferRank(src, p.Input[0], memo, depth+1)
+		clamp := func(a int64) int64 { // Shape's start and end, as Slice reads them
+			if a < 0 {
+				a += int64(r)
+			}
+			return min(max(a, 0), int64(r))
+		}
+		start, end := clamp(AttrInt(p, "start", 0)), clamp(AttrInt(p, "end", int64(r)))
+		return int(max(end-start, 0))
 	case "Concat":
 		n := 0
 		for _, in := range p.Input {

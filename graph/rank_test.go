@@ -51,6 +51,9 @@ func TestInferRank(t *testing.T) {
 		{"reshape to a measured and concatenated shape", []*pb.NodeProto{
 			NewNode("Shape", "", "sh", []string{"x"}, []string{"xs"}), NewNode("Concat", "", "c", []string{"xs", "a"}, []string{"s2"}),
 			NewNode("Reshape", "", "r", []string{"idx", "s2"}, []string{"v"})}, 4},
+		{"reshape to a concatenated slice of a shape", []*pb.NodeProto{
+			NewNode("Shape", "", "sh", []string{"x"}, []string{"xs"}, IntAttr("start", 1)), NewNode("Concat", "", "c", []string{"xs", "a"}, []string{"s2"}),
+			NewNode("Reshape", "", "r", []string{"idx", "s2"}, []string{"v"})}, 3},
 		{"gather rows by a 2-D index", []*pb.NodeProto{NewNode("Gather", "", "g", []string{"x", "idx"}, []string{"v"})}, 4},
 		{"matmul broadcasts", []*pb.NodeProto{NewNode("MatMul", "", "m", []string{"x", "idx"}, []string{"v"})}, 3},
 		{"unsqueeze by constant axes", []*pb.NodeProto{NewNode("Unsqueeze", "", "u", []string{"x", "a"}, []string{"v"})}, 4},

@@ -29,6 +29,8 @@ type ruleCase struct {
 	ref     func(in map[string]*eval.Tensor) map[string]*eval.Tensor
 	// noChange: the rule must not apply.
 	noChange bool
+	// tokens: the inputs' first dimension is declared symbolic ("N").
+	tokens bool
 }
 
 func node(op string, in, out []string, attrs ...*pb.AttributeProto) *pb.NodeProto {
@@ -72,7 +74,11 @@ func (c *ruleCase) model(t *testing.T) *graph.Model {
 		g.Node = append(g.Node, proto.Clone(n).(*pb.NodeProto))
 	}
 	for _, name := range sortedKeys(c.inputs) {
-		g.Input = append(g.Input, vi(name, c.inputs[name].DType, c.inputs[name].Shape))
+		in := vi(name, c.inputs[name].DType, c.inputs[name].Shape)
+		if d := in.GetType().GetTensorType().GetShape().GetDim(); c.tokens && len(d) > 0 {
+			d[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "N"}
+		}
+		g.Input = append(g.Input, in)
 	}
 	for _, name := range sortedKeys(c.inits) {
 		tp, err := eval.ToProto(c.inits[name], name)

@@ -490,6 +490,8 @@ type workRanks struct{ w *Work }
 
 func (s workRanks) Producer(v string) *pb.NodeProto { return s.w.Producer(v) }
 
+func (s workRanks) StaticDim(v string, i, r int) (int64, bool) { return staticDim(s.w, v, i, r, 0) }
+
 func (s workRanks) KnownRank(v string) (int, bool) {
 	if r, ok := s.w.ranks[v]; ok {
 		return r, true
