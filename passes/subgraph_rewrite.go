@@ -10,6 +10,7 @@ import (
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/moe"
+	"github.com/mokopt/mokopt/passes/internal/canon"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -85,14 +86,19 @@ func rewriteScoped(m *graph.Model, opt Options, env *scopeEnv, pending []NearMis
 	g := m.Graph()
 	pend := &Report{NearMiss: pending}
 	var subs []siteResult
+	var sites []scopeSite
+	searched := map[*pb.GraphProto]bool{} // rewritten at the scope model's opset when they fuse
 	for _, s := range scopeSites(m.Proto.GetGraph()) {
+		if holdsSelection(m, s.g) {
+			sites = append(sites, s)
+			searched[s.g] = true
+		}
+	}
+	for _, s := range sites {
 		if err := contextOf(opt).Err(); err != nil {
 			return nil, err
 		}
-		if !holdsSelection(m, s.g) {
-			continue
-		}
-		r := rewriteSite(m, g, s, opt, env)
+		r := rewriteSite(m, g, s, opt, env, searched)
 		pend.NearMiss = append(pend.NearMiss, r.rep.NearMiss...)
 		pend.Refused = append(pend.Refused, r.rep.Refused...)
 		pend.Warnings = append(pend.Warnings, r.rep.Warnings...)
@@ -121,7 +127,27 @@ func rewriteScoped(m *graph.Model, opt Options, env *scopeEnv, pending []NearMis
 	if len(subs) > 0 {
 		pruneDead(m, env)
 	}
-	return rep, nil
+	return rep, raiseAfterScopes(m, subs)
+}
+
+// raiseAfterScopes raises m's default opset to the highest one a fused
+// scope model was rewritten at (an old-opset export fused inside an If
+// branch), converting the main graph and the subgraphs that were not
+// rewritten; rewriteSite checked that it can.
+func raiseAfterScopes(m *graph.Model, subs []siteResult) error {
+	to := m.Opset("")
+	done := map[*pb.GraphProto]bool{}
+	for _, r := range subs {
+		to = max(to, r.sm.Opset(""))
+		done[r.sm.Proto.Graph] = true
+	}
+	if to <= m.Opset("") {
+		return nil
+	}
+	if _, err := canon.RaiseOpsetWithSubgraphs(canon.NewWork(m, canon.Options{}), to, done); err != nil {
+		return fmt.Errorf("raising the default opset from %d to %d for the fused subgraphs: %w", m.Opset(""), to, err)
+	}
+	return nil
 }
 
 // contextOf is opt's context, or the background one.
@@ -135,7 +161,12 @@ func contextOf(opt Options) context.Context {
 // rewriteSite rewrites subgraph s of m as a scope model (Partial on: the
 // caller decides). Its report names every entry with the scope; a scope
 // that cannot be rewritten refuses each of its routers with the reason.
-func rewriteSite(m *graph.Model, g *graph.Graph, s scopeSite, opt Options, env *scopeEnv) siteResult {
+//
+// A scope model rewritten at a newer default opset than m's (canonicalization
+// raises old opsets) fuses only when the rest of m can be raised to it:
+// the main graph and every subgraph but those in searched, which are
+// rewritten at that opset too when they fuse.
+func rewriteSite(m *graph.Model, g *graph.Graph, s scopeSite, opt Options, env *scopeEnv, searched map[*pb.GraphProto]bool) siteResult {
 	where := s.where()
 	if env.depth >= maxScopeDepth {
 		return siteResult{site: s, rep: &Report{Refused: unsearched(s.g, where, fmt.Sprintf("subgraphs nest deeper than %d (a recursive function?)", maxScopeDepth))}}
@@ -151,8 +182,10 @@ func rewriteSite(m *graph.Model, g *graph.Graph, s scopeSite, opt Options, env *
 		so.CheckData = []map[string]*eval.Tensor{data}
 	}
 	rep, err := rewriteScoped(sm, so, env, nil)
-	if err == nil && len(rep.Fused) > 0 && sm.Opset("") != m.Opset("") {
-		err = fmt.Errorf("fusing it needs the default opset raised from %d to %d, and a subgraph shares the model's opset", m.Opset(""), sm.Opset(""))
+	if err == nil && len(rep.Fused) > 0 && sm.Opset("") > m.Opset("") {
+		if cerr := canon.CheckRaiseOpset(m, sm.Opset(""), searched); cerr != nil {
+			err = fmt.Errorf("fusing it needs the default opset raised from %d to %d (a subgraph shares the model's opset), and %w", m.Opset(""), sm.Opset(""), cerr)
+		}
 	}
 	if err != nil {
 		return siteResult{site: s, rep: &Report{Refused: unsearched(s.g, where, "the subgraph could not be rewritten: "+err.Error())}}

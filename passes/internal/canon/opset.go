@@ -2,6 +2,7 @@ package canon
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
@@ -21,9 +22,34 @@ const minRaisable = 7
 // Clip takes min and max as inputs (11); Slice takes starts, ends and axes
 // as inputs (10); Dropout takes its ratio as an input (12). An op whose
 // meaning would change (or that no longer exists) refuses the raise, named
-// in the error; w is then not edited. It returns the number of nodes
-// converted.
+// in the error; w is then not edited. A node inside a subgraph that would
+// need converting refuses it too (see RaiseOpsetWithSubgraphs). It returns
+// the number of nodes converted.
 func RaiseOpset(w *Work, to int64) (int, error) {
+	return raiseOpset(w, to, false, nil)
+}
+
+// RaiseOpsetWithSubgraphs is RaiseOpset that also converts the nodes of
+// subgraphs (If branches, Loop and Scan bodies, nested), but those of the
+// graphs in keep (already spelled for the new opset: a subgraph that was
+// rewritten at it). A node whose subgraph changes is replaced by a copy
+// holding a converted copy of the subgraph; nothing shared is edited. The
+// constants a converted node needs are main-graph initializers, which
+// subgraphs read from their outer scope.
+func RaiseOpsetWithSubgraphs(w *Work, to int64, keep map[*pb.GraphProto]bool) (int, error) {
+	return raiseOpset(w, to, true, keep)
+}
+
+// CheckRaiseOpset reports why RaiseOpsetWithSubgraphs(m, to, keep) would
+// refuse, or nil when it would not; m is not edited.
+func CheckRaiseOpset(m *graph.Model, to int64, keep map[*pb.GraphProto]bool) error {
+	w := newWork(m, Options{})
+	w.dry = true
+	_, err := raiseOpset(w, to, true, keep)
+	return err
+}
+
+func raiseOpset(w *Work, to int64, subs bool, keep map[*pb.GraphProto]bool) (int, error) {
 	from := w.Opset()
 	if from >= to {
 		return 0, nil
@@ -34,41 +60,6 @@ func RaiseOpset(w *Work, to int64) (int, error) {
 	if from < minRaisable {
 		return 0, fmt.Errorf("default-domain opset %d is older than %d: too many ops changed their meaning since", from, minRaisable)
 	}
-	var nodes []*pb.NodeProto
-	var walk func(ns []*pb.NodeProto, sub bool) error
-	walk = func(ns []*pb.NodeProto, sub bool) error {
-		for _, n := range ns {
-			for _, a := range n.Attribute {
-				if a.G != nil {
-					if err := walk(a.G.Node, true); err != nil {
-						return err
-					}
-				}
-				for _, g := range a.Graphs {
-					if err := walk(g.Node, true); err != nil {
-						return err
-					}
-				}
-			}
-			if n.GetDomain() != "" && n.GetDomain() != "ai.onnx" {
-				continue
-			}
-			conv, err := w.upgradeCheck(n, from)
-			if err != nil {
-				return err
-			}
-			if conv {
-				if sub {
-					return fmt.Errorf("node %s (%s) inside a subgraph would need converting from opset %d", graph.NodeLabel(n), n.GetOpType(), from)
-				}
-				nodes = append(nodes, n)
-			}
-		}
-		return nil
-	}
-	if err := walk(w.G.P.Node, false); err != nil {
-		return 0, err
-	}
 	for _, f := range w.M.Proto.Functions {
 		for _, o := range f.OpsetImport {
 			if (o.GetDomain() == "" || o.GetDomain() == "ai.onnx") && o.GetVersion() < to && w.functionUsed(f) {
@@ -76,22 +67,208 @@ func RaiseOpset(w *Work, to int64) (int, error) {
 			}
 		}
 	}
-	if w.dry {
-		return len(nodes), nil
-	}
-	for _, n := range nodes {
-		c := proto.Clone(n).(*pb.NodeProto) // n may be shared with the original
-		if err := w.upgrade(c, from); err != nil {
+	r := &raiser{w: w, from: from, subs: subs, keep: keep}
+	for _, n := range w.G.P.Node { // first only checked: w is not edited unless all can be
+		if _, err := r.node(n, false); err != nil {
 			return 0, err
 		}
-		w.Replace(n, c)
+	}
+	if w.dry {
+		return r.count, nil
+	}
+	if r.count > 0 && subs {
+		r.reserveSubgraphNames(w.G.P)
+	}
+	r.build, r.count = true, 0
+	var olds, news []*pb.NodeProto
+	for _, n := range w.G.P.Node {
+		c, err := r.node(n, false)
+		if err != nil {
+			return 0, err
+		}
+		if c != nil {
+			olds, news = append(olds, n), append(news, c)
+		}
+	}
+	for i, n := range olds {
+		w.Replace(n, news[i])
 	}
 	w.flush()
 	w.M.SetOpset("", to)
 	if w.M.Proto.GetIrVersion() < 7 {
 		w.M.Proto.IrVersion = proto.Int64(7) // opset 13 needs IR 7
 	}
-	return len(nodes), nil
+	return r.count, nil
+}
+
+// raiser walks a graph for raiseOpset: checking first, then (build)
+// making the converted copies.
+type raiser struct {
+	w     *Work
+	from  int64
+	subs  bool
+	keep  map[*pb.GraphProto]bool
+	build bool
+	count int
+}
+
+// node returns n's replacement (built only when r.build; nil when n needs
+// none) and counts the nodes converted in it and its subgraphs.
+func (r *raiser) node(n *pb.NodeProto, sub bool) (*pb.NodeProto, error) {
+	var attrs []*pb.AttributeProto // n's attributes, where a subgraph changed
+	for i, a := range n.Attribute {
+		na, err := r.attr(a)
+		if err != nil {
+			return nil, err
+		}
+		if na != nil {
+			if attrs == nil {
+				attrs = slices.Clone(n.Attribute)
+			}
+			attrs[i] = na
+		}
+	}
+	conv := false
+	if d := n.GetDomain(); d == "" || d == "ai.onnx" {
+		var err error
+		if conv, err = r.w.upgradeCheck(n, r.from); err != nil {
+			return nil, err
+		}
+		if conv && sub && !r.subs {
+			return nil, fmt.Errorf("node %s (%s) inside a subgraph would need converting from opset %d", graph.NodeLabel(n), n.GetOpType(), r.from)
+		}
+	}
+	if conv {
+		r.count++
+	}
+	if !r.build || !conv && attrs == nil {
+		return nil, nil
+	}
+	if attrs == nil { // the converted ops hold no subgraph
+		c := proto.Clone(n).(*pb.NodeProto)
+		return c, r.w.upgrade(c, r.from)
+	}
+	c := cloneWithout(n, func(x *pb.NodeProto) *[]*pb.AttributeProto { return &x.Attribute })
+	c.Attribute = attrs
+	if conv {
+		return c, r.w.upgrade(c, r.from)
+	}
+	return c, nil
+}
+
+// attr returns a copy of a holding its converted subgraphs (nil when none
+// changed; built only when r.build).
+func (r *raiser) attr(a *pb.AttributeProto) (*pb.AttributeProto, error) {
+	if a.G == nil && len(a.Graphs) == 0 {
+		return nil, nil
+	}
+	g, err := r.graph(a.G)
+	if err != nil {
+		return nil, err
+	}
+	var gs []*pb.GraphProto
+	for i, x := range a.Graphs {
+		ng, err := r.graph(x)
+		if err != nil {
+			return nil, err
+		}
+		if ng != nil {
+			if gs == nil {
+				gs = slices.Clone(a.Graphs)
+			}
+			gs[i] = ng
+		}
+	}
+	if g == nil && gs == nil {
+		return nil, nil
+	}
+	na := &pb.AttributeProto{Name: a.Name, Type: a.Type, DocString: a.DocString, RefAttrName: a.RefAttrName, G: a.G, Graphs: a.Graphs}
+	if g != nil {
+		na.G = g
+	}
+	if gs != nil {
+		na.Graphs = gs
+	}
+	return na, nil
+}
+
+// graph returns a converted copy of g (nil when g is nil, kept or
+// unchanged; built only when r.build), sharing g's initializers.
+func (r *raiser) graph(g *pb.GraphProto) (*pb.GraphProto, error) {
+	if g == nil || r.keep[g] {
+		return nil, nil
+	}
+	var nodes []*pb.NodeProto
+	for i, n := range g.Node {
+		c, err := r.node(n, true)
+		if err != nil {
+			return nil, err
+		}
+		if c != nil {
+			if nodes == nil {
+				nodes = slices.Clone(g.Node)
+			}
+			nodes[i] = c
+		}
+	}
+	if nodes == nil {
+		return nil, nil
+	}
+	ng := cloneWithout(g, func(x *pb.GraphProto) *[]*pb.NodeProto { return &x.Node })
+	ng.Node = nodes
+	return ng, nil
+}
+
+// cloneWithout is a deep copy of x but for the list field names, which
+// the caller sets (x's own list is shared, not copied). Initializers of a
+// graph are shared too: they are read only.
+func cloneWithout[T proto.Message, E any](x T, field func(T) *[]E) T {
+	f := field(x)
+	keep := *f
+	*f = nil
+	var inits []*pb.TensorProto
+	g, isGraph := any(x).(*pb.GraphProto)
+	if isGraph {
+		inits, g.Initializer = g.Initializer, nil
+	}
+	c := proto.Clone(x).(T)
+	*f = keep
+	if isGraph {
+		g.Initializer = inits
+		any(c).(*pb.GraphProto).Initializer = inits
+	}
+	return c
+}
+
+// reserveSubgraphNames reserves in w's index every value name of g's
+// subgraphs, so that the constants added for converted nodes (main-graph
+// initializers) shadow none of them.
+func (r *raiser) reserveSubgraphNames(g *pb.GraphProto) {
+	var walk func(g *pb.GraphProto, top bool)
+	walk = func(g *pb.GraphProto, top bool) {
+		for _, n := range g.Node {
+			if !top {
+				for _, o := range n.Output {
+					r.w.G.UniqueName(o)
+				}
+			}
+			for _, a := range n.Attribute {
+				for _, sg := range append([]*pb.GraphProto{a.G}, a.Graphs...) {
+					if sg == nil {
+						continue
+					}
+					for _, v := range sg.Input {
+						r.w.G.UniqueName(v.GetName())
+					}
+					for _, t := range sg.Initializer {
+						r.w.G.UniqueName(t.GetName())
+					}
+					walk(sg, false)
+				}
+			}
+		}
+	}
+	walk(g, true)
 }
 
 // functionUsed reports whether a node of the main graph calls f.

@@ -9,6 +9,7 @@ import (
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestRaiseOpset(t *testing.T) {
@@ -80,5 +81,97 @@ func TestRaiseOpset(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRaiseOpsetWithSubgraphs: an opset-12 model whose If branches use
+// attribute-style Squeeze, Unsqueeze and Split. RaiseOpset refuses naming
+// the node; RaiseOpsetWithSubgraphs converts both branches (or all but a
+// kept one) into copies, leaving the original branch graphs as they were,
+// and the raised model computes what the original did.
+func TestRaiseOpsetWithSubgraphs(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	x := map[string]*eval.Tensor{"x": randF32(r, 2, 6)}
+	out := func(name string) []*pb.ValueInfoProto {
+		return []*pb.ValueInfoProto{vi(name, pb.TensorProto_FLOAT, []int{2, 6})}
+	}
+	then := &pb.GraphProto{Name: proto.String("then"), Output: out("t"), Node: []*pb.NodeProto{
+		node("Unsqueeze", []string{"x"}, []string{"t3"}, graph.IntsAttr("axes", 0)),
+		node("Squeeze", []string{"t3"}, []string{"t"}, graph.IntsAttr("axes", 0))}}
+	els := &pb.GraphProto{Name: proto.String("else"), Output: out("e"), Node: []*pb.NodeProto{
+		node("Split", []string{"x"}, []string{"e1", "e2"}, graph.IntAttr("axis", 1), graph.IntsAttr("split", 2, 4)),
+		node("Concat", []string{"e2", "e1"}, []string{"e"}, graph.IntAttr("axis", 1))}}
+	build := func(cond bool) *graph.Model {
+		c := &pb.TensorProto{Name: proto.String("c"), DataType: proto.Int32(int32(pb.TensorProto_BOOL)), Int32Data: []int32{0}}
+		if cond {
+			c.Int32Data[0] = 1
+		}
+		iff := node("If", []string{"cond"}, []string{"y"},
+			&pb.AttributeProto{Name: proto.String("then_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: then},
+			&pb.AttributeProto{Name: proto.String("else_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: els})
+		rc := ruleCase{opset: 12, nodes: []*pb.NodeProto{node("Constant", nil, []string{"cond"}, graph.TensorAttr("value", c)), iff},
+			inputs: x, outputs: []string{"y"}}
+		m := rc.model(t)
+		// the branches themselves, not the clones the case builder made
+		for _, n := range m.Proto.Graph.Node {
+			if n.GetOpType() == "If" {
+				n.Attribute = iff.Attribute
+			}
+		}
+		return m
+	}
+	holdsAttr := func(g *pb.GraphProto) bool {
+		for _, n := range g.Node {
+			if graph.Attr(n, "axes") != nil || graph.Attr(n, "split") != nil {
+				return true
+			}
+		}
+		return false
+	}
+	if _, err := RaiseOpset(NewWork(build(true), Options{}), 13); err == nil || !strings.Contains(err.Error(), "inside a subgraph") {
+		t.Fatalf("RaiseOpset: want a refusal naming the subgraph node, got %v", err)
+	}
+	for _, cond := range []bool{true, false} {
+		m := build(cond)
+		want, err := eval.Run(context.Background(), m, x, eval.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckRaiseOpset(m, 13, nil); err != nil {
+			t.Fatal(err)
+		}
+		n, err := RaiseOpsetWithSubgraphs(NewWork(m, Options{}), 13, nil)
+		if err != nil || n != 3 || m.Opset("") != 13 {
+			t.Fatalf("converted %d (want 3), opset %d, err %v", n, m.Opset(""), err)
+		}
+		if !holdsAttr(then) || !holdsAttr(els) {
+			t.Fatal("the original branch graphs were edited")
+		}
+		for _, nd := range m.Proto.Graph.Node {
+			for _, a := range nd.Attribute {
+				if a.G != nil && holdsAttr(a.G) {
+					t.Errorf("branch %s keeps an attribute-style op", a.GetName())
+				}
+			}
+		}
+		if errs := m.Graph().Validate(); len(errs) > 0 {
+			t.Fatal(errs)
+		}
+		got, err := eval.Run(context.Background(), m, x, eval.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := eval.Compare(got["y"], want["y"], 0, 0); err != nil || !d.OK() {
+			t.Fatalf("cond %v: raised model differs: %v %+v", cond, err, d)
+		}
+	}
+	m := build(true)
+	if n, err := RaiseOpsetWithSubgraphs(NewWork(m, Options{}), 13, map[*pb.GraphProto]bool{els: true}); err != nil || n != 2 {
+		t.Fatalf("keeping the else branch: converted %d (want 2), err %v", n, err)
+	}
+	for _, nd := range m.Proto.Graph.Node {
+		if a := graph.Attr(nd, "else_branch"); a != nil && a.G != els {
+			t.Error("the kept else branch was replaced")
+		}
 	}
 }
