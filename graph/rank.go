@@ -82,6 +82,10 @@ var broadcasting = map[string]bool{
 	"GreaterOrEqual": true, "And": true, "Or": true, "Xor": true, "Mod": true,
 }
 
+// Broadcasting reports whether the default-domain op is elementwise with
+// numpy-style broadcasting of its inputs (Add, Equal, Where, ...).
+func Broadcasting(op string) bool { return broadcasting[op] }
+
 func rankFromProducer(src RankSource, v string, memo map[string]int, depth int) int {
 	p := src.Producer(v)
 	if p == nil {

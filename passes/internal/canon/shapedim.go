@@ -84,6 +84,9 @@ func staticDim(w *Work, v string, i, r, depth int) (int64, bool) {
 	if p.GetOpType() == "Concat" {
 		return concatDim(w, p, i, r, depth)
 	}
+	if graph.Broadcasting(p.GetOpType()) {
+		return broadcastDim(w, p, i, r, depth)
+	}
 	in, j, ok := dimThrough(w, p, i, r)
 	if !ok {
 		return 0, false
@@ -117,6 +120,31 @@ func concatDim(w *Work, p *pb.NodeProto, i, r, depth int) (int64, bool) {
 		sum += d
 	}
 	return sum, i == a && len(p.Input) > 0
+}
+
+// broadcastDim is staticDim of a broadcasting op's output: an input's
+// dimension there that is not 1 (the others are 1 or equal to it), or 1
+// when every input's is 1 (or the input has fewer dimensions).
+func broadcastDim(w *Work, p *pb.NodeProto, i, r, depth int) (int64, bool) {
+	all := true
+	for _, in := range p.Input {
+		ri, ok := w.Rank(in)
+		if !ok || ri > r {
+			return 0, false
+		}
+		j := i - (r - ri)
+		if j < 0 {
+			continue
+		}
+		d, ok := staticDim(w, in, j, ri, depth+1)
+		switch {
+		case ok && d != 1:
+			return d, true
+		case !ok:
+			all = false
+		}
+	}
+	return 1, all
 }
 
 // dimThrough says where dimension i of p's output (rank r) comes from:

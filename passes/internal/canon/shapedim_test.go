@@ -13,7 +13,7 @@ func TestStaticDim(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	x := map[string]*eval.Tensor{"x": randF32(r, 5, 3)}
 	w := map[string]*eval.Tensor{"w": randF32(r, 3, 4), "wt": randF32(r, 4, 3),
-		"w3": randF32(r, 3, 3, 4), "m1": eval.NewInt64([]int{1}, []int64{-1}),
+		"w3": randF32(r, 3, 3, 4), "ar": eval.NewInt64([]int{3}, []int64{0, 1, 2}), "m1": eval.NewInt64([]int{1}, []int64{-1}),
 		"one": eval.NewInt64([]int{1}, []int64{1}), "last": eval.ScalarInt64(-1), "zero": eval.NewInt64([]int{1}, []int64{0})}
 	// The router's scores: x·w, softmaxed; their shape is not declared.
 	scores := func(mm *pb.NodeProto) []*pb.NodeProto {
@@ -38,6 +38,12 @@ func TestStaticDim(t *testing.T) {
 	}
 	runRuleCases(t, []Rule{StaticDim, DropDead}, []ruleCase{
 		{name: "columns of a gathered expert weight", nodes: append(through(node("Softmax", []string{"q"}, []string{"p"})), dim("one"), topk),
+			inputs: x, inits: w, outputs: []string{"v", "i"}, want: map[string]int{"Gather": 0, "Shape": 0}},
+		{name: "broadcast against the expert ids", nodes: []*pb.NodeProto{
+			node("ArgMax", []string{"x"}, []string{"sel"}, graph.IntAttr("axis", 1), graph.IntAttr("keepdims", 0)),
+			node("Unsqueeze", []string{"sel", "m1"}, []string{"ind"}), node("Equal", []string{"ind", "ar"}, []string{"eq"}),
+			node("Cast", []string{"eq"}, []string{"p"}, graph.IntAttr("to", int64(pb.TensorProto_FLOAT))),
+			node("Shape", []string{"p"}, []string{"s"}), dim("one"), topk},
 			inputs: x, inits: w, outputs: []string{"v", "i"}, want: map[string]int{"Gather": 0, "Shape": 0}},
 		{name: "concatenated along the axis", nodes: append(through(node("Concat", []string{"q", "q"}, []string{"p"}, graph.IntAttr("axis", -1))),
 			dim("one"), topk), inputs: x, inits: w, outputs: []string{"v", "i"}, want: map[string]int{"Gather": 0, "Shape": 0}},
