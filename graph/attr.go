@@ -91,3 +91,36 @@ func NewNode(op, domain, name string, inputs, outputs []string, attrs ...*pb.Att
 	}
 	return n
 }
+
+// AttrWithGraphs returns a copy of the graph attribute a holding g and gs
+// instead of its own graph and graphs; a is not edited.
+func AttrWithGraphs(a *pb.AttributeProto, g *pb.GraphProto, gs []*pb.GraphProto) *pb.AttributeProto {
+	return &pb.AttributeProto{Name: a.Name, Type: a.Type, DocString: a.DocString, RefAttrName: a.RefAttrName, G: g, Graphs: gs}
+}
+
+// AllNames adds to names every value and node name of gp, in all its
+// scopes (the subgraphs its nodes hold, nested).
+func AllNames(gp *pb.GraphProto, names map[string]bool) {
+	for _, l := range [][]*pb.ValueInfoProto{gp.GetInput(), gp.GetOutput(), gp.GetValueInfo()} {
+		for _, v := range l {
+			names[v.GetName()] = true
+		}
+	}
+	for _, t := range gp.GetInitializer() {
+		names[t.GetName()] = true
+	}
+	for _, n := range gp.GetNode() {
+		names[n.GetName()] = true
+		for _, o := range n.Output {
+			names[o] = true
+		}
+		for _, a := range n.Attribute {
+			if a.G != nil {
+				AllNames(a.G, names)
+			}
+			for _, sg := range a.Graphs {
+				AllNames(sg, names)
+			}
+		}
+	}
+}

@@ -470,8 +470,12 @@ func (g *Graph) UniqueName(prefix string) string {
 	return name
 }
 
+// Reserve marks name as used, so that UniqueName never hands it out (a
+// name that lives in a subgraph, say, which the index does not hold).
+func (g *Graph) Reserve(name string) { g.reserved[name] = true }
+
 // used reports whether name is a value, node or initializer name of the
-// graph, or was reserved by UniqueName.
+// graph, or was reserved by UniqueName or Reserve.
 func (g *Graph) used(name string) bool {
 	if j, ok := g.ids[name]; ok && (g.prod[j] != nil || g.init[j] != nil) {
 		return true

@@ -429,27 +429,6 @@ func unsearched(gp *pb.GraphProto, where, why string) []NearMiss {
 	return out
 }
 
-// modelNames collects every value and node name of gp, all scopes.
-func modelNames(gp *pb.GraphProto, names map[string]bool) {
-	for _, l := range [][]*pb.ValueInfoProto{gp.GetInput(), gp.GetOutput(), gp.GetValueInfo()} {
-		for _, v := range l {
-			names[v.GetName()] = true
-		}
-	}
-	for _, t := range gp.GetInitializer() {
-		names[t.GetName()] = true
-	}
-	for _, n := range gp.GetNode() {
-		names[n.GetName()] = true
-		for _, o := range n.Output {
-			names[o] = true
-		}
-		for _, s := range scopeSites(&pb.GraphProto{Node: []*pb.NodeProto{n}}) {
-			modelNames(s.g, names)
-		}
-	}
-}
-
 // fresh returns name, or name with a suffix, unused in names, and marks it.
 func fresh(names map[string]bool, name string) string {
 	r := name

@@ -24,7 +24,7 @@ func detectScopesAt(m *graph.Model, opt DetectOptions, top bool, depth int) (*De
 			m = editableCopy(m)
 		}
 		names := map[string]bool{}
-		modelNames(m.Proto.GetGraph(), names)
+		graph.AllNames(m.Proto.GetGraph(), names)
 		if _, err := inlineSubgraphCalls(m, names); err != nil {
 			return nil, err
 		}

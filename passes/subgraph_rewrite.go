@@ -39,7 +39,7 @@ func rewriteScopes(m *graph.Model, opt Options) (*Report, error) {
 		ctx = context.Background()
 	}
 	env := &scopeEnv{names: map[string]bool{}, captured: map[*pb.TensorProto]bool{}}
-	modelNames(m.Proto.GetGraph(), env.names)
+	graph.AllNames(m.Proto.GetGraph(), env.names)
 	calledBefore := modelCalls(m)
 	target := m
 	if len(subgraphCalls(m, m.Proto.GetGraph())) > 0 {
@@ -243,7 +243,7 @@ func bindFeeds(sm *graph.Model, bind map[string]*eval.Tensor) map[string]*eval.T
 func commitScope(m *graph.Model, r siteResult, env *scopeEnv) ([]Fused, error) {
 	gp := r.sm.Proto.Graph
 	own := map[string]bool{}
-	modelNames(r.site.g, own)
+	graph.AllNames(r.site.g, own)
 	for _, v := range graph.FreeVars(r.site.g) {
 		own[v] = true
 	}
@@ -326,14 +326,13 @@ func setSubgraph(s scopeSite, gp *pb.GraphProto) {
 		if a.GetName() != s.attr {
 			continue
 		}
-		c := &pb.AttributeProto{Name: a.Name, Type: a.Type, DocString: a.DocString, RefAttrName: a.RefAttrName, G: a.G, Graphs: a.Graphs}
 		if s.idx < 0 {
-			c.G = gp
+			attrs[i] = graph.AttrWithGraphs(a, gp, a.Graphs)
 		} else {
-			c.Graphs = slices.Clone(a.Graphs)
-			c.Graphs[s.idx] = gp
+			gs := slices.Clone(a.Graphs)
+			gs[s.idx] = gp
+			attrs[i] = graph.AttrWithGraphs(a, a.G, gs)
 		}
-		attrs[i] = c
 	}
 	s.holder.Attribute = attrs
 }

@@ -182,14 +182,13 @@ func (r *raiser) attr(a *pb.AttributeProto) (*pb.AttributeProto, error) {
 	if g == nil && gs == nil {
 		return nil, nil
 	}
-	na := &pb.AttributeProto{Name: a.Name, Type: a.Type, DocString: a.DocString, RefAttrName: a.RefAttrName, G: a.G, Graphs: a.Graphs}
-	if g != nil {
-		na.G = g
+	if g == nil {
+		g = a.G
 	}
-	if gs != nil {
-		na.Graphs = gs
+	if gs == nil {
+		gs = a.Graphs
 	}
-	return na, nil
+	return graph.AttrWithGraphs(a, g, gs), nil
 }
 
 // graph returns a converted copy of g (nil when g is nil, kept or
@@ -240,35 +239,23 @@ func cloneWithout[T proto.Message, E any](x T, field func(T) *[]E) T {
 	return c
 }
 
-// reserveSubgraphNames reserves in w's index every value name of g's
+// reserveSubgraphNames reserves in w's index every name of g's
 // subgraphs, so that the constants added for converted nodes (main-graph
 // initializers) shadow none of them.
 func (r *raiser) reserveSubgraphNames(g *pb.GraphProto) {
-	var walk func(g *pb.GraphProto, top bool)
-	walk = func(g *pb.GraphProto, top bool) {
-		for _, n := range g.Node {
-			if !top {
-				for _, o := range n.Output {
-					r.w.G.UniqueName(o)
-				}
-			}
-			for _, a := range n.Attribute {
-				for _, sg := range append([]*pb.GraphProto{a.G}, a.Graphs...) {
-					if sg == nil {
-						continue
-					}
-					for _, v := range sg.Input {
-						r.w.G.UniqueName(v.GetName())
-					}
-					for _, t := range sg.Initializer {
-						r.w.G.UniqueName(t.GetName())
-					}
-					walk(sg, false)
+	names := map[string]bool{}
+	for _, n := range g.Node {
+		for _, a := range n.Attribute {
+			for _, sg := range append([]*pb.GraphProto{a.G}, a.Graphs...) {
+				if sg != nil {
+					graph.AllNames(sg, names)
 				}
 			}
 		}
 	}
-	walk(g, true)
+	for v := range names {
+		r.w.G.Reserve(v) // order-free: nothing is renamed
+	}
 }
 
 // functionUsed reports whether a node of the main graph calls f.

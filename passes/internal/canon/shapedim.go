@@ -196,13 +196,14 @@ func dimThrough(w *Work, p *pb.NodeProto, i, r int) (string, int, bool) {
 	case "Squeeze", "Unsqueeze":
 		return dimAxes(w, p, i, r, rank(p.Input[0]))
 	case "Gather":
-		q := r - rank(p.Input[0]) + 1 // the indices' rank
+		rd := rank(p.Input[0])
+		q := r - rd + 1 // the indices' rank
 		a := int(graph.AttrInt(p, "axis", 0))
 		if a < 0 {
-			a += rank(p.Input[0])
+			a += rd
 		}
 		switch {
-		case len(p.Input) != 2 || rank(p.Input[0]) < 1 || q < 0 || a < 0:
+		case len(p.Input) != 2 || rd < 1 || q < 0 || a < 0:
 		case i < a:
 			return p.Input[0], i, true
 		case i >= a+q:
@@ -239,22 +240,16 @@ func dimThrough(w *Work, p *pb.NodeProto, i, r int) (string, int, bool) {
 
 // dimAxes is dimThrough for Squeeze and Unsqueeze (rin: the input's rank).
 func dimAxes(w *Work, p *pb.NodeProto, i, r, rin int) (string, int, bool) {
-	axes := graph.AttrInts(p, "axes")
-	if len(p.Input) > 1 {
-		axes, _ = w.ConstInts(p.Input[1])
-	}
+	axes, ok := w.squeezeAxes(p)
 	big := r // the rank the axes index
 	if p.GetOpType() == "Squeeze" {
 		big = rin
 	}
-	if len(axes) == 0 || big < 0 {
+	if !ok || big < 0 {
 		return "", 0, false
 	}
 	set := map[int]bool{}
-	for _, a := range axes {
-		if a < 0 {
-			a += int64(big)
-		}
+	for _, a := range normAxes(axes, big) {
 		set[int(a)] = true
 	}
 	if p.GetOpType() == "Unsqueeze" {
