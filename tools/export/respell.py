@@ -15,7 +15,7 @@ Transforms:
   strip      value_info and the outputs' shapes dropped
   swap       operands of commutative binary ops swapped
   transpose  each 2-D MatMul weight stored transposed, behind a Transpose
-  cast       a float-to-float Cast before each MatMul/Gemm input
+  cast       a Cast to its own type (a no-op) before each MatMul/Gemm input
   if         the whole graph inside an If on a constant true (both branches equal)
   divmul     x / c by a constant written x * (1/c)
   subneg     a - b written a + (-b)
@@ -50,8 +50,11 @@ def consts(g):
 
 def t_const(m):
     g = m.graph
-    cs = [helper.make_node("Constant", [], [t.name], value=t, name="c_" + t.name) for t in g.initializer]
+    ins = {i.name for i in g.input}  # an initializer that is also an input is a default: kept
+    cs = [helper.make_node("Constant", [], [t.name], value=t, name="c_" + t.name) for t in g.initializer if t.name not in ins]
+    keep = [t for t in g.initializer if t.name in ins]
     del g.initializer[:]
+    g.initializer.extend(keep)
     rebuild(g, cs + list(g.node))
 
 
@@ -97,10 +100,15 @@ def t_transpose(m):
 
 def t_cast(m):
     g, nodes = m.graph, []
+    # the no-op cast is to the value's own type (float16 in a half-precision graph)
+    inferred = onnx.shape_inference.infer_shapes(m).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)}
+    types.update({t.name: t.data_type for t in g.initializer})
     for n in g.node:
         if n.op_type in ("MatMul", "Gemm"):
             c = f"{n.input[0]}__cast_{n.name}"
-            nodes.append(helper.make_node("Cast", [n.input[0]], [c], to=TensorProto.FLOAT, name=n.name + "_cast"))
+            to = types.get(n.input[0]) or TensorProto.FLOAT
+            nodes.append(helper.make_node("Cast", [n.input[0]], [c], to=to, name=n.name + "_cast"))
             n.input[0] = c
         nodes.append(n)
     rebuild(g, nodes)
@@ -108,7 +116,9 @@ def t_cast(m):
 
 def t_if(m):
     g = m.graph
-    then = helper.make_graph(list(g.node), "then", [], list(g.output), list(g.initializer))
+    ins = {i.name for i in g.input}  # an initializer that is also an input stays outside, a default
+    keep = [t for t in g.initializer if t.name in ins]
+    then = helper.make_graph(list(g.node), "then", [], list(g.output), [t for t in g.initializer if t.name not in ins])
     other = copy.deepcopy(then)
     other.name = "else"
     for n in other.node:
@@ -118,6 +128,7 @@ def t_if(m):
     ids = [helper.make_node("Identity", [o + "__if"], [o], name="id_" + o) for o in outs]
     rebuild(g, [node] + ids)
     del g.initializer[:]
+    g.initializer.extend(keep)
     g.initializer.append(helper.make_tensor("cond__", TensorProto.BOOL, [], [True]))
     del g.value_info[:]
 

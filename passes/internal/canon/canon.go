@@ -66,6 +66,7 @@ func Rules() []Rule {
 		StaticDim,
 		TopKSlice,
 		TopKOfNeg,
+		NegOfNeg,
 		SpelledSoftmax,
 		FoldConstants,
 		DropDead,

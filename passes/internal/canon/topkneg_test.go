@@ -35,3 +35,22 @@ func TestTopKOfNeg(t *testing.T) {
 			inputs: x, inits: k, outputs: []string{"v", "i"}, noChange: true},
 	})
 }
+
+func TestNegOfNeg(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	x := map[string]*eval.Tensor{"x": randF32(r, 3, 4)}
+	ids := map[string]*eval.Tensor{"x": eval.NewInt64([]int{4}, []int64{-9223372036854775808, -1, 0, 7})}
+	n1 := node("Neg", []string{"x"}, []string{"a"})
+	n2 := node("Neg", []string{"a"}, []string{"b"})
+	relu := node("Relu", []string{"b"}, []string{"y"})
+	runRuleCases(t, []Rule{NegOfNeg, DropDead}, []ruleCase{
+		{name: "twice negated floats", nodes: []*pb.NodeProto{n1, n2, relu},
+			inputs: x, outputs: []string{"y"}, want: map[string]int{"Neg": 0, "Relu": 1}},
+		{name: "inner value still read", nodes: []*pb.NodeProto{n1, n2, relu},
+			inputs: x, outputs: []string{"y", "a"}, want: map[string]int{"Neg": 1, "Relu": 1}},
+		{name: "integers, the most negative included", nodes: []*pb.NodeProto{n1, n2, node("Abs", []string{"b"}, []string{"y"})},
+			inputs: ids, outputs: []string{"y"}, want: map[string]int{"Neg": 0, "Abs": 1}},
+		{name: "one Neg kept", nodes: []*pb.NodeProto{n1, node("Relu", []string{"a"}, []string{"y"})},
+			inputs: x, outputs: []string{"y"}, noChange: true},
+	})
+}
