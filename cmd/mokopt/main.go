@@ -17,6 +17,8 @@ import (
 	"runtime/pprof"
 	"strings"
 	"syscall"
+
+	"github.com/mokopt/mokopt/internal/gctune"
 )
 
 // exitInterrupted is the exit code after SIGINT, SIGTERM, SIGHUP or SIGQUIT
@@ -32,7 +34,12 @@ func main() {
 		stop() // a second Ctrl-C kills at once
 	}()
 	stopProfile := startProfile()
+	// The garbage between collections is bounded by bytes, not by a
+	// fraction of the live heap: a command holding one expert's matrices
+	// would otherwise peak near two of them (see internal/gctune).
+	stopTuner := gctune.Start()
 	code := executeContext(ctx, os.Args[1:])
+	stopTuner()
 	stopProfile()
 	os.Exit(code)
 }
