@@ -2,7 +2,6 @@ package lowering
 
 import (
 	"bufio"
-	"encoding/binary"
 	"fmt"
 	"io"
 
@@ -50,14 +49,19 @@ type slab struct {
 }
 
 // slabs reads the source one expert at a time, in order, one slab ahead of
-// the consumer, and calls fn for each. At most three slabs are alive at once.
+// the consumer, and calls fn for each. Two float32 slabs take turns: the
+// one fn has and the one being decoded; v is valid until fn returns.
 func (s source) slabs(fn func(e int, v []float32) error) error {
 	r, _, err := s.m.TensorReader(s.t)
 	if err != nil {
 		return err
 	}
-	elem := graph.ElemBits(graph.DataType(s.t)) / 8
+	dt := graph.DataType(s.t)
+	elem := graph.ElemBits(dt) / 8
 	ch := make(chan slab, 1)
+	free := make(chan []float32, 2)
+	free <- make([]float32, s.N*s.K)
+	free <- make([]float32, s.N*s.K)
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -66,10 +70,15 @@ func (s source) slabs(fn func(e int, v []float32) error) error {
 		raw := make([]byte, s.N*s.K*elem)
 		for e := 0; e < s.E; e++ {
 			var sl slab
+			select {
+			case sl.v = <-free:
+			case <-done:
+				return
+			}
 			if _, err := io.ReadFull(br, raw); err != nil {
 				sl.err = fmt.Errorf("reading expert %d of %q: %w", e, s.t.GetName(), err)
 			} else {
-				sl.v, sl.err = graph.DecodeFloat32(graph.DataType(s.t), raw)
+				sl.err = graph.DecodeFloat32Into(dt, raw, sl.v)
 			}
 			select {
 			case ch <- sl:
@@ -89,6 +98,7 @@ func (s source) slabs(fn func(e int, v []float32) error) error {
 		if err := fn(e, sl.v); err != nil {
 			return err
 		}
+		free <- sl.v
 		e++
 	}
 	if e != s.E {
@@ -145,22 +155,35 @@ func deferMXFP8(m *graph.Model, g *graph.Graph, name string, src source, part mx
 }
 
 // deferBF16 adds to g, deferred in m, src rounded to bfloat16 (nearest even),
-// converted slab by slab when the model is saved.
+// converted slab by slab when the model is saved; a bfloat16 source's bytes
+// are copied as they are.
 func deferBF16(m *graph.Model, g *graph.Graph, name string, src source) {
 	t := &pb.TensorProto{Name: proto.String(name), Dims: append([]int64(nil), src.t.GetDims()...),
 		DataType: proto.Int32(int32(pb.TensorProto_BFLOAT16))}
+	size := int64(2 * src.E * src.N * src.K)
 	write := func(w io.Writer) error {
+		if graph.DataType(src.t) == pb.TensorProto_BFLOAT16 {
+			r, _, err := src.m.TensorReader(src.t)
+			if err != nil {
+				return err
+			}
+			n, err := io.Copy(w, io.LimitReader(r, size))
+			if err == nil && n != size {
+				err = fmt.Errorf("reading %q: %d of %d bytes", src.t.GetName(), n, size)
+			}
+			return err
+		}
 		buf := make([]byte, 2*src.N*src.K)
 		return src.slabs(func(_ int, v []float32) error {
-			for i, f := range v {
-				binary.LittleEndian.PutUint16(buf[2*i:], graph.Float32ToBFloat16(f))
+			if err := graph.EncodeFloat32Into(pb.TensorProto_BFLOAT16, buf, v); err != nil {
+				return err
 			}
 			_, err := w.Write(buf)
 			return err
 		})
 	}
 	g.AddInitializer(t)
-	m.SetDeferred(t, graph.DeferredData{Size: int64(2 * src.E * src.N * src.K), Write: write})
+	m.SetDeferred(t, graph.DeferredData{Size: size, Write: write})
 }
 
 // deferZeroBF16 adds to g, deferred in m, a bfloat16 tensor of zeros.
