@@ -174,6 +174,8 @@ func rankFromProducer(src RankSource, v string, memo map[string]int, depth int) 
 		if a, b := in(0), in(1); a >= 2 && b >= 2 {
 			return max(a, b)
 		}
+	case op == "Einsum":
+		return einsumRank(AttrString(p, "equation", ""), in)
 	case broadcasting[op]:
 		r := -1
 		for i := range p.Input {
@@ -249,6 +251,29 @@ func shapeLen(src RankSource, v string, memo map[string]int, depth int) int {
 		}
 	case "Cast", "Identity":
 		return shapeLen(src, p.Input[0], memo, depth+1)
+	}
+	return -1
+}
+
+// einsumRank is the rank of an Einsum's output with an explicit output
+// term: its letters, plus the axes an ellipsis stands for (an operand's
+// rank less its own letters); -1 when that cannot be told.
+func einsumRank(eq string, in func(int) int) int {
+	eq = strings.ReplaceAll(eq, " ", "")
+	lhs, out, ok := strings.Cut(eq, "->")
+	if !ok {
+		return -1
+	}
+	r := len(strings.ReplaceAll(out, "...", ""))
+	if !strings.Contains(out, "...") {
+		return r
+	}
+	for i, term := range strings.Split(lhs, ",") {
+		if strings.Contains(term, "...") {
+			if ri := in(i); ri >= 0 {
+				return r + ri - len(strings.ReplaceAll(term, "...", ""))
+			}
+		}
 	}
 	return -1
 }

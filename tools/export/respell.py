@@ -22,6 +22,11 @@ Transforms:
   softmax    Softmax(x) written Exp(x - ReduceMax(x)) / ReduceSum(...)
   topkneg    TopK(x) written TopK(-x) with largest flipped, the values negated back
   mul1       a Mul by 1 after each Sigmoid
+  sigmoid    Sigmoid(x) written 1 / (1 + Exp(-x))
+  recip      a / b by a computed b written a * Reciprocal(b)
+  logsoftmax Softmax(x) written Exp(LogSoftmax(x))
+  einsum     x @ W by a 2-D initializer W written Einsum("...i,ij->...j")
+  gemm       Gemm(A, B, C) of alpha = beta = 1 written MatMul (with Transposes) + C
 """
 import copy
 import os
@@ -98,12 +103,21 @@ def t_transpose(m):
     rebuild(g, nodes)
 
 
+def value_types(m):
+    """The element type of every value shape inference or an initializer gives."""
+    inferred = onnx.shape_inference.infer_shapes(m).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)}
+    types.update({t.name: t.data_type for t in m.graph.initializer})
+    return types
+
+
+FLOATS = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64}
+
+
 def t_cast(m):
     g, nodes = m.graph, []
     # the no-op cast is to the value's own type (float16 in a half-precision graph)
-    inferred = onnx.shape_inference.infer_shapes(m).graph
-    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)}
-    types.update({t.name: t.data_type for t in g.initializer})
+    types = value_types(m)
     for n in g.node:
         if n.op_type in ("MatMul", "Gemm"):
             c = f"{n.input[0]}__cast_{n.name}"
@@ -197,6 +211,78 @@ def t_mul1(m):
             o = n.output[0]
             n.output[0] = o + "__m1"
             nodes.append(helper.make_node("Mul", [o + "__m1", "one__"], [o], name=f"m1_{k}"))
+    rebuild(g, nodes)
+
+
+def t_sigmoid(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if n.op_type == "Sigmoid" else None
+        if dt is None:
+            nodes.append(n)
+            continue
+        p = f"sig{k}"
+        g.initializer.append(numpy_helper.from_array(np.array(1, dtype=dt), p + "_one"))
+        nodes += [helper.make_node("Neg", [n.input[0]], [p + "_n"], name=p + "a"),
+                  helper.make_node("Exp", [p + "_n"], [p + "_e"], name=p + "b"),
+                  helper.make_node("Add", [p + "_one", p + "_e"], [p + "_d"], name=p + "c"),
+                  helper.make_node("Reciprocal", [p + "_d"], [n.output[0]], name=n.name or p + "d")]
+    rebuild(g, nodes)
+
+
+def t_recip(m):
+    g, nodes, types, c = m.graph, [], value_types(m), consts(m.graph)
+    for k, n in enumerate(g.node):
+        if n.op_type == "Div" and n.input[1] not in c and types.get(n.input[1]) in FLOATS:
+            nodes.append(helper.make_node("Reciprocal", [n.input[1]], [f"rcp{k}"], name=f"rcpn{k}"))
+            n.op_type, n.input[1] = "Mul", f"rcp{k}"
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_logsoftmax(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        if n.op_type != "Softmax":
+            nodes.append(n)
+            continue
+        o = n.output[0]
+        n.op_type, n.output[0] = "LogSoftmax", o + "__log"
+        nodes += [n, helper.make_node("Exp", [o + "__log"], [o], name=f"lsm{k}")]
+    rebuild(g, nodes)
+
+
+def t_einsum(m):
+    g, nodes = m.graph, []
+    inits = {t.name: t for t in g.initializer}
+    for n in g.node:
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
+        if w is not None and len(w.dims) == 2 and w.data_type in FLOATS:
+            n.op_type = "Einsum"
+            n.attribute.append(helper.make_attribute("equation", "...i,ij->...j"))
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_gemm(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        at = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type != "Gemm" or at.get("alpha", 1.0) != 1.0 or at.get("beta", 1.0) != 1.0:
+            nodes.append(n)
+            continue
+        p, a, b = f"gm{k}", n.input[0], n.input[1]
+        if at.get("transA", 0):
+            nodes.append(helper.make_node("Transpose", [a], [p + "_a"], perm=[1, 0], name=p + "ta"))
+            a = p + "_a"
+        if at.get("transB", 0):
+            nodes.append(helper.make_node("Transpose", [b], [p + "_b"], perm=[1, 0], name=p + "tb"))
+            b = p + "_b"
+        if len(n.input) > 2 and n.input[2]:
+            nodes += [helper.make_node("MatMul", [a, b], [p + "_m"], name=p + "m"),
+                      helper.make_node("Add", [p + "_m", n.input[2]], [n.output[0]], name=n.name or p + "add")]
+        else:
+            nodes.append(helper.make_node("MatMul", [a, b], [n.output[0]], name=n.name or p + "m"))
     rebuild(g, nodes)
 
 

@@ -11,7 +11,8 @@ variants (twice as many for the `if` form, one copy per branch) and its
 fused model reproduces every golden the source's does, or when both are
 refused. Prints one line per form that does not agree and a summary;
 exits 1 when any does not. Needs nothing but the Python standard library
-here. $JOBS sets the parallelism (default: the CPU count).
+here. $JOBS sets the parallelism (default: the CPU count); $FORMS (names
+separated by spaces) runs those transforms only.
 """
 import concurrent.futures
 import json
@@ -43,7 +44,8 @@ def one(mokopt, outdir, src):
     name = os.path.basename(src)[:-len(".onnx")]
     work = os.path.join(outdir, name)
     os.makedirs(work, exist_ok=True)
-    r = subprocess.run([PY, os.path.join(HERE, "respell.py"), work, src], capture_output=True, text=True)
+    forms = os.environ.get("FORMS", "").split()
+    r = subprocess.run([PY, os.path.join(HERE, "respell.py"), work, src] + forms, capture_output=True, text=True)
     if r.returncode != 0:
         return [(name, "respell failed: " + r.stderr.strip()[-300:])], 0
     base = fuse(mokopt, src, os.path.join(work, "src.fused.onnx"))

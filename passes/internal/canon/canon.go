@@ -67,7 +67,11 @@ func Rules() []Rule {
 		TopKSlice,
 		TopKOfNeg,
 		NegOfNeg,
+		MulReciprocal,
 		SpelledSoftmax,
+		SpelledSigmoid,
+		ExpOfLogSoftmax,
+		EinsumMatMul,
 		FoldConstants,
 		DropDead,
 	}

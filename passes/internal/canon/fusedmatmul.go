@@ -35,13 +35,8 @@ var FusedMatMul = Rule{
 			if !ok || r < 2 {
 				return false, nil
 			}
-			perm := make([]int64, r)
-			for j := range perm {
-				perm[j] = int64(j)
-			}
-			perm[r-2], perm[r-1] = perm[r-1], perm[r-2]
 			ins[i] = w.Temp(n, attr)
-			nodes = append(nodes, w.Node("Transpose", "", n.GetName()+"/Transpose", []string{n.Input[i]}, []string{ins[i]}, graph.IntsAttr("perm", perm...)))
+			nodes = append(nodes, w.Node("Transpose", "", n.GetName()+"/Transpose", []string{n.Input[i]}, []string{ins[i]}, graph.IntsAttr("perm", swapLastTwo(r)...)))
 		}
 		alpha := graph.AttrFloat(n, "alpha", 1)
 		if alpha == 1 {
@@ -58,4 +53,15 @@ var FusedMatMul = Rule{
 		w.Replace(n, nodes...)
 		return true, nil
 	},
+}
+
+// swapLastTwo is the Transpose permutation of rank r that swaps the last
+// two axes (a matrix transpose of each matrix of a batch).
+func swapLastTwo(r int) []int64 {
+	perm := make([]int64, r)
+	for j := range perm {
+		perm[j] = int64(j)
+	}
+	perm[r-2], perm[r-1] = perm[r-1], perm[r-2]
+	return perm
 }

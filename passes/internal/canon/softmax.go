@@ -63,3 +63,23 @@ func keptReduce(n *pb.NodeProto, op string) bool {
 	return n.GetOpType() == op && n.GetDomain() == "" && len(n.Input) >= 1 &&
 		graph.AttrInt(n, "keepdims", 1) == 1 && graph.AttrInt(n, "noop_with_empty_axes", 0) == 0
 }
+
+// ExpOfLogSoftmax turns Exp(LogSoftmax(x, axis)) into Softmax(x, axis): the
+// same function, equal up to float rounding (opset 13 and later, where both
+// ops normalise over one axis).
+var ExpOfLogSoftmax = Rule{
+	Name: "exp-of-log-softmax",
+	Ops:  []string{"Exp"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if n.GetDomain() != "" || len(n.Input) != 1 || len(n.Output) != 1 || w.Opset() < 13 {
+			return false, nil
+		}
+		p := w.Producer(n.Input[0])
+		if p == nil || p.GetOpType() != "LogSoftmax" || p.GetDomain() != "" || len(p.Input) != 1 {
+			return false, nil
+		}
+		w.Replace(n, graph.NewNode("Softmax", "", n.GetName(), []string{p.Input[0]}, []string{n.Output[0]},
+			graph.IntAttr("axis", graph.AttrInt(p, "axis", -1))))
+		return true, nil
+	},
+}
