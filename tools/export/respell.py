@@ -27,6 +27,9 @@ Transforms:
   logsoftmax Softmax(x) written Exp(LogSoftmax(x))
   einsum     x @ W by a 2-D initializer W written Einsum("...i,ij->...j")
   gemm       Gemm(A, B, C) of alpha = beta = 1 written MatMul (with Transposes) + C
+  sum        a + b of floats written Sum(a, b)
+  axis       a negative axis attribute (Softmax, TopK, Concat, Gather, ...) written as its positive value
+  widen      every float32 MatMul output cast to double and back (an exact round trip)
 """
 import copy
 import os
@@ -283,6 +286,41 @@ def t_gemm(m):
                       helper.make_node("Add", [p + "_m", n.input[2]], [n.output[0]], name=n.name or p + "add")]
         else:
             nodes.append(helper.make_node("MatMul", [a, b], [n.output[0]], name=n.name or p + "m"))
+    rebuild(g, nodes)
+
+
+def t_sum(m):
+    types = value_types(m)
+    for n in m.graph.node:
+        if n.op_type == "Add" and types.get(n.output[0]) in FLOATS:
+            n.op_type = "Sum"
+
+
+def value_ranks(m):
+    """The rank of every value shape inference declares."""
+    inferred = onnx.shape_inference.infer_shapes(m).graph
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)
+            if v.type.tensor_type.HasField("shape")}
+
+
+def t_axis(m):
+    ranks = value_ranks(m)
+    for n in m.graph.node:
+        r = ranks.get(n.input[0]) if n.input else None
+        for a in n.attribute:
+            if a.name == "axis" and a.type == onnx.AttributeProto.INT and a.i < 0 and r:
+                a.i += r
+
+
+def t_widen(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        if n.op_type == "MatMul" and types.get(n.output[0]) == TensorProto.FLOAT:
+            o = n.output[0]
+            n.output[0] = o + "__f32"
+            nodes += [helper.make_node("Cast", [o + "__f32"], [o + "__f64"], to=TensorProto.DOUBLE, name=f"wd{k}a"),
+                      helper.make_node("Cast", [o + "__f64"], [o], to=TensorProto.FLOAT, name=f"wd{k}b")]
     rebuild(g, nodes)
 
 
