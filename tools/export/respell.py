@@ -309,7 +309,7 @@ def t_axis(m):
         r = ranks.get(n.input[0]) if n.input else None
         for a in n.attribute:
             if a.name == "axis" and a.type == onnx.AttributeProto.INT and a.i < 0 and r:
-                a.i += r
+                a.i += r + (n.op_type == "OneHot")  # OneHot's axis counts the output's new axis
 
 
 def t_widen(m):
