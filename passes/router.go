@@ -179,15 +179,27 @@ func (c *ctx) groupInfo(where *pb.NodeProto, ri *routerInfo) error {
 	groupsRead, topkRead := false, false
 	var err error
 	readGroups := func(reshape *pb.NodeProto) {
-		if reshape == nil || reshape.GetOpType() != "Reshape" {
+		if reshape == nil {
 			return
 		}
-		if sh := c.constInts(reshape.Input[1]); len(sh) >= 2 && sh[len(sh)-2] > 0 {
-			if groupsRead && ri.nGroup != int(sh[len(sh)-2]) && err == nil {
-				err = fmt.Errorf("group-limited routing: two group counts (%d and %d)", ri.nGroup, sh[len(sh)-2])
+		groups := int64(0)
+		switch reshape.GetOpType() {
+		case "Reshape":
+			if sh := c.constInts(reshape.Input[1]); len(sh) >= 2 && sh[len(sh)-2] > 0 {
+				groups = sh[len(sh)-2]
 			}
-			ri.nGroup, groupsRead = int(sh[len(sh)-2]), true
+		case "Unsqueeze": // one group: a unit axis inserted second to last
+			if c.unsqueezesSecondToLast(reshape) {
+				groups = 1
+			}
 		}
+		if groups == 0 {
+			return
+		}
+		if groupsRead && ri.nGroup != int(groups) && err == nil {
+			err = fmt.Errorf("group-limited routing: two group counts (%d and %d)", ri.nGroup, groups)
+		}
+		ri.nGroup, groupsRead = int(groups), true
 	}
 	setTopK := func(k int64) {
 		if topkRead && ri.topkGroup != int(k) && err == nil {
@@ -454,4 +466,23 @@ func (c *ctx) feedsTopK(outs []int32) bool {
 		}
 	}
 	return false
+}
+
+// unsqueezesSecondToLast reports whether Unsqueeze n inserts one axis, the
+// second to last of its output.
+func (c *ctx) unsqueezesSecondToLast(n *pb.NodeProto) bool {
+	var axes []int64
+	if len(n.Input) > 1 {
+		axes = c.constInts(n.Input[1])
+	} else {
+		axes = graph.AttrInts(n, "axes")
+	}
+	if len(axes) != 1 {
+		return false
+	}
+	if axes[0] == -2 {
+		return true
+	}
+	r := c.rankInfer(n.Input[0])
+	return r >= 1 && axes[0] == int64(r-1)
 }

@@ -30,6 +30,8 @@ Transforms:
   sum        a + b of floats written Sum(a, b)
   axis       a negative axis attribute (Softmax, TopK, Concat, Gather, ...) written as its positive value
   widen      every float32 MatMul output cast to double and back (an exact round trip)
+  unsq       Unsqueeze(x, [a]) written Reshape(x, Concat(Shape(x)[:a], [1], Shape(x)[a:]))
+  flat2d     x @ W of a rank-3 x and a 2-D initializer W written Reshape(Reshape(x, [-1, K]) @ W, [*x.shape[:-1], N])
 """
 import copy
 import os
@@ -321,6 +323,51 @@ def t_widen(m):
             n.output[0] = o + "__f32"
             nodes += [helper.make_node("Cast", [o + "__f32"], [o + "__f64"], to=TensorProto.DOUBLE, name=f"wd{k}a"),
                       helper.make_node("Cast", [o + "__f64"], [o], to=TensorProto.FLOAT, name=f"wd{k}b")]
+    rebuild(g, nodes)
+
+
+def _ints(g, name, vals):
+    g.initializer.append(numpy_helper.from_array(np.array(vals, dtype=np.int64), name))
+    return name
+
+
+def t_unsq(m):
+    g, nodes, ranks, c = m.graph, [], value_ranks(m), consts(m.graph)
+    for k, n in enumerate(g.node):
+        if n.op_type != "Unsqueeze":
+            nodes.append(n)
+            continue
+        axes = [a.ints for a in n.attribute if a.name == "axes"]
+        axes = list(axes[0]) if axes else (list(c[n.input[1]].reshape(-1)) if len(n.input) > 1 and n.input[1] in c else None)
+        r = ranks.get(n.input[0])
+        if axes is None or len(axes) != 1 or r is None:
+            nodes.append(n)
+            continue
+        a = int(axes[0]) + (r + 1 if axes[0] < 0 else 0)
+        p = f"unsq{k}"
+        nodes += [helper.make_node("Shape", [n.input[0]], [p + "_s"], name=p + "a"),
+                  helper.make_node("Slice", [p + "_s", _ints(g, p + "_z", [0]), _ints(g, p + "_a", [a])], [p + "_h"], name=p + "b"),
+                  helper.make_node("Slice", [p + "_s", _ints(g, p + "_a2", [a]), _ints(g, p + "_e", [r])], [p + "_t"], name=p + "c"),
+                  helper.make_node("Concat", [p + "_h", _ints(g, p + "_one", [1]), p + "_t"], [p + "_shape"], axis=0, name=p + "d"),
+                  helper.make_node("Reshape", [n.input[0], p + "_shape"], [n.output[0]], name=n.name or p + "e")]
+    rebuild(g, nodes)
+
+
+def t_flat2d(m):
+    g, nodes, ranks = m.graph, [], value_ranks(m)
+    inits = {t.name: t for t in g.initializer}
+    for k, n in enumerate(g.node):
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
+        if w is None or len(w.dims) != 2 or ranks.get(n.input[0]) != 3:
+            nodes.append(n)
+            continue
+        p, K, N = f"fl{k}", w.dims[0], w.dims[1]
+        nodes += [helper.make_node("Reshape", [n.input[0], _ints(g, p + "_kshape", [-1, K])], [p + "_x2"], name=p + "a"),
+                  helper.make_node("MatMul", [p + "_x2", n.input[1]], [p + "_y2"], name=n.name or p + "b"),
+                  helper.make_node("Shape", [n.input[0]], [p + "_s"], name=p + "c"),
+                  helper.make_node("Slice", [p + "_s", _ints(g, p + "_z", [0]), _ints(g, p + "_e", [2])], [p + "_lead"], name=p + "d"),
+                  helper.make_node("Concat", [p + "_lead", _ints(g, p + "_n", [N])], [p + "_shape"], axis=0, name=p + "e"),
+                  helper.make_node("Reshape", [p + "_y2", p + "_shape"], [n.output[0]], name=p + "f")]
     rebuild(g, nodes)
 
 

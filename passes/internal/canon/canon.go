@@ -53,6 +53,7 @@ func Rules() []Rule {
 		DropNoOpCast,
 		DropRoundTripCast,
 		DropNoOpReshape,
+		ReshapeOfOwnShape,
 		DropNeutral,
 		SqueezeOfUnsqueeze,
 		ExpandToOwnShape,

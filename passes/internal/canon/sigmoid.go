@@ -2,6 +2,7 @@ package canon
 
 import (
 	"context"
+	"fmt"
 	"math"
 
 	"github.com/mokopt/mokopt/graph"
@@ -145,26 +146,21 @@ func isSigmoid(w *Work, nodes []*pb.NodeProto, leaf, out string) bool {
 		return false
 	}
 	probe := eval.NewFloatAs(dt, []int{len(sigmoidProbes)}, sigmoidProbes)
-	gp := &pb.GraphProto{Name: proto.String("spelled"), Output: []*pb.ValueInfoProto{{Name: proto.String(out)}}}
+	var order []*pb.NodeProto
 	feeds := map[string]*eval.Tensor{leaf: probe}
 	for i := len(nodes) - 1; i >= 0; i-- {
-		gp.Node = append(gp.Node, nodes[i])
+		order = append(order, nodes[i])
 		for _, in := range nodes[i].Input {
 			if c, ok := w.Const(in); ok && in != leaf {
 				feeds[in] = c
 			}
 		}
 	}
-	for name := range feeds {
-		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: proto.String(name)})
-	}
-	m := &graph.Model{Proto: &pb.ModelProto{IrVersion: proto.Int64(10), Graph: gp,
-		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(w.Opset())}}}}
-	res, err := eval.Run(context.Background(), m, feeds, eval.Options{Threads: 1})
-	if err != nil || res[out] == nil || res[out].Len() != len(sigmoidProbes) {
+	res, err := runRegion(w, order, feeds, out)
+	if err != nil || res.Len() != len(sigmoidProbes) {
 		return false
 	}
-	y := res[out].Float64s()
+	y := res.Float64s()
 	for i, x := range probe.Float64s() { // the probes as the leaf's type holds them
 		want := 1 / (1 + math.Exp(-x))
 		if d := math.Abs(y[i] - want); !(d <= tol/4+tol*want) {
@@ -172,4 +168,24 @@ func isSigmoid(w *Work, nodes []*pb.NodeProto, leaf, out string) bool {
 		}
 	}
 	return true
+}
+
+// runRegion evaluates nodes (in an order that runs: the breadth-first
+// closures here, reversed) on feeds, which give every value they read that
+// they do not compute, and returns out.
+func runRegion(w *Work, nodes []*pb.NodeProto, feeds map[string]*eval.Tensor, out string) (*eval.Tensor, error) {
+	gp := &pb.GraphProto{Name: proto.String("region"), Node: nodes, Output: []*pb.ValueInfoProto{{Name: proto.String(out)}}}
+	for name := range feeds {
+		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: proto.String(name)})
+	}
+	m := &graph.Model{Proto: &pb.ModelProto{IrVersion: proto.Int64(10), Graph: gp,
+		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(w.Opset())}}}}
+	res, err := eval.Run(context.Background(), m, feeds, eval.Options{Threads: 1})
+	if err != nil {
+		return nil, err
+	}
+	if res[out] == nil {
+		return nil, fmt.Errorf("region computes no %q", out)
+	}
+	return res[out], nil
 }
