@@ -31,6 +31,7 @@ Transforms:
   axis       a negative axis attribute (Softmax, TopK, Concat, Gather, ...) written as its positive value
   widen      every float32 MatMul output cast to double and back (an exact round trip)
   unsq       Unsqueeze(x, [a]) written Reshape(x, Concat(Shape(x)[:a], [1], Shape(x)[a:]))
+  tmm        x @ W of a 2-D x and a 2-D initializer W written (W^T @ x^T)^T
   flat2d     x @ W of a rank-3 x and a 2-D initializer W written Reshape(Reshape(x, [-1, K]) @ W, [*x.shape[:-1], N])
 """
 import copy
@@ -368,6 +369,22 @@ def t_flat2d(m):
                   helper.make_node("Slice", [p + "_s", _ints(g, p + "_z", [0]), _ints(g, p + "_e", [2])], [p + "_lead"], name=p + "d"),
                   helper.make_node("Concat", [p + "_lead", _ints(g, p + "_n", [N])], [p + "_shape"], axis=0, name=p + "e"),
                   helper.make_node("Reshape", [p + "_y2", p + "_shape"], [n.output[0]], name=p + "f")]
+    rebuild(g, nodes)
+
+
+def t_tmm(m):
+    g, nodes, ranks = m.graph, [], value_ranks(m)
+    inits = {t.name: t for t in g.initializer}
+    for k, n in enumerate(g.node):
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
+        if w is None or len(w.dims) != 2 or ranks.get(n.input[0]) != 2:
+            nodes.append(n)
+            continue
+        p = f"tmm{k}"
+        nodes += [helper.make_node("Transpose", [n.input[1]], [p + "_wt"], perm=[1, 0], name=p + "a"),
+                  helper.make_node("Transpose", [n.input[0]], [p + "_xt"], perm=[1, 0], name=p + "b"),
+                  helper.make_node("MatMul", [p + "_wt", p + "_xt"], [p + "_yt"], name=n.name or p + "c"),
+                  helper.make_node("Transpose", [p + "_yt"], [n.output[0]], perm=[1, 0], name=p + "d")]
     rebuild(g, nodes)
 
 

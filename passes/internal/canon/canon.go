@@ -50,6 +50,7 @@ func Rules() []Rule {
 		SumToAdd,
 		DropIdentity,
 		DropIdentityTranspose,
+		TransposeOfMatMul,
 		DropNoOpCast,
 		DropRoundTripCast,
 		DropNoOpReshape,

@@ -1,6 +1,8 @@
 package canon
 
 import (
+	"slices"
+
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
@@ -27,5 +29,50 @@ var DropIdentityTranspose = Rule{
 			}
 		}
 		return w.Drop(n, n.Input[0]), nil
+	},
+}
+
+// TransposeOfMatMul turns (A·B)ᵀ, a Transpose swapping the last two axes of
+// a MatMul's product, into Bᵀ·Aᵀ when A or B is itself such a Transpose,
+// which then cancels: (Wᵀ·xᵀ)ᵀ is x·W again, exactly (the same products and
+// sums). A linear layer written on transposed operands then reads as
+// x·W.
+var TransposeOfMatMul = Rule{
+	Name: "transpose-of-matmul",
+	Ops:  []string{"Transpose"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if n.GetDomain() != "" || len(n.Input) != 1 || len(n.Output) != 1 {
+			return false, nil
+		}
+		mm := w.Producer(n.Input[0])
+		if mm == nil || mm.GetOpType() != "MatMul" || mm.GetDomain() != "" || len(mm.Input) != 2 {
+			return false, nil
+		}
+		r, ok := w.Rank(n.Input[0])
+		if !ok || r < 2 || !slices.Equal(graph.AttrInts(n, "perm"), swapLastTwo(r)) {
+			return false, nil
+		}
+		var nodes []*pb.NodeProto
+		ops := [2]string{}
+		unwrapped := false
+		for i, v := range []string{mm.Input[1], mm.Input[0]} { // Bᵀ, then Aᵀ
+			ri, ok := w.Rank(v)
+			if !ok || ri < 2 {
+				return false, nil
+			}
+			if t := w.Producer(v); t != nil && t.GetOpType() == "Transpose" && t.GetDomain() == "" && len(t.Input) == 1 &&
+				slices.Equal(graph.AttrInts(t, "perm"), swapLastTwo(ri)) {
+				ops[i], unwrapped = t.Input[0], true
+				continue
+			}
+			ops[i] = w.Temp(n, "operand_t")
+			nodes = append(nodes, w.Node("Transpose", "", n.GetName()+"/operand", []string{v}, []string{ops[i]}, graph.IntsAttr("perm", swapLastTwo(ri)...)))
+		}
+		if !unwrapped {
+			return false, nil
+		}
+		nodes = append(nodes, w.Node("MatMul", "", n.GetName()+"/matmul", ops[:], []string{n.Output[0]}))
+		w.Replace(n, nodes...)
+		return true, nil
 	},
 }
