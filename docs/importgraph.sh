@@ -9,7 +9,7 @@
 #
 # The layers, lowest first (a package may import only from layers below its own):
 layers='
-0 graph/onnxpb kernel/mxfp8 internal/fixtures internal/f32 internal/testtools
+0 graph/onnxpb kernel/mxfp8 internal/fixtures internal/f32 internal/testtools internal/gctune
 1 graph kernel
 2 graph/eval kernel/perf internal/chain
 3 moe internal/ortmoe
