@@ -2,6 +2,7 @@ package canon
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
@@ -75,7 +76,7 @@ var FoldConstants = Rule{
 				feeds[in] = c
 			}
 		}
-		outs, err := evalNode(n, feeds, w.Opset())
+		outs, err := evalNodes([]*pb.NodeProto{proto.Clone(n).(*pb.NodeProto)}, feeds, n.Output, w.Opset())
 		if err != nil {
 			return false, nil // left for the runtime to report
 		}
@@ -127,14 +128,15 @@ func (w *Work) foldShape(n *pb.NodeProto, s []int64) (bool, error) {
 	return true, nil
 }
 
-// evalNode runs one node on constant feeds through the reference
-// evaluator.
-func evalNode(n *pb.NodeProto, feeds map[string]*eval.Tensor, opset int64) ([]*eval.Tensor, error) {
-	gp := &pb.GraphProto{Name: proto.String("fold"), Node: []*pb.NodeProto{proto.Clone(n).(*pb.NodeProto)}}
+// evalNodes runs nodes (in any order: the evaluator sorts them) on feeds,
+// which give every value they read that they do not compute, at the given
+// default-domain opset, and returns the values named outs.
+func evalNodes(nodes []*pb.NodeProto, feeds map[string]*eval.Tensor, outs []string, opset int64) ([]*eval.Tensor, error) {
+	gp := &pb.GraphProto{Name: proto.String("region"), Node: nodes}
 	for name := range feeds {
 		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: proto.String(name)})
 	}
-	for _, o := range n.Output {
+	for _, o := range outs {
 		gp.Output = append(gp.Output, &pb.ValueInfoProto{Name: proto.String(o)})
 	}
 	m := &graph.Model{Proto: &pb.ModelProto{IrVersion: proto.Int64(10), Graph: gp,
@@ -143,9 +145,11 @@ func evalNode(n *pb.NodeProto, feeds map[string]*eval.Tensor, opset int64) ([]*e
 	if err != nil {
 		return nil, err
 	}
-	outs := make([]*eval.Tensor, len(n.Output))
-	for i, o := range n.Output {
-		outs[i] = res[o]
+	vals := make([]*eval.Tensor, len(outs))
+	for i, o := range outs {
+		if vals[i] = res[o]; vals[i] == nil {
+			return nil, fmt.Errorf("the nodes compute no %q", o)
+		}
 	}
-	return outs, nil
+	return vals, nil
 }

@@ -129,16 +129,11 @@ func shapeOfGeneric(w *Work, v, x string, dims []int64) ([]int64, bool) {
 		}
 		return t.Int64s(), true
 	}
-	slices.Reverse(nodes)
-	order, ok := topoOrder(nodes)
-	if !ok {
+	res, err := evalNodes(nodes, feeds, []string{v}, w.Opset())
+	if err != nil || res[0].DType != pb.TensorProto_INT64 || len(res[0].Shape) != 1 {
 		return nil, false
 	}
-	t, err := runRegion(w, order, feeds, v)
-	if err != nil || t.DType != pb.TensorProto_INT64 || len(t.Shape) != 1 {
-		return nil, false
-	}
-	return t.Int64s(), true
+	return res[0].Int64s(), true
 }
 
 // shapeSlice is Shape's output for a tensor of dims with start and end
@@ -156,41 +151,4 @@ func shapeSlice(dims []int64, start, end int64) []int64 {
 		return []int64{}
 	}
 	return slices.Clone(dims[s:e])
-}
-
-// topoOrder orders nodes so that each comes after the producers of its
-// inputs among them; false on a cycle.
-func topoOrder(nodes []*pb.NodeProto) ([]*pb.NodeProto, bool) {
-	producer := map[string]*pb.NodeProto{}
-	for _, n := range nodes {
-		for _, o := range n.Output {
-			producer[o] = n
-		}
-	}
-	state := map[*pb.NodeProto]int{} // 1 visiting, 2 done
-	var out []*pb.NodeProto
-	var visit func(n *pb.NodeProto) bool
-	visit = func(n *pb.NodeProto) bool {
-		switch state[n] {
-		case 1:
-			return false
-		case 2:
-			return true
-		}
-		state[n] = 1
-		for _, in := range n.Input {
-			if p := producer[in]; p != nil && !visit(p) {
-				return false
-			}
-		}
-		state[n] = 2
-		out = append(out, n)
-		return true
-	}
-	for _, n := range nodes {
-		if !visit(n) {
-			return nil, false
-		}
-	}
-	return out, true
 }

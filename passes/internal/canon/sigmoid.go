@@ -1,14 +1,10 @@
 package canon
 
 import (
-	"context"
-	"fmt"
 	"math"
 
-	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // SpelledSigmoid turns an elementwise subgraph of one value that computes
@@ -18,7 +14,8 @@ import (
 // not by its ops: the region is the node's backward closure through
 // elementwise float ops whose other inputs are scalar constants, cut at
 // one value (the widest region first, then each narrower one), and it is a
-// sigmoid when its outputs agree with 1/(1+e^-x) to float32 rounding on
+// sigmoid when its outputs agree with 1/(1+e^-x), within a few roundings of
+// the value's float type (float32, float16, bfloat16), on
 // every probe. Matchers that read a router's or a shared-expert gate's
 // Sigmoid (a sigmoid router's correction bias, a gated shared expert) then
 // read a spelled one too; the numerical check compares the fused block
@@ -146,21 +143,19 @@ func isSigmoid(w *Work, nodes []*pb.NodeProto, leaf, out string) bool {
 		return false
 	}
 	probe := eval.NewFloatAs(dt, []int{len(sigmoidProbes)}, sigmoidProbes)
-	var order []*pb.NodeProto
 	feeds := map[string]*eval.Tensor{leaf: probe}
-	for i := len(nodes) - 1; i >= 0; i-- {
-		order = append(order, nodes[i])
-		for _, in := range nodes[i].Input {
+	for _, n := range nodes {
+		for _, in := range n.Input {
 			if c, ok := w.Const(in); ok && in != leaf {
 				feeds[in] = c
 			}
 		}
 	}
-	res, err := runRegion(w, order, feeds, out)
-	if err != nil || res.Len() != len(sigmoidProbes) {
+	res, err := evalNodes(nodes, feeds, []string{out}, w.Opset())
+	if err != nil || res[0].Len() != len(sigmoidProbes) {
 		return false
 	}
-	y := res.Float64s()
+	y := res[0].Float64s()
 	for i, x := range probe.Float64s() { // the probes as the leaf's type holds them
 		want := 1 / (1 + math.Exp(-x))
 		if d := math.Abs(y[i] - want); !(d <= tol/4+tol*want) {
@@ -168,24 +163,4 @@ func isSigmoid(w *Work, nodes []*pb.NodeProto, leaf, out string) bool {
 		}
 	}
 	return true
-}
-
-// runRegion evaluates nodes (in an order that runs: the breadth-first
-// closures here, reversed) on feeds, which give every value they read that
-// they do not compute, and returns out.
-func runRegion(w *Work, nodes []*pb.NodeProto, feeds map[string]*eval.Tensor, out string) (*eval.Tensor, error) {
-	gp := &pb.GraphProto{Name: proto.String("region"), Node: nodes, Output: []*pb.ValueInfoProto{{Name: proto.String(out)}}}
-	for name := range feeds {
-		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: proto.String(name)})
-	}
-	m := &graph.Model{Proto: &pb.ModelProto{IrVersion: proto.Int64(10), Graph: gp,
-		OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(w.Opset())}}}}
-	res, err := eval.Run(context.Background(), m, feeds, eval.Options{Threads: 1})
-	if err != nil {
-		return nil, err
-	}
-	if res[out] == nil {
-		return nil, fmt.Errorf("region computes no %q", out)
-	}
-	return res[out], nil
 }
