@@ -80,3 +80,29 @@ func (c *ctx) routerlessExperts(claimed []bool) []NearMiss {
 	}
 	return out
 }
+
+// unreadArgMaxes reports each ArgMax that selects experts but stands for no
+// router's TopK, outside what a block or a reported selection covers:
+// canonicalization reads a top-1 ArgMax as the TopK it is, so what is left
+// takes the last of equal scores (select_last_index=1), or is one pick of
+// an iterative selection that is not a sparsemixer router (syn holds the
+// selections read as one). Without this, such a model would fuse nothing
+// and say nothing.
+func (c *ctx) unreadArgMaxes(covered []bool, syn map[int]*pb.NodeProto) []NearMiss {
+	var out []NearMiss
+	for p, n := range c.topo {
+		if n.GetOpType() != "ArgMax" || n.GetDomain() != "" || covered[p] || syn[p] != nil || len(n.Output) != 1 || n.Output[0] == "" {
+			continue
+		}
+		sel := &pb.NodeProto{Output: []string{n.Output[0], n.Output[0]}}
+		if !c.feedsExpertCompute(sel) && !c.meetsStackedExperts(sel) {
+			continue
+		}
+		why := "it is one pick of an iterative selection that is not a sparsemixer router"
+		if graph.AttrInt(n, "select_last_index", 0) != 0 {
+			why = "it takes the last of equal scores (select_last_index=1), which no TopK selects"
+		}
+		out = append(out, NearMiss{Node: graph.NodeLabel(n), Reason: "experts are selected by an ArgMax that is not read as a router's top-k: " + why})
+	}
+	return out
+}

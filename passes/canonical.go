@@ -157,6 +157,14 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 			sp.byName[n.GetName()] = n
 		}
 	}
+	if calls, err := sp.sharedCalls(); err != nil {
+		return err
+	} else if len(calls) > 0 {
+		if err := canon.InlineCalls(m, calls); err != nil {
+			return err
+		}
+		sp.mg = m.Graph()
+	}
 	for i := range rep.Fused {
 		if err := sp.copyFused(i); err != nil {
 			return err
@@ -177,6 +185,45 @@ func splice(m, wc *graph.Model, rep *Report, res *canon.Result) error {
 		return errors.Join(errs...)
 	}
 	return nil
+}
+
+// sharedCalls lists the calls of model-local functions in m one of whose
+// outputs a fused node takes over while another of them stays in use (a
+// function that computes an MoE block and something from its output): the
+// fused node replaces part of the body, so the call must be inlined in m
+// first, or it would keep computing the block unfused.
+func (sp *splicer) sharedCalls() ([]*pb.NodeProto, error) {
+	if len(sp.m.Proto.Functions) == 0 {
+		return nil, nil
+	}
+	var calls []*pb.NodeProto
+	seen := map[*pb.NodeProto]bool{}
+	for i := range sp.rep.Fused {
+		F := sp.byName[sp.rep.Fused[i].Node]
+		if F == nil {
+			continue
+		}
+		set, _, err := sp.forwardSet(F)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range set {
+			for _, o := range n.Output {
+				p := sp.mg.Producer(o)
+				if o == "" || p == nil || seen[p] || !canon.IsLocalCall(sp.m, p) {
+					continue
+				}
+				for _, other := range p.Output {
+					if other != o && other != "" && (sp.mg.IsOutput(other) || len(sp.mg.Consumers(other)) > 0) {
+						seen[p] = true
+						calls = append(calls, p)
+						break
+					}
+				}
+			}
+		}
+	}
+	return calls, nil
 }
 
 // has reports whether m has value v (the empty name stands for a missing

@@ -255,6 +255,7 @@ func (l *candidateLoop) finish() {
 		}
 	}
 	det.NearMiss = append(det.NearMiss, c.routerlessExperts(covered)...)
+	det.NearMiss = append(det.NearMiss, c.unreadArgMaxes(covered, l.syn)...)
 	det.NearMiss = append(det.NearMiss, c.fixedRoutedExperts(covered)...)
 	det.NearMiss = append(det.NearMiss, c.fixedDenseExperts(covered)...)
 	det.Warnings = append(det.Warnings, c.softDenseExperts(covered)...)

@@ -33,6 +33,15 @@ Transforms:
   unsq       Unsqueeze(x, [a]) written Reshape(x, Concat(Shape(x)[:a], [1], Shape(x)[a:]))
   tmm        x @ W of a 2-D x and a 2-D initializer W written (W^T @ x^T)^T
   flat2d     x @ W of a rank-3 x and a 2-D initializer W written Reshape(Reshape(x, [-1, K]) @ W, [*x.shape[:-1], N])
+  loop       the whole graph inside a Loop of one trip (outputs as scan outputs, squeezed after)
+  func       the whole graph as one call of a model-local function (initializers passed as inputs)
+  pow        x*x written Pow(x, 2), Sqrt(x) Pow(x, 0.5), Reciprocal(x) Pow(x, -1)
+  gathertopk TopK's values written GatherElements(scores, TopK's indices)
+  argmax     a TopK of k = 1 written ArgMax and ReduceMax
+  fusegu     two MatMuls of one input by 2-D initializers of one shape written one MatMul of the concatenated weight and a Split
+  subflip    a - b written Neg(b - a)
+  max0       Relu(x) written Max(x, 0)
+  squeeze    Squeeze(Unsqueeze(y, [0]), [0]) after every MatMul output
 """
 import copy
 import os
@@ -327,6 +336,18 @@ def t_widen(m):
     rebuild(g, nodes)
 
 
+def opset(m):
+    return next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def axes_node(m, op, x, out, axes, name, **attrs):
+    """op(x) over axes, with axes an input or an attribute as the model's opset has it."""
+    since = {"Squeeze": 13, "Unsqueeze": 13, "ReduceSum": 13}.get(op, 18)
+    if opset(m) >= since:
+        return helper.make_node(op, [x, _ints(m.graph, name + "_axes", axes)], [out], name=name, **attrs)
+    return helper.make_node(op, [x], [out], name=name, axes=axes, **attrs)
+
+
 def _ints(g, name, vals):
     g.initializer.append(numpy_helper.from_array(np.array(vals, dtype=np.int64), name))
     return name
@@ -385,6 +406,162 @@ def t_tmm(m):
                   helper.make_node("Transpose", [n.input[0]], [p + "_xt"], perm=[1, 0], name=p + "b"),
                   helper.make_node("MatMul", [p + "_wt", p + "_xt"], [p + "_yt"], name=n.name or p + "c"),
                   helper.make_node("Transpose", [p + "_yt"], [n.output[0]], perm=[1, 0], name=p + "d")]
+    rebuild(g, nodes)
+
+
+def t_loop(m):
+    g = m.graph
+    ins = {i.name for i in g.input}
+    keep = [t for t in g.initializer if t.name in ins]
+    outs = [o.name for o in g.output]
+    body_in = [helper.make_tensor_value_info("it__", TensorProto.INT64, []), helper.make_tensor_value_info("cin__", TensorProto.BOOL, [])]
+    body_out = [helper.make_tensor_value_info("cout__", TensorProto.BOOL, [])]
+    for o in g.output:
+        v = copy.deepcopy(o)
+        v.type.tensor_type.ClearField("shape")
+        body_out.append(v)
+    nodes = [helper.make_node("Identity", ["cin__"], ["cout__"], name="loop_cond")] + list(g.node)
+    body = helper.make_graph(nodes, "body", body_in, body_out, [t for t in g.initializer if t.name not in ins])
+    node = helper.make_node("Loop", ["trip__", ""], [o + "__loop" for o in outs], body=body, name="wrap_loop")
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    sq = [axes_node(m, "Squeeze", o + "__loop", o, [0], "sq_" + o) for o in outs]
+    rebuild(g, [node] + sq)
+    g.initializer.append(helper.make_tensor("trip__", TensorProto.INT64, [], [1]))
+    del g.value_info[:]
+
+
+def t_func(m):
+    g = m.graph
+    ins = {i.name for i in g.input}
+    weights = [t.name for t in g.initializer if t.name not in ins]
+    f_in = [i.name for i in g.input] + weights
+    outs = [o.name for o in g.output]
+    f = helper.make_function("respell.local", "Block", f_in, outs, list(g.node), list(m.opset_import))
+    m.functions.append(f)
+    m.opset_import.append(helper.make_opsetid("respell.local", 1))
+    rebuild(g, [helper.make_node("Block", f_in, outs, domain="respell.local", name="block_call")])
+    del g.value_info[:]
+
+
+def t_pow(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if n.input else None
+        e = None
+        if dt is not None and n.op_type == "Mul" and n.input[0] == n.input[1]:
+            e = 2.0
+        elif dt is not None and n.op_type == "Sqrt":
+            e = 0.5
+        elif dt is not None and n.op_type == "Reciprocal":
+            e = -1.0
+        if e is not None:
+            g.initializer.append(numpy_helper.from_array(np.array(e, dtype=dt), f"pw{k}"))
+            n.op_type = "Pow"
+            del n.input[1:]
+            n.input.append(f"pw{k}")
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_gathertopk(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        if n.op_type != "TopK" or not n.output[0]:
+            continue
+        ax = next((a.i for a in n.attribute if a.name == "axis"), -1)
+        v = n.output[0]
+        n.output[0] = v + "__unused"
+        if not n.output[1]:
+            n.output[1] = f"gtk{k}_i"
+        nodes.append(helper.make_node("GatherElements", [n.input[0], n.output[1]], [v], axis=ax, name=f"gtk{k}"))
+    rebuild(g, nodes)
+
+
+def t_argmax(m):
+    g, nodes, c = m.graph, [], consts(m.graph)
+    for k, n in enumerate(g.node):
+        kk = c.get(n.input[1]) if n.op_type == "TopK" else None
+        if kk is None or int(np.array(kk).reshape(-1)[0]) != 1:
+            nodes.append(n)
+            continue
+        ax = next((a.i for a in n.attribute if a.name == "axis"), -1)
+        largest = next((a.i for a in n.attribute if a.name == "largest"), 1)
+        if n.output[1]:
+            nodes.append(helper.make_node("ArgMax" if largest else "ArgMin", [n.input[0]], [n.output[1]], axis=ax, keepdims=1, name=f"am{k}"))
+        if n.output[0]:
+            nodes.append(axes_node(m, "ReduceMax" if largest else "ReduceMin", n.input[0], n.output[0], [ax], f"rm{k}", keepdims=1))
+    rebuild(g, nodes)
+
+
+def t_fusegu(m):
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    by_input = {}
+    for n in g.node:
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
+        if w is not None and len(w.dims) == 2:
+            by_input.setdefault(n.input[0], []).append(n)
+    pairs = {}
+    for x, ms in by_input.items():
+        if len(ms) == 2 and list(inits[ms[0].input[1]].dims) == list(inits[ms[1].input[1]].dims):
+            pairs[id(ms[0])] = ms
+    nodes, drop = [], set()
+    for k, n in enumerate(g.node):
+        if id(n) in drop:
+            continue
+        ms = pairs.get(id(n))
+        if ms is None:
+            nodes.append(n)
+            continue
+        a, b = ms
+        wa, wb = numpy_helper.to_array(inits[a.input[1]]), numpy_helper.to_array(inits[b.input[1]])
+        w = numpy_helper.from_array(np.concatenate([wa, wb], axis=1), f"fgu{k}_w")
+        g.initializer.append(w)
+        sizes = [wa.shape[1], wb.shape[1]]
+        split = (helper.make_node("Split", [f"fgu{k}_y", _ints(g, f"fgu{k}_s", sizes)], [a.output[0], b.output[0]], axis=-1, name=f"fgu{k}s")
+                 if opset(m) >= 13 else
+                 helper.make_node("Split", [f"fgu{k}_y"], [a.output[0], b.output[0]], axis=-1, split=sizes, name=f"fgu{k}s"))
+        nodes += [helper.make_node("MatMul", [a.input[0], w.name], [f"fgu{k}_y"], name=f"fgu{k}m"), split]
+        drop.add(id(b))
+    rebuild(g, nodes)
+
+
+def t_subflip(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        if n.op_type == "Sub":
+            o = n.output[0]
+            n.input[0], n.input[1] = n.input[1], n.input[0]
+            n.output[0] = o + "__flip"
+            nodes += [n, helper.make_node("Neg", [o + "__flip"], [o], name=f"sf{k}")]
+        else:
+            nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_max0(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if n.op_type == "Relu" else None
+        if dt is not None:
+            g.initializer.append(numpy_helper.from_array(np.array(0, dtype=dt), f"mx{k}"))
+            n.op_type = "Max"
+            n.input.append(f"mx{k}")
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_squeeze(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        if n.op_type == "MatMul":
+            o = n.output[0]
+            n.output[0] = o + "__sq"
+            nodes += [axes_node(m, "Unsqueeze", o + "__sq", o + "__u", [0], f"sq{k}a"),
+                      axes_node(m, "Squeeze", o + "__u", o, [0], f"sq{k}b")]
     rebuild(g, nodes)
 
 

@@ -70,22 +70,53 @@ var ArgMaxToTopK = Rule{
 }
 
 // iterativePick reports whether the ArgMax of x with indices idx is one
-// pick of a chain: x is a Scatter's output, or x is scattered at idx.
+// pick of a chain: x is a Scatter's output, or what is scattered into at
+// idx is computed from x's values (the scores with the pick masked, for the
+// next pick). A scatter at idx into a tensor made from x's shape only (the
+// selected weight written into a -inf or zero tensor, as a top-1 router
+// does) is no chain.
 func iterativePick(w *Work, x, idx string) bool {
 	if p := w.Producer(x); p != nil && isScatter(p) {
 		return true
 	}
-	for _, c := range w.Consumers(x) {
-		if isScatter(c) && len(c.Input) == 3 && c.Input[0] == x {
-			return true
-		}
-	}
 	for _, c := range w.Consumers(idx) {
-		if isScatter(c) {
+		if isScatter(c) && len(c.Input) == 3 && readsValuesOf(w, c.Input[0], x, 16) {
 			return true
 		}
 	}
 	return false
+}
+
+// readsValuesOf reports whether v is x or is computed from x's values
+// within budget producers, not counting what reads x's shape only (Shape,
+// Size) and so what is made from its shape.
+func readsValuesOf(w *Work, v, x string, budget int) bool {
+	seen := map[string]bool{}
+	var walk func(v string) bool
+	walk = func(v string) bool {
+		if v == x {
+			return true
+		}
+		if v == "" || seen[v] || len(seen) >= budget {
+			return false
+		}
+		seen[v] = true
+		p := w.Producer(v)
+		if p == nil {
+			return false
+		}
+		switch p.GetOpType() {
+		case "Shape", "Size":
+			return false
+		}
+		for _, in := range p.Input {
+			if walk(in) {
+				return true
+			}
+		}
+		return false
+	}
+	return walk(v)
 }
 
 func isScatter(n *pb.NodeProto) bool {

@@ -47,5 +47,18 @@ func TestArgMaxToTopK(t *testing.T) {
 			node("ScatterElements", []string{"x", "i", "neg"}, []string{"x2"}, graph.IntAttr("axis", -1))}, inputs: x,
 			inits:   map[string]*eval.Tensor{"neg": eval.NewFloat32([]int{6, 1}, []float32{-9, -9, -9, -9, -9, -9})},
 			outputs: []string{"x2", "i"}, noChange: true},
+		{name: "iterative pick on masked scores kept", opset: 18, nodes: []*pb.NodeProto{am(1, 0),
+			node("Mul", []string{"x", "two"}, []string{"xs"}),
+			node("ScatterElements", []string{"xs", "i", "neg"}, []string{"x2"}, graph.IntAttr("axis", -1))}, inputs: x,
+			inits: map[string]*eval.Tensor{"neg": eval.NewFloat32([]int{6, 1}, []float32{-9, -9, -9, -9, -9, -9}),
+				"two": eval.NewFloat32(nil, []float32{2})},
+			outputs: []string{"x2", "i"}, noChange: true},
+		// A top-1 router writing its weight into a tensor made from the
+		// scores' shape only (Llama 4's scatter into -inf): no chain.
+		{name: "scatter into a tensor of x's shape", opset: 18, nodes: []*pb.NodeProto{am(1, 0), rmax(1, "ax"),
+			node("Shape", []string{"x"}, []string{"s"}),
+			node("ConstantOfShape", []string{"s"}, []string{"full"}),
+			node("ScatterElements", []string{"full", "i", "m"}, []string{"y"}, graph.IntAttr("axis", -1))}, inputs: x, inits: axes,
+			outputs: []string{"y"}, want: map[string]int{"TopK": 1, "ArgMax": 0, "ReduceMax": 0}},
 	})
 }

@@ -70,6 +70,7 @@ func Rules() []Rule {
 		StaticDim,
 		TopKSlice,
 		TopKOfNeg,
+		GatherOfTopK,
 		NegOfNeg,
 		MulReciprocal,
 		SpelledSoftmax,

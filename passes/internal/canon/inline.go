@@ -3,6 +3,7 @@ package canon
 import (
 	"fmt"
 
+	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -64,8 +65,14 @@ var Inline = Rule{
 		for _, a := range f.AttributeProto {
 			defaults[a.GetName()] = a
 		}
+		// A body's nodes need not be in order (as a graph's need not): they
+		// are inlined producers first.
+		order, err := graph.NewGraph(&pb.GraphProto{Node: f.Node}).TopoSort()
+		if err != nil {
+			return false, fmt.Errorf("function %s::%s: %w", f.GetDomain(), f.GetName(), err)
+		}
 		var body []*pb.NodeProto
-		for _, b := range f.Node {
+		for _, b := range order {
 			c := proto.Clone(b).(*pb.NodeProto)
 			for i, v := range c.Input {
 				r, ok := rename[v]
@@ -169,4 +176,31 @@ func (w *Work) function(n *pb.NodeProto) *pb.FunctionProto {
 		}
 	}
 	return nil
+}
+
+// InlineCalls inlines, in m itself, the given calls of model-local
+// functions (as the Inline rule does), and reports whether each call was: a
+// node that calls no model-local function, or one the rule leaves alone,
+// is an error naming it.
+func InlineCalls(m *graph.Model, calls []*pb.NodeProto) error {
+	w := newWork(m, Options{})
+	for _, n := range calls {
+		if w.function(n) == nil {
+			return fmt.Errorf("node %s calls no model-local function", graph.NodeLabel(n))
+		}
+		ok, err := Inline.Apply(w, n)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("the call %s of function %s::%s cannot be inlined", graph.NodeLabel(n), n.GetDomain(), n.GetOpType())
+		}
+	}
+	w.flush()
+	return nil
+}
+
+// IsLocalCall reports whether n calls one of m's model-local functions.
+func IsLocalCall(m *graph.Model, n *pb.NodeProto) bool {
+	return newWork(m, Options{}).function(n) != nil
 }

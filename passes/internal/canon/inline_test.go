@@ -64,6 +64,14 @@ func TestInline(t *testing.T) {
 			graph.NewNode("inner", "local", "c2", []string{"y1", "w"}, []string{"y"}, graph.FloatAttr("alpha", 0.2))},
 			funcs: []*pb.FunctionProto{inner}, extra: local, inputs: x, outputs: []string{"y"},
 			want: map[string]int{"local::inner": 0, "MatMul": 2}, ref: flat(0.2, 0.2, false)},
+		// A body need not list its nodes in order (a float16 converter
+		// appends its casts at the end): inlined producers first.
+		{name: "body out of order", nodes: []*pb.NodeProto{graph.NewNode("rev", "local", "c", []string{"x", "w"}, []string{"y"})},
+			funcs: []*pb.FunctionProto{fn("rev", []string{"a", "w"}, []string{"o"}, nil, 17,
+				graph.NewNode("Add", "", "add", []string{"t2", "a"}, []string{"o"}),
+				graph.NewNode("MatMul", "", "mm2", []string{"t", "w"}, []string{"t2"}),
+				graph.NewNode("MatMul", "", "mm1", []string{"a", "w"}, []string{"t"}))},
+			extra: local, inputs: x, outputs: []string{"y"}, want: map[string]int{"local::rev": 0, "MatMul": 2, "Add": 1}},
 		{name: "other opset not inlined", opset: 13, nodes: []*pb.NodeProto{graph.NewNode("inner", "local", "c", []string{"x", "w"}, []string{"y"})},
 			funcs: []*pb.FunctionProto{inner}, extra: local, inputs: x, outputs: []string{"y"}, noChange: true},
 	})

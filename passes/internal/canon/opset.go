@@ -1,6 +1,7 @@
 package canon
 
 import (
+	"context"
 	"fmt"
 	"slices"
 
@@ -60,14 +61,10 @@ func raiseOpset(w *Work, to int64, subs bool, keep map[*pb.GraphProto]bool) (int
 	if from < minRaisable {
 		return 0, fmt.Errorf("default-domain opset %d is older than %d: too many ops changed their meaning since", from, minRaisable)
 	}
-	for _, f := range w.M.Proto.Functions {
-		for _, o := range f.OpsetImport {
-			if (o.GetDomain() == "" || o.GetDomain() == "ai.onnx") && o.GetVersion() < to && w.functionUsed(f) {
-				return 0, fmt.Errorf("model-local function %s::%s imports opset %d", f.GetDomain(), f.GetName(), o.GetVersion())
-			}
-		}
-	}
 	r := &raiser{w: w, from: from, subs: subs, keep: keep}
+	if err := r.inlineOlder(to); err != nil {
+		return 0, err
+	}
 	for _, n := range w.G.P.Node { // first only checked: w is not edited unless all can be
 		if _, err := r.node(n, false); err != nil {
 			return 0, err
@@ -99,6 +96,55 @@ func raiseOpset(w *Work, to int64, subs bool, keep map[*pb.GraphProto]bool) (int
 		w.M.Proto.IrVersion = proto.Int64(7) // opset 13 needs IR 7
 	}
 	return r.count, nil
+}
+
+// inlineOlder inlines the calls of model-local functions that import the
+// default domain at a version below to, so that their nodes are raised with
+// the graph's (a function keeps the opset it imports, which the model's
+// raised opset would no longer match). A dry run only checks that their
+// nodes can be raised. A function that cannot be inlined (its body has
+// subgraphs) refuses the raise, named.
+func (r *raiser) inlineOlder(to int64) error {
+	w := r.w
+	older := map[*pb.FunctionProto]int64{} // function -> the default opset it imports
+	for _, f := range w.M.Proto.Functions {
+		for _, o := range f.OpsetImport {
+			if (o.GetDomain() == "" || o.GetDomain() == "ai.onnx") && o.GetVersion() < to && w.functionUsed(f, r.keep) {
+				older[f] = o.GetVersion()
+			}
+		}
+	}
+	if len(older) == 0 {
+		return nil
+	}
+	if w.dry {
+		for _, f := range w.M.Proto.Functions {
+			if older[f] == 0 {
+				continue
+			}
+			for _, n := range f.Node {
+				if _, err := r.node(n, false); err != nil {
+					return fmt.Errorf("model-local function %s::%s: %w", f.GetDomain(), f.GetName(), err)
+				}
+			}
+		}
+		return nil
+	}
+	only := Rule{Name: Inline.Name, Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if f := w.function(n); f == nil || older[f] == 0 {
+			return false, nil
+		}
+		return Inline.Apply(w, n)
+	}}
+	if err := Apply(context.Background(), w, []Rule{only}, &Result{Applied: map[string]int{}}); err != nil {
+		return err
+	}
+	for _, f := range w.M.Proto.Functions {
+		if v := older[f]; v != 0 && w.functionUsed(f, r.keep) {
+			return fmt.Errorf("model-local function %s::%s imports opset %d and cannot be inlined", f.GetDomain(), f.GetName(), v)
+		}
+	}
+	return nil
 }
 
 // raiser walks a graph for raiseOpset: checking first, then (build)
@@ -258,10 +304,31 @@ func (r *raiser) reserveSubgraphNames(g *pb.GraphProto) {
 	}
 }
 
-// functionUsed reports whether a node of the main graph calls f.
-func (w *Work) functionUsed(f *pb.FunctionProto) bool {
+// functionUsed reports whether a node of the main graph, or of a subgraph
+// at any depth but those in skip (rewritten at the new opset, to replace
+// their originals), calls f.
+func (w *Work) functionUsed(f *pb.FunctionProto, skip map[*pb.GraphProto]bool) bool {
+	calls := func(n *pb.NodeProto) bool {
+		return n.GetDomain() == f.GetDomain() && n.GetOpType() == f.GetName() && n.GetOverload() == f.GetOverload()
+	}
+	var inSub func(a []*pb.AttributeProto) bool
+	inSub = func(as []*pb.AttributeProto) bool {
+		for _, a := range as {
+			for _, g := range append([]*pb.GraphProto{a.G}, a.Graphs...) {
+				if skip[g] {
+					continue
+				}
+				for _, n := range g.GetNode() {
+					if calls(n) || inSub(n.Attribute) {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
 	for _, n := range w.G.P.Node {
-		if !w.removed[n] && n.GetDomain() == f.GetDomain() && n.GetOpType() == f.GetName() && n.GetOverload() == f.GetOverload() {
+		if !w.removed[n] && (calls(n) || inSub(n.Attribute)) {
 			return true
 		}
 	}

@@ -175,3 +175,52 @@ func TestRaiseOpsetWithSubgraphs(t *testing.T) {
 		}
 	}
 }
+
+// TestRaiseOpsetInlinesOlderFunctions: a call of a model-local function
+// that imports the model's old opset is inlined by the raise, its nodes
+// converted with the graph's, so the raised model computes what the
+// original did; a function whose body cannot be inlined refuses the raise,
+// named.
+func TestRaiseOpsetInlinesOlderFunctions(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 18))
+	x := map[string]*eval.Tensor{"x": randF32(r, 2, 6)}
+	local := []*pb.OperatorSetIdProto{{Domain: proto.String("local"), Version: proto.Int64(1)}}
+	body := fn("f", []string{"a"}, []string{"o"}, nil, 11,
+		node("Unsqueeze", []string{"a"}, []string{"a3"}, graph.IntsAttr("axes", 0)),
+		node("ReduceSum", []string{"a3"}, []string{"s"}, graph.IntsAttr("axes", 2), graph.IntAttr("keepdims", 0)),
+		node("Squeeze", []string{"s"}, []string{"o"}, graph.IntsAttr("axes", 0)))
+	rc := ruleCase{opset: 11, nodes: []*pb.NodeProto{graph.NewNode("f", "local", "call", []string{"x"}, []string{"y"})},
+		funcs: []*pb.FunctionProto{body}, extra: local, inputs: x, outputs: []string{"y"}}
+	m := rc.model(t)
+	want, err := eval.Run(context.Background(), m, x, eval.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRaiseOpset(m, MinOpset, nil); err != nil {
+		t.Fatalf("dry run refuses: %v", err)
+	}
+	n, err := RaiseOpset(NewWork(m, Options{}), MinOpset)
+	if err != nil || n != 3 {
+		t.Fatalf("raise: %d nodes converted, %v; want 3", n, err)
+	}
+	for _, c := range m.Proto.Graph.Node {
+		if c.GetDomain() == "local" {
+			t.Fatalf("call %s not inlined", c.GetName())
+		}
+	}
+	got, err := eval.Run(context.Background(), m, x, eval.Options{})
+	if err != nil {
+		t.Fatalf("raised: %v", err)
+	}
+	if d, err := eval.Compare(got["y"], want["y"], 1e-6, 1e-7); err != nil || !d.OK() {
+		t.Fatalf("raised model differs: %v %+v", err, d)
+	}
+	// A body with a subgraph is not inlined: the raise is refused, naming it.
+	sub := fn("g", []string{"a"}, []string{"o"}, nil, 11,
+		node("If", []string{"a"}, []string{"o"}, &pb.AttributeProto{Name: proto.String("then_branch"), Type: pb.AttributeProto_GRAPH.Enum(), G: &pb.GraphProto{}}))
+	rc = ruleCase{opset: 11, nodes: []*pb.NodeProto{graph.NewNode("g", "local", "call", []string{"x"}, []string{"y"})},
+		funcs: []*pb.FunctionProto{sub}, extra: local, inputs: x, outputs: []string{"y"}}
+	if _, err := RaiseOpset(NewWork(rc.model(t), Options{}), MinOpset); err == nil || !strings.Contains(err.Error(), "local::g") {
+		t.Fatalf("want a refusal naming local::g, got %v", err)
+	}
+}
