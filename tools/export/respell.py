@@ -42,6 +42,10 @@ Transforms:
   subflip    a - b written Neg(b - a)
   max0       Relu(x) written Max(x, 0)
   squeeze    Squeeze(Unsqueeze(y, [0]), [0]) after every MatMul output
+  onehot     OneHot(i, depth, values) on the last axis written Where(Equal(Unsqueeze(i, -1), Range(0, depth)), on, off)
+  dropout    an inference Dropout (an identity) after every MatMul output
+  splitgu    one MatMul by a 2-D initializer split in two along its last axis written two MatMuls of the weight's halves
+  expand     a Mul by a scalar constant c written a Mul by Expand(c, Shape(x))
 """
 import copy
 import os
@@ -562,6 +566,76 @@ def t_squeeze(m):
             n.output[0] = o + "__sq"
             nodes += [axes_node(m, "Unsqueeze", o + "__sq", o + "__u", [0], f"sq{k}a"),
                       axes_node(m, "Squeeze", o + "__u", o, [0], f"sq{k}b")]
+    rebuild(g, nodes)
+
+
+def t_onehot(m):
+    g, nodes, c = m.graph, [], consts(m.graph)
+    for k, n in enumerate(g.node):
+        ax = next((a.i for a in n.attribute if a.name == "axis"), -1)
+        if n.op_type != "OneHot" or ax != -1 or n.input[2] not in c:
+            nodes.append(n)
+            continue
+        p, (i, depth, vals) = f"oh{k}", n.input
+        nodes += [helper.make_node("Reshape", [depth, _ints(g, p + "_scalar", [])], [p + "_d"], name=p + "a"),
+                  helper.make_node("Cast", [p + "_d"], [p + "_d64"], to=TensorProto.INT64, name=p + "b"),
+                  helper.make_node("Range", [_ints(g, p + "_zero", 0), p + "_d64", _ints(g, p + "_one", 1)], [p + "_r"], name=p + "c"),
+                  axes_node(m, "Unsqueeze", i, p + "_u", [-1], p + "d"),
+                  helper.make_node("Cast", [p + "_u"], [p + "_u64"], to=TensorProto.INT64, name=p + "e"),
+                  helper.make_node("Equal", [p + "_u64", p + "_r"], [p + "_eq"], name=p + "f"),
+                  helper.make_node("Gather", [vals, _ints(g, p + "_on", 1)], [p + "_hi"], axis=0, name=p + "g"),
+                  helper.make_node("Gather", [vals, _ints(g, p + "_off", 0)], [p + "_lo"], axis=0, name=p + "h"),
+                  helper.make_node("Where", [p + "_eq", p + "_hi", p + "_lo"], [n.output[0]], name=n.name or p + "i")]
+    rebuild(g, nodes)
+
+
+def t_dropout(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        if n.op_type == "MatMul":
+            o = n.output[0]
+            n.output[0] = o + "__pre_dropout"
+            nodes.append(helper.make_node("Dropout", [o + "__pre_dropout"], [o], name=f"dr{k}"))
+    rebuild(g, nodes)
+
+
+def t_splitgu(m):
+    g, nodes, c, ranks = m.graph, [], consts(m.graph), value_ranks(m)
+    inits = {t.name: t for t in g.initializer}
+    prod = {o: n for n in g.node for o in n.output}
+    for k, n in enumerate(g.node):
+        mm = prod.get(n.input[0]) if n.op_type == "Split" and n.input else None
+        w = inits.get(mm.input[1]) if mm is not None and mm.op_type == "MatMul" else None
+        ax = next((a.i for a in n.attribute if a.name == "axis"), 0)
+        sizes = next((list(a.ints) for a in n.attribute if a.name == "split"), None)
+        if sizes is None and len(n.input) > 1 and n.input[1] in c:
+            sizes = [int(v) for v in c[n.input[1]].reshape(-1)]
+        r = ranks.get(n.input[0]) if n.input else None
+        if w is None or len(w.dims) != 2 or len(n.output) != 2 or not sizes or r is None or ax not in (-1, r - 1):
+            nodes.append(n)
+            continue
+        wa = numpy_helper.to_array(w)
+        parts = np.split(wa, np.cumsum(sizes)[:-1], axis=1)
+        for j, (part, out) in enumerate(zip(parts, n.output)):
+            t = numpy_helper.from_array(np.ascontiguousarray(part), f"sgu{k}_w{j}")
+            g.initializer.append(t)
+            nodes.append(helper.make_node("MatMul", [mm.input[0], t.name], [out], name=f"sgu{k}m{j}"))
+    rebuild(g, nodes)
+
+
+def t_expand(m):
+    g, nodes, c, types = m.graph, [], consts(m.graph), value_types(m)
+    for k, n in enumerate(g.node):
+        sc = [j for j, v in enumerate(n.input[:2]) if v in c and c[v].size == 1] if n.op_type == "Mul" else []
+        if len(sc) != 1 or types.get(n.input[1 - sc[0]]) not in FLOATS:
+            nodes.append(n)
+            continue
+        j, p = sc[0], f"ex{k}"
+        nodes += [helper.make_node("Shape", [n.input[1 - j]], [p + "_s"], name=p + "a"),
+                  helper.make_node("Expand", [n.input[j], p + "_s"], [p + "_e"], name=p + "b")]
+        n.input[j] = p + "_e"
+        nodes.append(n)
     rebuild(g, nodes)
 
 

@@ -48,6 +48,7 @@ func Rules() []Rule {
 		CastLikeToCast,
 		SingleInputVariadic,
 		SumToAdd,
+		DropInferenceDropout,
 		DropIdentity,
 		DropIdentityTranspose,
 		TransposeOfMatMul,

@@ -35,3 +35,25 @@ func TestDropIdentityRules(t *testing.T) {
 			inputs: x, outputs: []string{"y"}, noChange: true},
 	})
 }
+
+func TestDropInferenceDropout(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	x := map[string]*eval.Tensor{"x": randF32(r, 2, 3)}
+	mode := func(on bool) map[string]*eval.Tensor {
+		return map[string]*eval.Tensor{"ratio": eval.NewFloat32(nil, []float32{0.25}), "train": eval.NewBool(nil, []bool{on})}
+	}
+	relu := node("Relu", []string{"a"}, []string{"y"})
+	runRuleCases(t, []Rule{DropInferenceDropout, DropIdentity, DropDead}, []ruleCase{
+		{name: "inference dropout", nodes: []*pb.NodeProto{node("Dropout", []string{"x"}, []string{"a"}), relu},
+			inputs: x, outputs: []string{"y"}, want: map[string]int{"Dropout": 0, "Identity": 0, "Relu": 1}},
+		{name: "training_mode false, mask unread", nodes: []*pb.NodeProto{node("Dropout", []string{"x", "ratio", "train"}, []string{"a", "mask"}), relu},
+			inputs: x, inits: mode(false), outputs: []string{"y"}, want: map[string]int{"Dropout": 0, "Relu": 1}},
+		{name: "opset 11", opset: 11, nodes: []*pb.NodeProto{node("Dropout", []string{"x"}, []string{"a"}, graph.FloatAttr("ratio", 0.1)), relu},
+			inputs: x, outputs: []string{"y"}, want: map[string]int{"Dropout": 0, "Relu": 1}},
+		{name: "training mode kept", nodes: []*pb.NodeProto{node("Dropout", []string{"x", "ratio", "train"}, []string{"a"}), relu},
+			inputs: x, inits: mode(true), outputs: []string{"y"}, noChange: true},
+		{name: "mask read kept", nodes: []*pb.NodeProto{node("Dropout", []string{"x"}, []string{"a", "mask"}), relu,
+			node("Not", []string{"mask"}, []string{"z"})},
+			inputs: x, outputs: []string{"y", "z"}, noChange: true},
+	})
+}
