@@ -198,23 +198,14 @@ next:
 
 // reshapePinned is staticTwin's second source: a Reshape of the input to a
 // constant shape without -1 or 0 fixes the product of the input's symbolic
-// dims; the first symbolic dim takes it, the others 1.
+// dims; the first symbolic dim takes it, the others 1. (A traced shape
+// elsewhere in the graph is not preferred: where the model does not declare
+// the output with the input's dims, the [16, 1, H] a trace also takes shows
+// the fused node changing the output's shape.)
 func reshapePinned(m *graph.Model, name string, dims []*pb.TensorShapeProto_Dimension) []int {
 	g := m.Graph()
 	defer m.KeepIndex(g)
-	for _, c := range g.Consumers(name) {
-		if c.GetOpType() != "Reshape" || len(c.Input) < 2 || c.Input[0] != name {
-			continue
-		}
-		var p *pb.TensorProto
-		if p = g.Initializer(c.Input[1]); p == nil {
-			if pr := g.Producer(c.Input[1]); pr != nil && pr.GetOpType() == "Constant" {
-				p = graph.AttrTensor(pr, "value")
-			}
-		}
-		if p == nil {
-			continue
-		}
+	for _, p := range reshapeTargets(g, name) {
 		t, err := eval.FromProto(p, m.TensorBytes)
 		if err != nil || t.I64 == nil {
 			continue
@@ -251,6 +242,101 @@ func reshapePinned(m *graph.Model, name string, dims []*pb.TensorShapeProto_Dime
 		return shape
 	}
 	return nil
+}
+
+// reshapeTargets returns the constant targets of the Reshapes of value
+// name: in g, and in the subgraphs of the nodes that read name from their
+// outer scope, at any depth where nothing of that name shadows it (a trace
+// wrapped in an If or a Loop pins its input inside the body).
+func reshapeTargets(g *graph.Graph, name string) []*pb.TensorProto {
+	return constReshapes(g, name, g.Consumers(name))
+}
+
+// constReshapes returns the constant targets of the Reshapes among nodes
+// and in their subgraphs at any depth: those of value name where it is not
+// shadowed, or of every value when name is empty.
+func constReshapes(g *graph.Graph, name string, nodes []*pb.NodeProto) []*pb.TensorProto {
+	var out []*pb.TensorProto
+	var walk func(nodes []*pb.NodeProto, lookup func(string) *pb.TensorProto, depth int)
+	walk = func(nodes []*pb.NodeProto, lookup func(string) *pb.TensorProto, depth int) {
+		for _, c := range nodes {
+			if c.GetOpType() == "Reshape" && c.GetDomain() == "" && len(c.Input) >= 2 && (name == "" || c.Input[0] == name) {
+				if p := lookup(c.Input[1]); p != nil {
+					out = append(out, p)
+				}
+			}
+			if depth >= 32 {
+				continue
+			}
+			for _, a := range c.Attribute {
+				for _, sg := range append([]*pb.GraphProto{a.G}, a.Graphs...) {
+					if sg == nil || name != "" && shadows(sg, name) {
+						continue
+					}
+					local := graphConsts(sg)
+					walk(sg.Node, func(v string) *pb.TensorProto {
+						if t, ok := local[v]; ok {
+							return t
+						}
+						return lookup(v)
+					}, depth+1)
+				}
+			}
+		}
+	}
+	walk(nodes, func(v string) *pb.TensorProto {
+		if t := g.Initializer(v); t != nil {
+			return t
+		}
+		if pr := g.Producer(v); pr != nil && pr.GetOpType() == "Constant" {
+			return graph.AttrTensor(pr, "value")
+		}
+		return nil
+	}, 0)
+	return out
+}
+
+// shadows reports whether subgraph sg declares a value called name (an
+// input, an initializer or a node output), which its nodes then read
+// instead of the outer scope's.
+func shadows(sg *pb.GraphProto, name string) bool {
+	for _, v := range sg.GetInput() {
+		if v.GetName() == name {
+			return true
+		}
+	}
+	for _, t := range sg.GetInitializer() {
+		if t.GetName() == name {
+			return true
+		}
+	}
+	for _, n := range sg.GetNode() {
+		if slices.Contains(n.Output, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// graphConsts maps the constants a subgraph defines, its initializers and
+// its Constant nodes' values (a shadowed name maps to nil), to their tensors.
+func graphConsts(sg *pb.GraphProto) map[string]*pb.TensorProto {
+	out := map[string]*pb.TensorProto{}
+	for _, v := range sg.GetInput() {
+		out[v.GetName()] = nil
+	}
+	for _, t := range sg.GetInitializer() {
+		out[t.GetName()] = t
+	}
+	for _, n := range sg.GetNode() {
+		for _, o := range n.Output {
+			out[o] = nil
+		}
+		if n.GetOpType() == "Constant" && n.GetDomain() == "" && len(n.Output) == 1 {
+			out[n.Output[0]] = graph.AttrTensor(n, "value")
+		}
+	}
+	return out
 }
 
 // distinctRows returns the distinct rows (H values each) of x in order of

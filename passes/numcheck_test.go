@@ -509,3 +509,60 @@ func TestDistinctRows(t *testing.T) {
 		}
 	}
 }
+
+// TestStaticTwin: the static shape the check feeds a graph input declared
+// with symbolic dims, from a constant Reshape of it (in the graph, or inside
+// an If branch that reads it from the outer scope); a constant
+// Reshape target elsewhere of its rank is not taken for the input's dims.
+func TestStaticTwin(t *testing.T) {
+	i64 := func(name string, v ...int64) *pb.TensorProto {
+		return &pb.TensorProto{Name: proto.String(name), Dims: []int64{int64(len(v))}, DataType: proto.Int32(int32(pb.TensorProto_INT64)), Int64Data: v}
+	}
+	sym := func(names ...any) *pb.ValueInfoProto {
+		var dims []*pb.TensorShapeProto_Dimension
+		for _, n := range names {
+			switch v := n.(type) {
+			case string:
+				dims = append(dims, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: v}})
+			case int:
+				dims = append(dims, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: int64(v)}})
+			}
+		}
+		return &pb.ValueInfoProto{Name: proto.String("x"), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
+			ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)), Shape: &pb.TensorShapeProto{Dim: dims}}}}}
+	}
+	flat := graph.NewNode("Reshape", "", "flat", []string{"x", "s2"}, []string{"f"})
+	back := graph.NewNode("Reshape", "", "back", []string{"f", "s3"}, []string{"y"})
+	branch := func(nodes ...*pb.NodeProto) *pb.NodeProto {
+		return graph.NewNode("If", "", "if", []string{"c"}, []string{"y"},
+			&pb.AttributeProto{Name: proto.String("then_branch"), Type: pb.AttributeProto_GRAPH.Enum(),
+				G: &pb.GraphProto{Node: nodes, Output: []*pb.ValueInfoProto{{Name: proto.String("y")}}}},
+			&pb.AttributeProto{Name: proto.String("else_branch"), Type: pb.AttributeProto_GRAPH.Enum(),
+				G: &pb.GraphProto{Node: []*pb.NodeProto{graph.NewNode("Identity", "", "e", []string{"x"}, []string{"y"})}, Output: []*pb.ValueInfoProto{{Name: proto.String("y")}}}})
+	}
+	shadow := graph.NewNode("Identity", "", "shadow", []string{"c"}, []string{"x"})
+	cases := []struct {
+		name  string
+		in    *pb.ValueInfoProto
+		nodes []*pb.NodeProto
+		want  []int
+	}{
+		{"reshape pins the tokens", sym("batch", "seq", 96), []*pb.NodeProto{flat}, []int{16, 1, 96}},
+		{"traced shape elsewhere not taken", sym("batch", "seq", 96), []*pb.NodeProto{flat, back}, []int{16, 1, 96}},
+		{"inside an If branch", sym("batch", "seq", 96), []*pb.NodeProto{branch(flat, back)}, []int{16, 1, 96}},
+		{"shadowed in the branch", sym("batch", "seq", 96), []*pb.NodeProto{branch(shadow, flat)}, nil},
+		{"static dims", sym("batch", "seq", 48), []*pb.NodeProto{graph.NewNode("Reshape", "", "flat", []string{"x", "s1"}, []string{"f"}), back}, []int{32, 1, 48}},
+		{"static input", sym(16, 96), []*pb.NodeProto{flat}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mp := &pb.ModelProto{IrVersion: proto.Int64(8), OpsetImport: []*pb.OperatorSetIdProto{{Domain: proto.String(""), Version: proto.Int64(17)}},
+				Graph: &pb.GraphProto{Node: c.nodes, Input: []*pb.ValueInfoProto{c.in}, Output: []*pb.ValueInfoProto{{Name: proto.String("y")}},
+					Initializer: []*pb.TensorProto{i64("s1", 32, 48), i64("s2", 16, 96), i64("s3", 2, 8, 96)}}}
+			got := staticTwin(&graph.Model{Proto: mp}, c.in)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("static twin %v, want %v", got, c.want)
+			}
+		})
+	}
+}

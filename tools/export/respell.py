@@ -609,7 +609,7 @@ def t_splitgu(m):
         w = inits.get(mm.input[1]) if mm is not None and mm.op_type == "MatMul" else None
         ax = next((a.i for a in n.attribute if a.name == "axis"), 0)
         sizes = next((list(a.ints) for a in n.attribute if a.name == "split"), None)
-        if sizes is None and len(n.input) > 1 and n.input[1] in c:
+        if sizes is None and len(n.input) > 1 and n.input[1] in c and c[n.input[1]].dtype.kind in "iu":
             sizes = [int(v) for v in c[n.input[1]].reshape(-1)]
         r = ranks.get(n.input[0]) if n.input else None
         if w is None or len(w.dims) != 2 or len(n.output) != 2 or not sizes or r is None or ax not in (-1, r - 1):

@@ -96,3 +96,39 @@ var ExpandToOwnShape = Rule{
 		return w.Drop(n, n.Input[0]), nil
 	},
 }
+
+// ExpandToOperand turns op(x, Expand(c, Shape(x))), for an elementwise
+// binary op and a constant c of one value whose rank is at most x's, into
+// op(x, c): the broadcast already gives c x's shape, so both compute the
+// same values in the same shape (`x * torch.full_like(x, s)` as an exporter
+// writes it). A scale, a bias or a clamp bound then reads as the constant it
+// is.
+var ExpandToOperand = Rule{
+	Name: "expand-to-operand",
+	Ops:  []string{"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if len(n.Input) != 2 || len(n.Output) != 1 {
+			return false, nil
+		}
+		for side := 0; side < 2; side++ {
+			x, e := n.Input[1-side], w.Producer(n.Input[side])
+			if e == nil || graph.OpKey(e) != "Expand" || len(e.Input) != 2 {
+				continue
+			}
+			s := w.Producer(e.Input[1])
+			if s == nil || graph.OpKey(s) != "Shape" || len(s.Input) != 1 || s.Input[0] != x || graph.Attr(s, "start") != nil || graph.Attr(s, "end") != nil {
+				continue
+			}
+			c, ok := w.Const(e.Input[0])
+			r, rok := w.Rank(x)
+			if !ok || c.Len() != 1 || !rok || len(c.Shape) > r {
+				continue
+			}
+			in := slices.Clone(n.Input)
+			in[side] = e.Input[0]
+			w.Replace(n, graph.NewNode(n.GetOpType(), n.GetDomain(), n.GetName(), in, n.Output, n.Attribute...))
+			return true, nil
+		}
+		return false, nil
+	},
+}

@@ -46,3 +46,24 @@ func TestRoundTripRules(t *testing.T) {
 			inputs: x, outputs: []string{"y"}, want: map[string]int{"Concat": 0, "Identity": 0}},
 	})
 }
+
+func TestExpandToOperand(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	x := map[string]*eval.Tensor{"x": randF32(r, 3, 4)}
+	consts := map[string]*eval.Tensor{"c": eval.NewFloat32(nil, []float32{2.5}), "c11": eval.NewFloat32([]int{1, 1}, []float32{-1}),
+		"c1111": eval.NewFloat32([]int{1, 1, 1}, []float32{3}), "v": eval.NewFloat32([]int{4}, []float32{1, 2, 3, 4})}
+	shape := node("Shape", []string{"x"}, []string{"s"})
+	expand := func(c string) *pb.NodeProto { return node("Expand", []string{c, "s"}, []string{"e"}) }
+	runRuleCases(t, []Rule{ExpandToOperand, DropDead}, []ruleCase{
+		{name: "scale by a full tensor", nodes: []*pb.NodeProto{shape, expand("c"), node("Mul", []string{"x", "e"}, []string{"y"})},
+			inputs: x, inits: consts, outputs: []string{"y"}, want: map[string]int{"Expand": 0, "Shape": 0, "Mul": 1}},
+		{name: "expanded first, [1, 1] constant", nodes: []*pb.NodeProto{shape, expand("c11"), node("Sub", []string{"e", "x"}, []string{"y"})},
+			inputs: x, inits: consts, outputs: []string{"y"}, want: map[string]int{"Expand": 0, "Sub": 1}},
+		{name: "constant of higher rank kept", nodes: []*pb.NodeProto{shape, expand("c1111"), node("Add", []string{"x", "e"}, []string{"y"})},
+			inputs: x, inits: consts, outputs: []string{"y"}, noChange: true},
+		{name: "vector kept", nodes: []*pb.NodeProto{shape, expand("v"), node("Mul", []string{"x", "e"}, []string{"y"})},
+			inputs: x, inits: consts, outputs: []string{"y"}, noChange: true},
+		{name: "shape of another value kept", nodes: []*pb.NodeProto{node("Shape", []string{"z"}, []string{"s"}), expand("c"), node("Mul", []string{"x", "e"}, []string{"y"})},
+			inputs: map[string]*eval.Tensor{"x": randF32(r, 1, 4), "z": randF32(r, 3, 4)}, inits: consts, outputs: []string{"y"}, noChange: true},
+	})
+}
