@@ -115,7 +115,7 @@ func (c *ctx) picksOneExpert(n *pb.NodeProto) bool {
 
 // maxRoutingHops bounds how far after the TopK the routing subgraph is
 // evaluated.
-const maxRoutingHops = 6
+const maxRoutingHops = 12 // the weights lie within a few; spellings of the normalisation and scale add some
 
 // routingReach lists, in topological order, the nodes (within the block
 // bound) reached from the logits, pruned past maxRoutingHops nodes after

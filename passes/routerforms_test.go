@@ -144,6 +144,16 @@ func routerForms() []routerForm {
 				v, i := r.topk(r.logits, k, 1)
 				return r.softmax(v), i
 			}},
+		// Seven nodes from the TopK to the weights, none of which a
+		// canonical rule removes: the evaluation reaches them all.
+		{name: "renormalised and scaled through a long chain", k: 2, act: moe.Sigmoid, order: moe.ActivationThenTopK, norm: true, scale: 2.5,
+			form: func(r *routerSurgery, k int) (string, string) {
+				v, i := r.topk(r.node("Sigmoid", []string{r.logits}), k, 1)
+				a := r.node("Abs", []string{v})
+				inv := r.node("Pow", []string{r.node("Add", []string{r.sum(a), r.float(1e-20)}), r.float(-1.5)})
+				n := r.node("Mul", []string{a, r.node("Mul", []string{inv, r.node("Sqrt", []string{r.sum(a)})})})
+				return r.node("Mul", []string{n, r.float(2.5)}), i
+			}},
 		{name: "scaled by division", k: 2, act: moe.Sigmoid, order: moe.ActivationThenTopK, norm: true, scale: 2.5,
 			form: func(r *routerSurgery, k int) (string, string) {
 				v, i := r.topk(r.node("Sigmoid", []string{r.logits}), k, 1)

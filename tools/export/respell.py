@@ -46,6 +46,8 @@ Transforms:
   dropout    an inference Dropout (an identity) after every MatMul output
   splitgu    one MatMul by a 2-D initializer split in two along its last axis written two MatMuls of the weight's halves
   expand     a Mul by a scalar constant c written a Mul by Expand(c, Shape(x))
+  silu       x * Sigmoid(x) written x / (1 + Exp(-x))
+  powdiv     a / b by a computed b written a * Pow(b, -1)
 """
 import copy
 import os
@@ -635,6 +637,51 @@ def t_expand(m):
         nodes += [helper.make_node("Shape", [n.input[1 - j]], [p + "_s"], name=p + "a"),
                   helper.make_node("Expand", [n.input[j], p + "_s"], [p + "_e"], name=p + "b")]
         n.input[j] = p + "_e"
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_silu(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    prod = {o: n for n in g.node for o in n.output}
+    cons = {}
+    for n in g.node:
+        for i in n.input:
+            cons.setdefault(i, []).append(n)
+    gone = set()
+    for k, n in enumerate(g.node):
+        if n.op_type != "Mul":
+            continue
+        for j in (0, 1):
+            s, x = prod.get(n.input[j]), n.input[1 - j]
+            if s is not None and s.op_type == "Sigmoid" and s.input[0] == x and types.get(x) in FLOATS and len(cons.get(s.output[0], [])) == 1:
+                dt = FLOATS[types[x]]
+                p = f"silu{k}"
+                g.initializer.append(numpy_helper.from_array(np.array(1, dtype=dt), p + "_one"))
+                n.op_type = "Div"
+                n.input[0], n.input[1] = x, p + "_d"
+                gone.add(id(s))
+                nodes.append((n, [helper.make_node("Neg", [x], [p + "_n"], name=p + "a"),
+                                  helper.make_node("Exp", [p + "_n"], [p + "_e"], name=p + "b"),
+                                  helper.make_node("Add", [p + "_one", p + "_e"], [p + "_d"], name=p + "c")]))
+                break
+    pre = {id(n): extra for n, extra in nodes}
+    out = []
+    for n in g.node:
+        if id(n) in gone:
+            continue
+        out += pre.get(id(n), []) + [n]
+    rebuild(g, out)
+
+
+def t_powdiv(m):
+    g, nodes, types, c = m.graph, [], value_types(m), consts(m.graph)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[1])) if n.op_type == "Div" and n.input[1] not in c else None
+        if dt is not None:
+            g.initializer.append(numpy_helper.from_array(np.array(-1, dtype=dt), f"pd{k}_e"))
+            nodes.append(helper.make_node("Pow", [n.input[1], f"pd{k}_e"], [f"pd{k}"], name=f"pdn{k}"))
+            n.op_type, n.input[1] = "Mul", f"pd{k}"
         nodes.append(n)
     rebuild(g, nodes)
 

@@ -75,6 +75,7 @@ func Rules() []Rule {
 		GatherOfTopK,
 		OneHotOfEqual,
 		NegOfNeg,
+		PowOfConstant,
 		MulReciprocal,
 		SpelledSoftmax,
 		SpelledSigmoid,

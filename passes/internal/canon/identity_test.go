@@ -15,6 +15,8 @@ func TestDropIdentityRules(t *testing.T) {
 	runRuleCases(t, []Rule{DropIdentity, DropIdentityTranspose, DropNoOpCast, DropNoOpReshape, SingleInputVariadic}, []ruleCase{
 		{name: "identity", nodes: []*pb.NodeProto{node("Identity", []string{"x"}, []string{"a"}), node("Relu", []string{"a"}, []string{"y"})},
 			inputs: x, outputs: []string{"y"}, want: map[string]int{"Identity": 0, "Relu": 1}},
+		{name: "identity read twice by one node", nodes: []*pb.NodeProto{node("Identity", []string{"x"}, []string{"a"}), node("Mul", []string{"a", "a"}, []string{"y"})},
+			inputs: x, outputs: []string{"y"}, want: map[string]int{"Identity": 0, "Mul": 1}},
 		{name: "identity graph output kept", nodes: []*pb.NodeProto{node("Identity", []string{"x"}, []string{"y"})},
 			inputs: x, outputs: []string{"y"}, noChange: true},
 		{name: "transpose identity perm", nodes: []*pb.NodeProto{node("Transpose", []string{"x"}, []string{"a"}, graph.IntsAttr("perm", 0, 1)), node("Relu", []string{"a"}, []string{"y"})},

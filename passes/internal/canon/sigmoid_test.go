@@ -121,3 +121,26 @@ func TestMulReciprocal(t *testing.T) {
 			inputs: x, outputs: []string{"y"}, noChange: true},
 	})
 }
+
+func TestPowOfConstant(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	pos := randF32(r, 3, 4)
+	for i, v := range pos.F32 {
+		pos.F32[i] = float32(math.Abs(float64(v))) + 0.1
+	}
+	x := map[string]*eval.Tensor{"x": pos}
+	e := func(v float32) map[string]*eval.Tensor {
+		return map[string]*eval.Tensor{"e": eval.NewFloat32(nil, []float32{v})}
+	}
+	pow := node("Pow", []string{"x", "e"}, []string{"p"})
+	relu := node("Relu", []string{"p"}, []string{"y"})
+	runRuleCases(t, []Rule{PowOfConstant, DropIdentity, DropDead}, []ruleCase{
+		{name: "-1", nodes: []*pb.NodeProto{pow, relu}, inputs: x, inits: e(-1), outputs: []string{"y"}, want: map[string]int{"Pow": 0, "Reciprocal": 1}},
+		{name: "0.5", nodes: []*pb.NodeProto{pow, relu}, inputs: x, inits: e(0.5), outputs: []string{"y"}, want: map[string]int{"Pow": 0, "Sqrt": 1}},
+		{name: "1", nodes: []*pb.NodeProto{pow, relu}, inputs: x, inits: e(1), outputs: []string{"y"}, want: map[string]int{"Pow": 0, "Identity": 0}},
+		{name: "2 kept", nodes: []*pb.NodeProto{pow, relu}, inputs: x, inits: e(2), outputs: []string{"y"}, noChange: true},
+		{name: "3 kept", nodes: []*pb.NodeProto{pow, relu}, inputs: x, inits: e(3), outputs: []string{"y"}, noChange: true},
+		{name: "exponent of higher rank kept", nodes: []*pb.NodeProto{pow, relu}, inputs: x,
+			inits: map[string]*eval.Tensor{"e": eval.NewFloat32([]int{1, 1, 1}, []float32{-1})}, outputs: []string{"y"}, noChange: true},
+	})
+}

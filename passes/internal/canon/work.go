@@ -147,11 +147,25 @@ func (w *Work) Replace(n *pb.NodeProto, nodes ...*pb.NodeProto) {
 	w.touched(n, nodes)
 }
 
-// Consumers returns the nodes that read v and are not removed.
+// Consumers returns the nodes that read v and are not removed, each once
+// (a node that reads v twice, as Mul(v, v) does, is listed once: a rule
+// that replaces each consumer must not replace one twice).
 func (w *Work) Consumers(v string) []*pb.NodeProto {
+	all := w.G.Consumers(v)
+	var seen map[*pb.NodeProto]bool
+	if len(all) > 16 {
+		seen = make(map[*pb.NodeProto]bool, len(all))
+	}
 	var out []*pb.NodeProto
-	for _, c := range w.G.Consumers(v) {
-		if !w.removed[c] {
+	for _, c := range all {
+		switch {
+		case w.removed[c]:
+		case seen != nil:
+			if !seen[c] {
+				seen[c] = true
+				out = append(out, c)
+			}
+		case !slices.Contains(out, c):
 			out = append(out, c)
 		}
 	}
