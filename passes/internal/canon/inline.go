@@ -170,7 +170,12 @@ func (w *Work) function(n *pb.NodeProto) *pb.FunctionProto {
 			return nil
 		}
 	}
-	for _, f := range w.M.Proto.Functions {
+	return localFunction(w.M, n)
+}
+
+// localFunction returns the model-local function of m that n calls, or nil.
+func localFunction(m *graph.Model, n *pb.NodeProto) *pb.FunctionProto {
+	for _, f := range m.Proto.Functions {
 		if f.GetDomain() == n.GetDomain() && f.GetName() == n.GetOpType() && f.GetOverload() == n.GetOverload() {
 			return f
 		}
@@ -202,5 +207,5 @@ func InlineCalls(m *graph.Model, calls []*pb.NodeProto) error {
 
 // IsLocalCall reports whether n calls one of m's model-local functions.
 func IsLocalCall(m *graph.Model, n *pb.NodeProto) bool {
-	return newWork(m, Options{}).function(n) != nil
+	return localFunction(m, n) != nil
 }

@@ -15,21 +15,9 @@ import (
 // not negative, which the rule requires: i comes from a TopK's or an
 // ArgMax's indices, through ops that move values only.
 var OneHotOfEqual = Rule{
-	Name: "onehot-of-equal",
-	Ops:  []string{"Where", "Cast", "Equal"},
-	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
-		if n.GetOpType() != "Equal" {
-			return oneHotOfEqual(w, n), nil
-		}
-		// An Equal whose constant side was just folded: its readers.
-		done := false
-		for _, c := range w.Consumers(n.Output[0]) {
-			if op := c.GetOpType(); (op == "Where" || op == "Cast") && c.GetDomain() == "" && len(c.Input) > 0 && c.Input[0] == n.Output[0] {
-				done = oneHotOfEqual(w, c) || done
-			}
-		}
-		return done, nil
-	},
+	Name:  "onehot-of-equal",
+	Ops:   []string{"Where", "Cast"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) { return oneHotOfEqual(w, n), nil },
 }
 
 // oneHotOfEqual applies OneHotOfEqual to a Where or Cast n.

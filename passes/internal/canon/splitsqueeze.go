@@ -17,24 +17,9 @@ import (
 // (NonZero's coordinates, say), and that spelling is the canonical one for
 // it. DropDead removes the Split once no piece is read.
 var SplitSqueezeToGather = Rule{
-	Name: "split-squeeze-to-gather",
-	Ops:  []string{"Squeeze", "Split"},
-	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
-		if n.GetOpType() == "Split" {
-			// A Split whose input just changed (a mask rewritten into the
-			// OneHot whose depth is its axis): its pieces' Squeezes.
-			done := false
-			for _, o := range n.Output {
-				for _, c := range w.Consumers(o) {
-					if c.GetOpType() == "Squeeze" && c.GetDomain() == "" && len(c.Input) > 0 && c.Input[0] == o {
-						done = splitSqueezeToGather(w, c) || done
-					}
-				}
-			}
-			return done, nil
-		}
-		return splitSqueezeToGather(w, n), nil
-	},
+	Name:  "split-squeeze-to-gather",
+	Ops:   []string{"Squeeze"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) { return splitSqueezeToGather(w, n), nil },
 }
 
 // splitSqueezeToGather applies SplitSqueezeToGather to the Squeeze n.

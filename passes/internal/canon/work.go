@@ -99,11 +99,19 @@ func (w *Work) touched(n *pb.NodeProto, added []*pb.NodeProto) {
 	if w.touch == nil {
 		return
 	}
+	// Rules look up to two producers back from the node they match (a
+	// Where of an Equal of a constant, a Squeeze of a Split of a OneHot):
+	// the readers of what an added node's readers compute are touched too.
 	for _, a := range added {
 		w.touch(a)
 		for _, o := range a.Output {
 			for _, c := range w.G.Consumers(o) {
 				w.touch(c)
+				for _, co := range c.Output {
+					for _, cc := range w.G.Consumers(co) {
+						w.touch(cc)
+					}
+				}
 			}
 		}
 	}
