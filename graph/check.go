@@ -138,7 +138,7 @@ func (m *Model) checkOthers() []error {
 	m.labels = labels
 	m.mu.Unlock()
 	for _, p := range others {
-		if _, ok := m.deferred[p.t]; ok {
+		if _, ok := m.Deferred(p.t); ok {
 			continue
 		}
 		if err := m.checkTensor(p.t); err != nil {

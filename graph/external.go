@@ -328,7 +328,7 @@ func (c countingReader) Read(p []byte) (int, error) {
 // count, wherever they are stored (raw_data, typed fields, a side file, or a
 // deferred producer). Side-file bytes are streamed, not loaded.
 func (m *Model) TensorReader(t *pb.TensorProto) (io.Reader, int64, error) {
-	if d, ok := m.deferred[t]; ok {
+	if d, ok := m.Deferred(t); ok {
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(d.Write(pw)) }()
 		return pr, d.Size, nil
@@ -352,7 +352,7 @@ func (m *Model) TensorReader(t *pb.TensorProto) (io.Reader, int64, error) {
 // tensor's dims and data type.
 func (m *Model) TensorBytes(t *pb.TensorProto) ([]byte, error) {
 	obj := func() string { return fmt.Sprintf("initializer %q", t.GetName()) } // for errors only
-	if _, ok := m.deferred[t]; ok || IsExternal(t) {
+	if _, ok := m.Deferred(t); ok || IsExternal(t) {
 		r, n, err := m.TensorReader(t)
 		if err != nil {
 			return nil, err
@@ -473,18 +473,22 @@ func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) er
 	if off < 0 || n < 0 {
 		return fmt.Errorf("initializer %q: bad range %d+%d", t.GetName(), off, n)
 	}
-	if d, ok := m.deferred[t]; ok {
+	if d, ok := m.Deferred(t); ok {
 		if off+n > d.Size {
 			return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, d.Size)
 		}
-		rw := &rangeWriter{w: w, skip: off, left: n}
-		if err := d.Write(rw); err != nil {
-			return err
+		rw := &rangeWriter{w: w, skip: 0, left: n}
+		var err error
+		if d.Range != nil {
+			err = d.Range(rw, off, n)
+		} else {
+			rw.skip = off
+			err = d.Write(rw)
 		}
-		if rw.left > 0 {
-			return fmt.Errorf("initializer %q: %w", t.GetName(), io.ErrUnexpectedEOF)
+		if err == nil && rw.left > 0 {
+			err = fmt.Errorf("initializer %q: %w", t.GetName(), io.ErrUnexpectedEOF)
 		}
-		return nil
+		return err
 	}
 	if !IsExternal(t) {
 		b, err := m.TensorBytes(t) // the tensor's own bytes: no copy
@@ -574,13 +578,29 @@ func (r *rangeWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// fillWriter copies what is written to it into p, in order; bytes past
+// its end are an error.
+type fillWriter struct{ p []byte }
+
+func (f *fillWriter) Write(b []byte) (int, error) {
+	if len(b) > len(f.p) {
+		return 0, io.ErrShortBuffer
+	}
+	f.p = f.p[copy(f.p, b):]
+	return len(b), nil
+}
+
 // ReadTensorAt fills p with the raw little-endian bytes of t from byte
 // offset off on, for a tensor whose bytes lie in a side file or in its
-// raw_data; it reads only that range. It is how a weight is streamed, a
+// raw_data, or are made by a deferred producer that makes ranges
+// (DeferredData.Range); it reads only that range. It is how a weight is streamed, a
 // slice at a time, instead of being loaded whole (TensorBytes).
 func (m *Model) ReadTensorAt(t *pb.TensorProto, p []byte, off int64) error {
-	if _, ok := m.deferred[t]; ok {
-		return badInput(m.Name(), m.tensorLabel(t), "its bytes are produced when the model is saved and cannot be read by range")
+	if d, ok := m.Deferred(t); ok {
+		if d.Range == nil {
+			return badInput(m.Name(), m.tensorLabel(t), "its bytes are produced when the model is saved and cannot be read by range")
+		}
+		return m.CopyTensorRange(&fillWriter{p: p}, t, off, int64(len(p)))
 	}
 	if !IsExternal(t) {
 		raw := t.GetRawData()

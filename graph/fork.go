@@ -32,7 +32,7 @@ var ErrForkDeferred = errors.New("a model with deferred tensors cannot be forked
 // as m is open, and closing it does nothing. Forking only reads m: other
 // goroutines may read m meanwhile, but none may edit it.
 func (m *Model) Fork() (*Model, error) {
-	if len(m.deferred) > 0 {
+	if m.hasDeferred() {
 		return nil, ErrForkDeferred
 	}
 	src := m.Proto

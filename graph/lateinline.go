@@ -54,7 +54,7 @@ func (m *Model) inlineLate(ts []*pb.TensorProto) (li *lateInline, undo func(), e
 			continue
 		}
 		var p func(io.Writer) error
-		if d, ok := m.deferred[t]; ok {
+		if d, ok := m.Deferred(t); ok {
 			p = d.Write
 		} else {
 			r, _, err := m.TensorReader(t) // a ranged reader of the side file, opened now

@@ -40,7 +40,7 @@ type Model struct {
 	ext *externalStore
 	// borrowed: ext is another model's (a fork's), which Close leaves open.
 	borrowed bool
-	deferred map[*pb.TensorProto]DeferredData
+	deferred *deferredSet
 	// ext0 is what the model's weights came in (see ExternalOrigin).
 	ext0 *externalOrigin
 	// srcID identifies the file the model was loaded from (srcOK: known),
@@ -56,7 +56,8 @@ type Model struct {
 	spare    *Graph
 	spareSig graphSig
 	// mu guards labels, spare and spareSig, which read-only entry points
-	// (Check, Graph) set, so that goroutines can share a model.
+	// (Check, Graph) set, so that goroutines can share a model, and the
+	// deferred pointer, made on first use.
 	mu sync.Mutex
 }
 
@@ -99,11 +100,16 @@ func sigOf(gp *pb.GraphProto) graphSig {
 // being held in memory. Size must be the exact number of bytes Write writes.
 // Saved with ExternalKeep, a deferred tensor goes to the side file (from the
 // threshold's size) unless Inline says that its sources were stored inside
-// the model file, where it then stays too.
+// the model file, where it then stays too. Range, when set, writes bytes
+// [off, off+n) alone, doing only the work those bytes need: readers of a
+// range (CopyTensorRange, ReadTensorAt) use it instead of running Write and
+// dropping the rest, which for a tensor read a part at a time (a stack of
+// experts, an expert at a time) would make the whole tensor once per part.
 type DeferredData struct {
 	Size   int64
 	Write  func(w io.Writer) error
 	Inline bool
+	Range  func(w io.Writer, off, n int64) error
 }
 
 // Load reads an ONNX model file. External data is not read; it is opened
@@ -336,10 +342,59 @@ func (m *Model) Graph() *Graph {
 // SetDeferred registers a tensor whose bytes are produced at save time.
 // The tensor must carry dims and data_type but no data.
 func (m *Model) SetDeferred(t *pb.TensorProto, d DeferredData) {
-	if m.deferred == nil {
-		m.deferred = map[*pb.TensorProto]DeferredData{}
+	ds := m.deferredSet(true)
+	ds.mu.Lock()
+	ds.m[t] = d
+	ds.mu.Unlock()
+}
+
+// deferredSet returns m's deferred tensors, made when create says so (nil
+// otherwise when there are none).
+func (m *Model) deferredSet(create bool) *deferredSet {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.deferred == nil && create {
+		m.deferred = &deferredSet{m: map[*pb.TensorProto]DeferredData{}}
 	}
-	m.deferred[t] = d
+	return m.deferred
+}
+
+// deferredSet holds a model's deferred tensors (see SetDeferred), shared
+// by the models WithGraph makes of it. Its lock lets a goroutine read a
+// deferred tensor of the model (a check running ahead on a fork) while
+// another registers more.
+type deferredSet struct {
+	mu sync.RWMutex
+	m  map[*pb.TensorProto]DeferredData
+}
+
+// hasDeferred reports whether m has a deferred tensor.
+func (m *Model) hasDeferred() bool {
+	ds := m.deferredSet(false)
+	if ds == nil {
+		return false
+	}
+	ds.mu.RLock()
+	defer ds.mu.RUnlock()
+	return len(ds.m) > 0
+}
+
+// ShareDeferred registers on m every deferred tensor of src that m lacks,
+// with src's producers, which go on reading src's tensors: for a fork
+// (Fork) taken before a pass registered tensors on src that the fork's
+// readers need.
+func (m *Model) ShareDeferred(src *Model) {
+	ds := src.deferredSet(false)
+	if ds == nil || ds == m.deferredSet(false) {
+		return
+	}
+	ds.mu.RLock()
+	defer ds.mu.RUnlock()
+	for t, d := range ds.m {
+		if _, ok := m.Deferred(t); !ok {
+			m.SetDeferred(t, d)
+		}
+	}
 }
 
 // Opset returns the opset version the model imports for domain ("" or

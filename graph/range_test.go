@@ -149,3 +149,66 @@ func saveExternalAndLoad(t *testing.T, mp *pb.ModelProto, dir string) *Model {
 	t.Cleanup(func() { m.Close() })
 	return m
 }
+
+// TestDeferredRange: a deferred producer that makes ranges serves
+// CopyTensorRange and ReadTensorAt without Write running; one without is
+// read by running Write (CopyTensorRange) or refused (ReadTensorAt). A
+// fork shares the deferred tensors registered on its model after it was
+// taken (ShareDeferred), and reads them with their producers.
+func TestDeferredRange(t *testing.T) {
+	data := make([]byte, 64)
+	for i := range data {
+		data[i] = byte(i*7 + 3)
+	}
+	var writes, ranges int
+	m := &Model{Proto: &pb.ModelProto{Graph: &pb.GraphProto{}}}
+	ranged := &pb.TensorProto{Name: proto.String("r"), Dims: []int64{16}, DataType: proto.Int32(int32(pb.TensorProto_FLOAT))}
+	whole := &pb.TensorProto{Name: proto.String("w"), Dims: []int64{16}, DataType: proto.Int32(int32(pb.TensorProto_FLOAT))}
+	write := func(w io.Writer) error { writes++; _, err := w.Write(data); return err }
+	m.SetDeferred(ranged, DeferredData{Size: 64, Write: write, Range: func(w io.Writer, off, n int64) error {
+		ranges++
+		_, err := w.Write(data[off : off+n])
+		return err
+	}})
+	m.SetDeferred(whole, DeferredData{Size: 64, Write: write})
+	for _, c := range []struct {
+		name           string
+		t              *pb.TensorProto
+		off, n         int64
+		writes, ranges int
+		readAtRefused  bool
+	}{
+		{"ranged", ranged, 8, 20, 0, 2, false},
+		{"ranged to the end", ranged, 60, 4, 0, 2, false},
+		{"whole only", whole, 8, 20, 1, 0, true},
+	} {
+		writes, ranges = 0, 0
+		var buf bytes.Buffer
+		if err := m.CopyTensorRange(&buf, c.t, c.off, c.n); err != nil || !bytes.Equal(buf.Bytes(), data[c.off:c.off+c.n]) {
+			t.Errorf("%s: CopyTensorRange gave %v, %v", c.name, buf.Bytes(), err)
+		}
+		p := make([]byte, c.n)
+		err := m.ReadTensorAt(c.t, p, c.off)
+		switch {
+		case c.readAtRefused && err == nil:
+			t.Errorf("%s: ReadTensorAt of a producer without ranges was not refused", c.name)
+		case !c.readAtRefused && (err != nil || !bytes.Equal(p, data[c.off:c.off+c.n])):
+			t.Errorf("%s: ReadTensorAt gave %v, %v", c.name, p, err)
+		}
+		if writes != c.writes || ranges != c.ranges {
+			t.Errorf("%s: Write ran %d times and Range %d, want %d and %d", c.name, writes, ranges, c.writes, c.ranges)
+		}
+	}
+	if err := m.CopyTensorRange(io.Discard, ranged, 60, 8); err == nil {
+		t.Error("a range past the deferred tensor was accepted")
+	}
+	f := &Model{Proto: &pb.ModelProto{Graph: &pb.GraphProto{}}}
+	f.ShareDeferred(m)
+	p := make([]byte, 4)
+	if err := f.ReadTensorAt(ranged, p, 4); err != nil || !bytes.Equal(p, data[4:8]) {
+		t.Errorf("the shared deferred tensor reads %v, %v", p, err)
+	}
+	if _, ok := f.Deferred(whole); !ok {
+		t.Error("ShareDeferred left a tensor out")
+	}
+}

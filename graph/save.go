@@ -389,7 +389,7 @@ func (m *Model) save(path string, opt SaveOptions) error {
 	// as the model file is encoded, not gathered first.
 	var inline []*pb.TensorProto
 	for _, t := range allTensors(m.Proto) {
-		_, deferred := m.deferred[t]
+		_, deferred := m.Deferred(t)
 		if deferred && t.GetDataLocation() != pb.TensorProto_EXTERNAL || opt.External == ExternalInline && IsExternal(t) {
 			inline = append(inline, t)
 		}
@@ -630,7 +630,7 @@ func (m *Model) CheckOutput() error {
 		}
 	}
 	for _, t := range allInitializers(m.Proto) {
-		if d, ok := m.deferred[t]; ok {
+		if d, ok := m.Deferred(t); ok {
 			if want, err := ByteSize(DataType(t), t.GetDims()); err != nil || want != d.Size {
 				errs = append(errs, fmt.Errorf("initializer %q: deferred data of %d bytes for dims %v of %s", t.GetName(), d.Size, t.GetDims(), DataType(t)))
 			}
@@ -694,7 +694,7 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 	}()
 	var inline []*pb.TensorProto
 	for _, t := range allTensors(m.Proto) {
-		if _, deferred := m.deferred[t]; deferred || IsExternal(t) {
+		if _, deferred := m.Deferred(t); deferred || IsExternal(t) {
 			inline = append(inline, t)
 		}
 	}
@@ -716,7 +716,7 @@ func (m *Model) Encode(w io.Writer, opt SaveOptions) error {
 // writeTensor streams t's n bytes to w: a deferred producer writes straight
 // into w (no pipe), side-file bytes go through CopyTensorRange.
 func (m *Model) writeTensor(w io.Writer, t *pb.TensorProto, n int64) error {
-	if d, ok := m.deferred[t]; ok {
+	if d, ok := m.Deferred(t); ok {
 		cw := &countWriter{w: w}
 		if err := d.Write(cw); err != nil {
 			return err
@@ -766,7 +766,7 @@ func (m *Model) Marshal() ([]byte, error) {
 			return nil, fmt.Errorf("initializer %q is stored externally; save to a file instead", t.GetName())
 		}
 	}
-	if len(m.deferred) > 0 {
+	if m.hasDeferred() {
 		return nil, errors.New("model has deferred initializers; save to a file instead")
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(m.Proto)
@@ -797,7 +797,7 @@ func (m *Model) planExternal(opt SaveOptions) ([]*pb.TensorProto, error) {
 func (m *Model) planWith(mode ExternalMode, threshold int64) ([]*pb.TensorProto, error) {
 	var out []*pb.TensorProto
 	for _, t := range allInitializers(m.Proto) {
-		d, deferred := m.deferred[t]
+		d, deferred := m.Deferred(t)
 		switch {
 		case IsExternal(t):
 			out = append(out, t)
@@ -845,7 +845,7 @@ func (m *Model) overLimit(moved []*pb.TensorProto) (bool, error) {
 	}
 	sz := int64(proto.Size(m.Proto))
 	for _, t := range allInitializers(m.Proto) {
-		_, deferred := m.deferred[t]
+		_, deferred := m.Deferred(t)
 		switch {
 		case out[t] && !IsExternal(t):
 			sz -= int64(len(t.RawData))
@@ -858,7 +858,7 @@ func (m *Model) overLimit(moved []*pb.TensorProto) (bool, error) {
 }
 
 func (m *Model) tensorSize(t *pb.TensorProto) (int64, error) {
-	if d, ok := m.deferred[t]; ok {
+	if d, ok := m.Deferred(t); ok {
 		return d.Size, nil
 	}
 	if t.RawData != nil {

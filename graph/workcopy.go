@@ -48,19 +48,20 @@ func (m *Model) WorkingCopy() *Model {
 		mp.Graph = gp
 	}
 	wc := &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labelMap(), ext0: m.ext0}
-	if len(m.deferred) > 0 {
-		wc.deferred = make(map[*pb.TensorProto]DeferredData, len(m.deferred))
-		for t, d := range m.deferred {
-			wc.deferred[t] = d
-		}
-	}
+	wc.ShareDeferred(m)
 	return wc
 }
 
 // Deferred returns the deferred producer registered for t (see SetDeferred)
 // and whether there is one.
 func (m *Model) Deferred(t *pb.TensorProto) (DeferredData, bool) {
-	d, ok := m.deferred[t]
+	ds := m.deferredSet(false)
+	if ds == nil {
+		return DeferredData{}, false
+	}
+	ds.mu.RLock()
+	d, ok := ds.m[t]
+	ds.mu.RUnlock()
 	return d, ok
 }
 
@@ -83,5 +84,5 @@ func (m *Model) KeepIndex(g *Graph) {
 // is open.
 func (m *Model) WithGraph(gp *pb.GraphProto) *Model {
 	mp := &pb.ModelProto{IrVersion: m.Proto.IrVersion, OpsetImport: m.Proto.OpsetImport, Functions: m.Proto.Functions, Graph: gp}
-	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labelMap(), deferred: m.deferred, ext0: m.ext0}
+	return &Model{Proto: mp, Path: m.Path, Dir: m.Dir, ext: m.ext, srcID: m.srcID, srcOK: m.srcOK, labels: m.labelMap(), deferred: m.deferredSet(false), ext0: m.ext0}
 }

@@ -142,6 +142,9 @@ func (a *aheadCheck) start(mm *graph.Model, blocks []*Block, rep *Report) bool {
 	if err != nil {
 		return false
 	}
+	// Detection made tensors of its own (weights dequantized on demand)
+	// after the fork was taken: the check reads them too.
+	orig.ShareDeferred(mm)
 	if a.spare == nil {
 		a.spare = orig
 	}

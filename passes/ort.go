@@ -1,16 +1,12 @@
 package passes
 
 import (
-	"encoding/binary"
 	"fmt"
-	"io"
-	"math"
 
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 	"github.com/mokopt/mokopt/internal/ortmoe"
 	"github.com/mokopt/mokopt/moe"
-	"google.golang.org/protobuf/proto"
 )
 
 // isORTMoE reports whether n is an ONNX Runtime com.microsoft::MoE or QMoE node.
@@ -371,34 +367,31 @@ func (c *ctx) ortQuantPlan(n *pb.NodeProto, a *ortmoe.Attrs, s *moe.Spec, H int)
 	if upInFC1 {
 		f = 2
 	}
-	deq := func(wPos, sPos, zPos, N, K int, what string) *pb.TensorProto {
+	label := graph.NodeLabel(n)
+	deq := func(wPos, sPos, zPos, N, K int, what string) (*pb.TensorProto, error) {
 		if src.tensor(wPos) == nil {
-			return nil
+			if what == "fc3" {
+				return nil, nil
+			}
+			return nil, rejectf("QMoE node %q lacks %s weights", label, what)
 		}
-		t := &pb.TensorProto{Name: proto.String(n.Input[wPos] + "/dequantized"), Dims: []int64{int64(E), int64(N), int64(K)},
-			DataType: proto.Int32(int32(pb.TensorProto_FLOAT))}
-		c.m.SetDeferred(t, graph.DeferredData{Size: int64(4 * E * N * K), Write: func(w io.Writer) error {
-			v, err := a.Dequantize(src, wPos, sPos, zPos, E, N, K)
-			if err != nil {
-				return fmt.Errorf("QMoE node %q %s: %w", graph.NodeLabel(n), what, err)
-			}
-			buf := make([]byte, 4*len(v))
-			for i, x := range v {
-				binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
-			}
-			_, err = w.Write(buf)
-			return err
-		}})
-		return t
+		st, err := newQMoEStack(c.m, a, src.tensor(wPos), src.tensor(sPos), src.tensor(zPos), E, N, K, label, what)
+		if err != nil {
+			return nil, rejectf("%v", err)
+		}
+		return st.deferred(n.Input[wPos] + "/dequantized"), nil
 	}
-	fc1 := deq(ortmoe.QFC1, ortmoe.QFC1Scales, ortmoe.QFC1Zero, f*I, H, "fc1")
-	fc2 := deq(ortmoe.QFC2, ortmoe.QFC2Scales, ortmoe.QFC2Zero, H, I, "fc2")
-	fc3 := deq(ortmoe.QFC3, ortmoe.QFC3Scales, ortmoe.QFC3Zero, I, H, "fc3")
-	if fc1 == nil || fc2 == nil {
-		return nil, rejectf("QMoE node %q lacks fc1 or fc2 weights", graph.NodeLabel(n))
+	fc1, err := deq(ortmoe.QFC1, ortmoe.QFC1Scales, ortmoe.QFC1Zero, f*I, H, "fc1")
+	if err != nil {
+		return nil, err
 	}
-	if src.tensor(ortmoe.QFC1Scales) == nil || src.tensor(ortmoe.QFC2Scales) == nil || (fc3 != nil && src.tensor(ortmoe.QFC3Scales) == nil) {
-		return nil, rejectf("QMoE node %q: expert weights without scales", graph.NodeLabel(n))
+	fc2, err := deq(ortmoe.QFC2, ortmoe.QFC2Scales, ortmoe.QFC2Zero, H, I, "fc2")
+	if err != nil {
+		return nil, err
+	}
+	fc3, err := deq(ortmoe.QFC3, ortmoe.QFC3Scales, ortmoe.QFC3Zero, I, H, "fc3")
+	if err != nil {
+		return nil, err
 	}
 	upInit, upBias := fc3, src.tensor(ortmoe.QFC3Bias)
 	if upInFC1 {

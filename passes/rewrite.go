@@ -363,7 +363,7 @@ func emit(m *graph.Model, g *graph.Graph, dc *deadCode, b *Block, ts []fusedTens
 			continue
 		}
 		n := g.UniqueName(b.Name + "/" + ft.role)
-		if ft.external() || stream {
+		if ft.external(m) || stream {
 			// Written from its sources (the input's side file, or its
 			// bytes in memory) when the model is saved.
 			ft.deferTo(m, g, n)

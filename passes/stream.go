@@ -170,8 +170,11 @@ func (q *Proj) shape(isVec bool) (rows, cols int, err error) {
 }
 
 // check validates a fused tensor without reading weight bytes: shapes,
-// element types, and that external data lies inside its file.
+// element types, that external data lies inside its file and that inline
+// data fits its dims, once per source tensor. A deferred source is not
+// run: its size was given when it was registered.
 func (ft *fusedTensor) check(m *graph.Model) error {
+	seen := map[*pb.TensorProto]bool{}
 	for e, q := range ft.projs {
 		r, cc, err := q.shape(ft.isVec)
 		if err != nil {
@@ -186,6 +189,10 @@ func (ft *fusedTensor) check(m *graph.Model) error {
 		if _, err := graph.DecodeFloat32(graph.DataType(q.Init), nil); err != nil {
 			return fmt.Errorf("initializer %q: %w", q.Init.GetName(), err)
 		}
+		if _, deferred := m.Deferred(q.Init); deferred || seen[q.Init] {
+			continue
+		}
+		seen[q.Init] = true
 		if graph.IsExternal(q.Init) {
 			if _, _, err := m.TensorReader(q.Init); err != nil {
 				return err
@@ -198,11 +205,13 @@ func (ft *fusedTensor) check(m *graph.Model) error {
 }
 
 // external reports whether any source of the tensor is stored in a side
-// file: then the fused tensor is streamed into the output's side file when
-// the model is saved instead of being built in memory.
-func (ft *fusedTensor) external() bool {
+// file, itself or through the deferred producer that makes it (weights
+// dequantized from a side file's codes): then the fused tensor is
+// streamed into the output's side file when the model is saved instead of
+// being built in memory.
+func (ft *fusedTensor) external(m *graph.Model) bool {
 	for _, q := range ft.projs {
-		if graph.IsExternal(q.Init) {
+		if d, ok := m.Deferred(q.Init); ok && !d.Inline || graph.IsExternal(q.Init) {
 			return true
 		}
 	}
@@ -244,7 +253,7 @@ func (ft *fusedTensor) deferTo(m *graph.Model, g *graph.Graph, name string) {
 		return nil
 	}
 	g.AddInitializer(t)
-	m.SetDeferred(t, graph.DeferredData{Size: ft.size(), Write: write, Inline: !ft.external()})
+	m.SetDeferred(t, graph.DeferredData{Size: ft.size(), Write: write, Inline: !ft.external(m)})
 }
 
 // sourceSnapshot returns a shallow copy of t that keeps naming its data

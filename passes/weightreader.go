@@ -188,12 +188,13 @@ func (r *planReader) readInto(t *pb.TensorProto, off int64, p []byte) error {
 }
 
 // inlineBytes returns the bytes of t when they are not in a side file (ok
-// false for a side file's tensor): raw_data as it is; typed fields, or the
-// bytes of a deferred producer (a model generated in memory, whose
+// false for a side file's tensor, and for a deferred producer that makes
+// ranges, which is read as one): raw_data as it is; typed fields, or the
+// bytes of another deferred producer (a model generated in memory, whose
 // producer would otherwise run again for every range), made once per block.
 func (r *planReader) inlineBytes(t *pb.TensorProto) ([]byte, bool, error) {
-	_, deferred := r.m.Deferred(t)
-	if graph.IsExternal(t) && !deferred {
+	d, deferred := r.m.Deferred(t)
+	if deferred && d.Range != nil || graph.IsExternal(t) && !deferred {
 		return nil, false, nil
 	}
 	if b, ok := r.inline[t]; ok {

@@ -168,6 +168,34 @@ func (c *Case) Model() (*Built, error) {
 	return &Built{Model: m, Router: router, Experts: w}, nil
 }
 
+// AddZeroPoints gives the QMoE node of m, built from c, explicit fc1 zero
+// points (one per scale group, packed like the codes, drawn from c's
+// seed), which every kernel applies; Built.Experts does not.
+func (c *Case) AddZeroPoints(m *graph.Model) {
+	g := m.Proto.Graph
+	n := g.Node[len(g.Node)-1]
+	f := 1
+	if c.Attrs.fused() {
+		f = 2
+	}
+	groups := 1
+	if c.Attrs.BlockSize > 0 {
+		groups = c.H / c.Attrs.BlockSize
+	}
+	pack := 8 / c.Attrs.Bits
+	zp := make([]byte, c.E*f*c.I*groups/pack)
+	rng := rand.New(rand.NewPCG(uint64(c.Seed), 9))
+	for i := range zp {
+		zp[i] = byte(rng.IntN(256))
+	}
+	g.Initializer = append(g.Initializer, &pb.TensorProto{Name: proto.String("fc1_zero_points"),
+		Dims: []int64{int64(c.E), int64(f * c.I * groups / pack)}, DataType: proto.Int32(int32(pb.TensorProto_UINT8)), RawData: zp})
+	for len(n.Input) <= QFC1Zero {
+		n.Input = append(n.Input, "")
+	}
+	n.Input[QFC1Zero] = "fc1_zero_points"
+}
+
 func valueInfo(name string, h int) *pb.ValueInfoProto {
 	return &pb.ValueInfoProto{Name: proto.String(name), Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
 		ElemType: proto.Int32(int32(pb.TensorProto_FLOAT)),

@@ -282,26 +282,47 @@ func (a *Attrs) Dequantize(src Source, wPos, sPos, zPos, E, N, K int) ([]float32
 // sc their scales (groups per row), and zp, when not nil, all the weight's
 // zero points (default 2^(bits−1)).
 func (a *Attrs) dequantRows(out []float32, q []int64, sc []float32, zp []int64, r0, rows, K, groups int) {
-	pack := 8 / a.Bits
-	nib := func(b []int64, i int) int64 {
-		if pack == 1 {
-			return b[i]
-		}
-		v := b[i/2]
-		if i%2 == 1 {
-			v >>= 4
-		}
-		return v & 15
-	}
-	def := int64(1) << (a.Bits - 1)
+	dequantize(a.Bits, out, q, sc, zp, r0*groups, rows, K, groups)
+}
+
+// DequantizeRows is Dequantize for len(out)/K rows of a weight of K values
+// a row (expert e's N rows start at row e·N), from those rows' packed codes
+// as stored (codes), their scales (groups a row) and, when the weight has
+// them, packed zero points zp whose value zOff is the first row's first
+// (nil: the default): what a reader of one expert at a time needs, with no
+// more than its rows in memory.
+func (a *Attrs) DequantizeRows(out []float32, codes []byte, sc []float32, zp []byte, zOff, K, groups int) {
+	dequantize(a.Bits, out, codes, sc, zp, zOff, len(out)/K, K, groups)
+}
+
+// dequantize writes rows of (q − zero) · scale into out [rows, K], where q
+// holds those rows' packed values and sc their scales (groups per row),
+// and zp, when not nil, packed zero points, the rows' first at value zOff
+// (default 2^(bits−1)).
+func dequantize[Q, Z int64 | byte](bits int, out []float32, q []Q, sc []float32, zp []Z, zOff, rows, K, groups int) {
+	pack := 8 / bits
+	def := int64(1) << (bits - 1)
 	for r := 0; r < rows; r++ {
 		for k := 0; k < K; k++ {
 			g := r*groups + k*groups/K
 			z := def
 			if zp != nil {
-				z = nib(zp, r0*groups+g)
+				z = nibble(zp, zOff+g, pack)
 			}
-			out[r*K+k] = float32(nib(q, r*K+k)-z) * sc[g]
+			out[r*K+k] = float32(nibble(q, r*K+k, pack)-z) * sc[g]
 		}
 	}
+}
+
+// nibble is value i of b, which packs pack values a byte (element 2j in
+// the low nibble when two).
+func nibble[Q int64 | byte](b []Q, i, pack int) int64 {
+	if pack == 1 {
+		return int64(b[i])
+	}
+	v := int64(b[i/2])
+	if i%2 == 1 {
+		v >>= 4
+	}
+	return v & 15
 }

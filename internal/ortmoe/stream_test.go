@@ -10,8 +10,6 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
-	pb "github.com/mokopt/mokopt/graph/onnxpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // TestKernelStreamsExperts: with the weights in a side file, the MoE and
@@ -46,7 +44,7 @@ func TestKernelStreamsExperts(t *testing.T) {
 				t.Fatal(err)
 			}
 			if c.Attrs.Quantized && c.Attrs.Bits == 4 {
-				addZeroPoints(t, b.Model, &c)
+				c.AddZeroPoints(b.Model)
 			}
 			var weights int64 // the expert weights' bytes as stored
 			for _, init := range b.Model.Proto.Graph.Initializer {
@@ -100,33 +98,4 @@ func TestKernelStreamsExperts(t *testing.T) {
 			}
 		})
 	}
-}
-
-// addZeroPoints gives the QMoE node of m explicit fc1 zero points (one per
-// scale group, packed like the codes), which the reference run and the
-// streamed one both apply.
-func addZeroPoints(t *testing.T, m *graph.Model, c *Case) {
-	t.Helper()
-	g := m.Proto.Graph
-	n := g.Node[len(g.Node)-1]
-	f := 1
-	if c.Attrs.fused() {
-		f = 2
-	}
-	groups := 1
-	if c.Attrs.BlockSize > 0 {
-		groups = c.H / c.Attrs.BlockSize
-	}
-	pack := 8 / c.Attrs.Bits
-	zp := make([]byte, c.E*f*c.I*groups/pack)
-	rng := rand.New(rand.NewPCG(uint64(c.Seed), 9))
-	for i := range zp {
-		zp[i] = byte(rng.IntN(256))
-	}
-	g.Initializer = append(g.Initializer, &pb.TensorProto{Name: proto.String("fc1_zero_points"),
-		Dims: []int64{int64(c.E), int64(f * c.I * groups / pack)}, DataType: proto.Int32(int32(pb.TensorProto_UINT8)), RawData: zp})
-	for len(n.Input) <= QFC1Zero {
-		n.Input = append(n.Input, "")
-	}
-	n.Input[QFC1Zero] = "fc1_zero_points"
 }
