@@ -49,7 +49,7 @@ var TransposeOfMatMul = Rule{
 			return false, nil
 		}
 		r, ok := w.Rank(n.Input[0])
-		if !ok || r < 2 || !slices.Equal(graph.AttrInts(n, "perm"), swapLastTwo(r)) {
+		if !ok || r < 2 || !slices.Equal(transposePerm(n, r), swapLastTwo(r)) {
 			return false, nil
 		}
 		var nodes []*pb.NodeProto
@@ -61,7 +61,7 @@ var TransposeOfMatMul = Rule{
 				return false, nil
 			}
 			if t := w.Producer(v); t != nil && t.GetOpType() == "Transpose" && t.GetDomain() == "" && len(t.Input) == 1 &&
-				slices.Equal(graph.AttrInts(t, "perm"), swapLastTwo(ri)) {
+				slices.Equal(transposePerm(t, ri), swapLastTwo(ri)) {
 				ops[i], unwrapped = t.Input[0], true
 				continue
 			}
@@ -75,4 +75,17 @@ var TransposeOfMatMul = Rule{
 		w.Replace(n, nodes...)
 		return true, nil
 	},
+}
+
+// transposePerm is the perm of Transpose node n of a rank-r input: its
+// attribute, or the axes reversed, ONNX's default, without one.
+func transposePerm(n *pb.NodeProto, r int) []int64 {
+	if graph.Attr(n, "perm") != nil {
+		return graph.AttrInts(n, "perm")
+	}
+	perm := make([]int64, r)
+	for i := range perm {
+		perm[i] = int64(r - 1 - i)
+	}
+	return perm
 }
