@@ -48,6 +48,11 @@ Transforms:
   expand     a Mul by a scalar constant c written a Mul by Expand(c, Shape(x))
   silu       x * Sigmoid(x) written x / (1 + Exp(-x))
   powdiv     a / b by a computed b written a * Pow(b, -1)
+  lse        Softmax(x) written Exp(x - ReduceLogSumExp(x))
+  sorted0    every TopK with sorted=0 (ONNX Runtime's CPU kernel still returns them sorted)
+  int32ids   TopK indices read only by Gather/GatherElements/OneHot cast to int32 first
+  add0       an Add of 0 after every MatMul output
+  neg2       Neg(Neg(p)) after every Softmax and Sigmoid output
 """
 import copy
 import os
@@ -683,6 +688,75 @@ def t_powdiv(m):
             nodes.append(helper.make_node("Pow", [n.input[1], f"pd{k}_e"], [f"pd{k}"], name=f"pdn{k}"))
             n.op_type, n.input[1] = "Mul", f"pd{k}"
         nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_lse(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        if n.op_type != "Softmax" or opset(m) < 13:
+            nodes.append(n)
+            continue
+        ax = next((a.i for a in n.attribute if a.name == "axis"), -1)
+        p, x = f"lse{k}", n.input[0]
+        nodes += [axes_node(m, "ReduceLogSumExp", x, p + "_l", [ax], p + "a", keepdims=1),
+                  helper.make_node("Sub", [x, p + "_l"], [p + "_s"], name=p + "b"),
+                  helper.make_node("Exp", [p + "_s"], [n.output[0]], name=p + "c")]
+    rebuild(g, nodes)
+
+
+def t_sorted0(m):
+    for n in m.graph.node:
+        if n.op_type == "TopK":
+            for a in list(n.attribute):
+                if a.name == "sorted":
+                    n.attribute.remove(a)
+            n.attribute.append(helper.make_attribute("sorted", 0))
+
+
+def t_int32ids(m):
+    g, nodes = m.graph, []
+    cons = {}
+    for n in g.node:
+        for j, i in enumerate(n.input):
+            cons.setdefault(i, []).append((n, j))
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        if n.op_type != "TopK" or len(n.output) < 2 or not n.output[1]:
+            continue
+        users = cons.get(n.output[1], [])
+        ok = users and all(u.op_type in ("Gather", "GatherElements") and j == 1 or u.op_type == "OneHot" and j == 0 for u, j in users)
+        if not ok or n.output[1] in [o.name for o in g.output]:
+            continue
+        c = n.output[1] + "__i32"
+        nodes.append(helper.make_node("Cast", [n.output[1]], [c], to=TensorProto.INT32, name=f"i32_{k}"))
+        for u, j in users:
+            u.input[j] = c
+    rebuild(g, nodes)
+
+
+def t_add0(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        dt = FLOATS.get(types.get(n.output[0])) if n.op_type == "MatMul" else None
+        if dt is not None:
+            o = n.output[0]
+            n.output[0] = o + "__pre_add0"
+            g.initializer.append(numpy_helper.from_array(np.array(0, dtype=dt), f"zero{k}"))
+            nodes.append(helper.make_node("Add", [o + "__pre_add0", f"zero{k}"], [o], name=f"a0_{k}"))
+    rebuild(g, nodes)
+
+
+def t_neg2(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        if n.op_type in ("Softmax", "Sigmoid"):
+            o = n.output[0]
+            n.output[0] = o + "__pre_neg2"
+            nodes += [helper.make_node("Neg", [o + "__pre_neg2"], [o + "__neg"], name=f"ng{k}a"),
+                      helper.make_node("Neg", [o + "__neg"], [o], name=f"ng{k}b")]
     rebuild(g, nodes)
 
 

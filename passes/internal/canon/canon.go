@@ -78,6 +78,7 @@ func Rules() []Rule {
 		PowOfConstant,
 		MulReciprocal,
 		SpelledSoftmax,
+		SpelledLogSoftmax,
 		SpelledSigmoid,
 		ExpOfLogSoftmax,
 		EinsumMatMul,

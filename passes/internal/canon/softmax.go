@@ -83,3 +83,63 @@ var ExpOfLogSoftmax = Rule{
 		return true, nil
 	},
 }
+
+// SpelledLogSoftmax turns a log-softmax written out over one axis a,
+//
+//	y = x - ReduceLogSumExp(x, a)
+//	y = s - Log(ReduceSum(Exp(s), a)),  s = x  or  s = x - ReduceMax(x, a)
+//
+// (the reductions keeping the axis), into y = LogSoftmax(x, axis=a): the
+// same function, equal up to float rounding where the unshifted form does
+// not overflow. A router's softmax spelled Exp of one of these then reads
+// as Softmax (exp-of-log-softmax). Needs opset 13.
+var SpelledLogSoftmax = Rule{
+	Name: "spelled-log-softmax",
+	Ops:  []string{"Sub"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if n.GetDomain() != "" || len(n.Input) != 2 || len(n.Output) != 1 || w.Opset() < 13 {
+			return false, nil
+		}
+		x, axis, ok := logSumExpOf(w, n.Input[0], n.Input[1])
+		if !ok {
+			return false, nil
+		}
+		w.Replace(n, graph.NewNode("LogSoftmax", "", n.GetName(), []string{x}, []string{n.Output[0]}, graph.IntAttr("axis", axis)))
+		return true, nil
+	},
+}
+
+// logSumExpOf reports whether v is log Σ exp over one axis of s (a kept
+// ReduceLogSumExp of s, or Log of a kept ReduceSum of Exp(s)), and returns
+// the value whose log-softmax s - v is (s, or x where s = x - ReduceMax(x)
+// over the same axis) and the axis.
+func logSumExpOf(w *Work, s, v string) (string, int64, bool) {
+	var axes []int64
+	switch p := w.Producer(v); {
+	case p != nil && keptReduce(p, "ReduceLogSumExp") && p.Input[0] == s:
+		axes = reduceAxes(w, p)
+	case p != nil && p.GetOpType() == "Log" && p.GetDomain() == "" && len(p.Input) == 1:
+		sum := w.Producer(p.Input[0])
+		if sum == nil || !keptReduce(sum, "ReduceSum") {
+			return "", 0, false
+		}
+		ex := w.Producer(sum.Input[0])
+		if ex == nil || ex.GetOpType() != "Exp" || ex.GetDomain() != "" || len(ex.Input) != 1 || ex.Input[0] != s {
+			return "", 0, false
+		}
+		axes = reduceAxes(w, sum)
+	default:
+		return "", 0, false
+	}
+	if len(axes) != 1 {
+		return "", 0, false
+	}
+	x := s
+	if sub := w.Producer(s); sub != nil && sub.GetOpType() == "Sub" && sub.GetDomain() == "" && len(sub.Input) == 2 {
+		if mx := w.Producer(sub.Input[1]); mx != nil && keptReduce(mx, "ReduceMax") && mx.Input[0] == sub.Input[0] &&
+			sameAxis(w, sub.Input[0], reduceAxes(w, mx), axes[0]) {
+			x = sub.Input[0]
+		}
+	}
+	return x, axes[0], true
+}

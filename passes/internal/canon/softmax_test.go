@@ -56,3 +56,29 @@ func TestSpelledSoftmax(t *testing.T) {
 			inputs: x, outputs: []string{"y"}, want: map[string]int{"Softmax": 1, "ReduceSum": 0}},
 	})
 }
+
+func TestSpelledLogSoftmax(t *testing.T) {
+	r := rand.New(rand.NewPCG(24, 25))
+	x := map[string]*eval.Tensor{"x": randF32(r, 6, 8)}
+	ax := map[string]*eval.Tensor{"ax": eval.NewInt64([]int{1}, []int64{-1}), "ax01": eval.NewInt64([]int{2}, []int64{0, 1})}
+	lse := node("ReduceLogSumExp", []string{"x", "ax"}, []string{"l"})
+	logSum := []*pb.NodeProto{node("Exp", []string{"s"}, []string{"e"}), node("ReduceSum", []string{"e", "ax"}, []string{"z"}),
+		node("Log", []string{"z"}, []string{"l"})}
+	shift := []*pb.NodeProto{node("ReduceMax", []string{"x", "ax"}, []string{"m"}), node("Sub", []string{"x", "m"}, []string{"s"})}
+	runRuleCases(t, []Rule{SpelledLogSoftmax, ExpOfLogSoftmax, DropDead}, []ruleCase{
+		{name: "x minus its logsumexp", opset: 18, nodes: []*pb.NodeProto{lse, node("Sub", []string{"x", "l"}, []string{"y"})},
+			inputs: x, inits: ax, outputs: []string{"y"}, want: map[string]int{"LogSoftmax": 1, "ReduceLogSumExp": 0, "Sub": 0}},
+		{name: "exp of it is the softmax", opset: 18, nodes: []*pb.NodeProto{lse, node("Sub", []string{"x", "l"}, []string{"d"}),
+			node("Exp", []string{"d"}, []string{"y"})},
+			inputs: x, inits: ax, outputs: []string{"y"}, want: map[string]int{"Softmax": 1, "LogSoftmax": 0, "Exp": 0}},
+		{name: "shifted, log of the sum of exps", opset: 18, nodes: append(append([]*pb.NodeProto{}, shift...),
+			append(logSum, node("Sub", []string{"s", "l"}, []string{"y"}))...),
+			inputs: x, inits: ax, outputs: []string{"y"}, want: map[string]int{"LogSoftmax": 1, "ReduceMax": 0, "Log": 0}},
+		{name: "over two axes kept", opset: 18, nodes: []*pb.NodeProto{node("ReduceLogSumExp", []string{"x", "ax01"}, []string{"l"}),
+			node("Sub", []string{"x", "l"}, []string{"y"})},
+			inputs: x, inits: ax, outputs: []string{"y"}, noChange: true},
+		{name: "another value's logsumexp kept", opset: 18, nodes: []*pb.NodeProto{node("Neg", []string{"x"}, []string{"n"}),
+			node("ReduceLogSumExp", []string{"n", "ax"}, []string{"l"}), node("Sub", []string{"x", "l"}, []string{"y"})},
+			inputs: x, inits: ax, outputs: []string{"y"}, noChange: true},
+	})
+}
