@@ -53,6 +53,8 @@ Transforms:
   int32ids   TopK indices read only by Gather/GatherElements/OneHot cast to int32 first
   add0       an Add of 0 after every MatMul output
   neg2       Neg(Neg(p)) after every Softmax and Sigmoid output
+  topklogits a TopK of Softmax(x) or Sigmoid(x) taken on x, its values gathered from the probabilities
+  clip0      Relu(x) written Clip(x, 0)
 """
 import copy
 import os
@@ -757,6 +759,44 @@ def t_neg2(m):
             n.output[0] = o + "__pre_neg2"
             nodes += [helper.make_node("Neg", [o + "__pre_neg2"], [o + "__neg"], name=f"ng{k}a"),
                       helper.make_node("Neg", [o + "__neg"], [o], name=f"ng{k}b")]
+    rebuild(g, nodes)
+
+
+def t_topklogits(m):
+    g, nodes = m.graph, []
+    prod = {o: n for n in g.node for o in n.output}
+    for k, n in enumerate(g.node):
+        p = prod.get(n.input[0]) if n.op_type == "TopK" else None
+        if p is None or p.op_type not in ("Softmax", "Sigmoid") or len(n.output) < 2 or not n.output[1]:
+            nodes.append(n)
+            continue
+        if p.op_type == "Softmax":
+            ax = next((a.i for a in p.attribute if a.name == "axis"), -1)
+            tax = next((a.i for a in n.attribute if a.name == "axis"), -1)
+            if ax != tax or opset(m) < 13:
+                nodes.append(n)
+                continue
+        q = f"tkl{k}"
+        vals = n.output[0]
+        n.input[0] = p.input[0]
+        if vals:
+            n.output[0] = q + "_logit_values"
+        nodes.append(n)
+        if vals:
+            ax = next((a.i for a in n.attribute if a.name == "axis"), -1)
+            nodes.append(helper.make_node("GatherElements", [p.output[0], n.output[1]], [vals], name=q + "g", axis=ax))
+    rebuild(g, nodes)
+
+
+def t_clip0(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if n.op_type == "Relu" and opset(m) >= 11 else None
+        if dt is not None:
+            g.initializer.append(numpy_helper.from_array(np.array(0, dtype=dt), f"clip0_{k}"))
+            n.op_type = "Clip"
+            n.input.append(f"clip0_{k}")
+        nodes.append(n)
     rebuild(g, nodes)
 
 

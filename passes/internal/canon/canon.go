@@ -73,6 +73,7 @@ func Rules() []Rule {
 		TopKSlice,
 		TopKOfNeg,
 		GatherOfTopK,
+		SliceOfGatherElements,
 		OneHotOfEqual,
 		NegOfNeg,
 		PowOfConstant,

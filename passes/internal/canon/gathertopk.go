@@ -38,3 +38,34 @@ var GatherOfTopK = Rule{
 		return true, nil
 	},
 }
+
+// SliceOfGatherElements turns Slice(GatherElements(x, i, axis=a)) over
+// axis a alone into GatherElements(x, Slice(i)) with the same slice: the
+// gather's output has its indices' shape and takes each entry's other
+// coordinates from its own position, so the entries a slice along a keeps
+// are exactly those gathered by the sliced indices. A router that sorts
+// its logits, reads the probabilities back in that order and keeps the
+// first k then gathers by the first k indices of the sort, which
+// topk-slice reads as a top-k.
+var SliceOfGatherElements = Rule{
+	Name: "slice-of-gather-elements",
+	Ops:  []string{"Slice"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if n.GetDomain() != "" || len(n.Input) < 4 || len(n.Output) != 1 || w.Opset() < 10 {
+			return false, nil
+		}
+		g := w.Producer(n.Input[0])
+		if g == nil || g.GetOpType() != "GatherElements" || g.GetDomain() != "" || len(g.Input) != 2 || len(g.Output) != 1 {
+			return false, nil
+		}
+		axes, ok := w.ConstInts(n.Input[3])
+		if !ok || !sameAxis(w, g.Input[1], axes, graph.AttrInt(g, "axis", 0)) {
+			return false, nil
+		}
+		idx := w.Temp(n, "indices")
+		in := append([]string{g.Input[1]}, n.Input[1:]...)
+		w.Replace(n, w.Node("Slice", "", n.GetName(), in, []string{idx}),
+			w.Node("GatherElements", "", n.GetName()+"/gather", []string{g.Input[0], idx}, n.Output, graph.IntAttr("axis", graph.AttrInt(g, "axis", 0))))
+		return true, nil
+	},
+}

@@ -25,28 +25,23 @@ var TopKSlice = Rule{
 			return false, nil
 		}
 		axis := graph.AttrInt(n, "axis", -1)
-		var slices []*pb.NodeProto
+		var slices [2][]*pb.NodeProto // per output, the slices that read it
 		kk := int64(-1)
-		for _, o := range n.Output {
+		for i, o := range n.Output {
 			if o == "" || w.G.IsOutput(o) {
 				if o != "" {
 					return false, nil
 				}
 				continue
 			}
-			cs := w.Consumers(o)
-			if len(cs) == 0 {
-				continue
+			for _, c := range w.Consumers(o) {
+				e, ok := headSlice(w, c, o, n.Input[0], axis)
+				if !ok || e > ks[0] || (kk >= 0 && e != kk) {
+					return false, nil
+				}
+				kk = e
+				slices[i] = append(slices[i], c)
 			}
-			if len(cs) != 1 {
-				return false, nil
-			}
-			e, ok := headSlice(w, cs[0], o, n.Input[0], axis)
-			if !ok || e > ks[0] || (kk >= 0 && e != kk) {
-				return false, nil
-			}
-			kk = e
-			slices = append(slices, cs[0])
 		}
 		if kk < 1 || kk == ks[0] {
 			return false, nil
@@ -55,17 +50,29 @@ var TopKSlice = Rule{
 		for i, a := range n.Attribute {
 			attrs[i] = proto.Clone(a).(*pb.AttributeProto)
 		}
+		// The first slice of each output names it; another slice of the
+		// same output (two readers of the first k) is a copy of it.
 		outs := []string{"", ""}
-		for _, s := range slices {
-			for i, o := range n.Output {
-				if s.Input[0] == o {
+		var copies []*pb.NodeProto
+		for i, ss := range slices {
+			for j, s := range ss {
+				if j == 0 {
 					outs[i] = s.Output[0]
+					w.Remove(s)
+					continue
 				}
+				copies = append(copies, s)
 			}
-			w.Remove(s)
 		}
 		k := w.Int64s(n.GetName()+"/k", false, kk)
 		w.Replace(n, graph.NewNode("TopK", "", n.GetName(), []string{n.Input[0], k}, outs, attrs...))
+		for _, s := range copies {
+			src := outs[0]
+			if s.Input[0] == n.Output[1] {
+				src = outs[1]
+			}
+			w.Replace(s, w.Node("Identity", "", s.GetName(), []string{src}, s.Output))
+		}
 		return true, nil
 	},
 }
