@@ -277,6 +277,19 @@ func (s *Spec) Overload() string {
 	return strings.Join(parts, "_")
 }
 
+// CanonicalRouting returns s with a softmax taken over the top-k logits
+// (TopKThenActivation, softmax) written as its equal: the softmax over all
+// logits, the top-k, renormalised over the selected. The two compute the
+// same experts and the same weights up to float rounding (exp(lᵢ)/Σ over
+// the selected either way), so two spellings of one router compare equal
+// by their canonical specs. Other specs are returned as they are.
+func (s Spec) CanonicalRouting() Spec {
+	if s.RouterActivation == Softmax && s.RouterOrder == TopKThenActivation && !s.CorrectionBias && s.NGroup <= 1 {
+		s.RouterOrder, s.NormalizeTopK = ActivationThenTopK, true
+	}
+	return s
+}
+
 // Variant is a short stable name of the semantic variant, used as the
 // function overload of the fused node so that each variant has its own body.
 func (s *Spec) Variant() string {

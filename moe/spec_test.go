@@ -1,6 +1,8 @@
 package moe
 
 import (
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -54,5 +56,46 @@ func TestForwardRefusesShard(t *testing.T) {
 	w := &Weights{RouterW: make([]float32, 4), Gate: make([]float32, 2), Up: make([]float32, 2), Down: make([]float32, 2)}
 	if _, err := Forward(&s, w, []float32{1}, 1); err == nil || !strings.Contains(err.Error(), "experts 2..3 of 4") {
 		t.Fatalf("Forward on a shard: %v", err)
+	}
+}
+
+// TestCanonicalRouting: a softmax over the top-k logits and its canonical
+// form (softmax over all, top-k, renormalised) route every token to the
+// same experts with the same weights; specs without an equal are kept.
+func TestCanonicalRouting(t *testing.T) {
+	base := Spec{NumExperts: 8, TopK: 3, Hidden: 6, Inter: 4, RouterActivation: Softmax, RouterOrder: TopKThenActivation,
+		RoutedScalingFactor: 1, NGroup: 1, TopKGroup: 1, Activation: SwiGLU, SwiGLUAlpha: 1, EPSize: 1}
+	r := rand.New(rand.NewPCG(3, 4))
+	const T = 40
+	x := randVec(r, T*base.Hidden)
+	w := &Weights{RouterW: randVec(r, base.NumExperts*base.Hidden), RouterB: randVec(r, base.NumExperts)}
+	for _, tc := range []struct {
+		name    string
+		edit    func(s *Spec)
+		changed bool
+	}{
+		{"softmax over the top-k logits", func(*Spec) {}, true},
+		{"scaled", func(s *Spec) { s.RoutedScalingFactor = 2.5 }, true},
+		{"with a router bias", func(s *Spec) { s.RouterBias = true }, true},
+		{"sigmoid kept", func(s *Spec) { s.RouterActivation = Sigmoid }, false},
+		{"softmax before the top-k kept", func(s *Spec) { s.RouterOrder = ActivationThenTopK }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base
+			tc.edit(&s)
+			c := s.CanonicalRouting()
+			if changed := c.Variant() != s.Variant(); changed != tc.changed {
+				t.Fatalf("variant %s became %s, want changed %v", s.Variant(), c.Variant(), tc.changed)
+			}
+			ids, ws := Route(&s, w, x, T)
+			cids, cws := Route(&c, w, x, T)
+			for i := range ids {
+				for j := range ids[i] {
+					if ids[i][j] != cids[i][j] || math.Abs(float64(ws[i][j]-cws[i][j])) > 1e-6 {
+						t.Fatalf("token %d slot %d: expert %d weight %g, canonical expert %d weight %g", i, j, ids[i][j], ws[i][j], cids[i][j], cws[i][j])
+					}
+				}
+			}
+		})
 	}
 }

@@ -47,8 +47,8 @@ func TestRespelledExports(t *testing.T) {
 			}
 			for i, f := range rep.Fused {
 				wf := want.Fused[i%len(want.Fused)]
-				got, w := &f.Block.Spec, &wf.Block.Spec
-				if f.Variant != wf.Variant || got.NumExperts != w.NumExperts || got.TopK != w.TopK {
+				got, w := f.Block.Spec.CanonicalRouting(), wf.Block.Spec.CanonicalRouting()
+				if got.Variant() != w.Variant() || got.NumExperts != w.NumExperts || got.TopK != w.TopK {
 					t.Errorf("block %d fused as %s E=%d k=%d, the source as %s E=%d k=%d", i, f.Variant, got.NumExperts, got.TopK, wf.Variant, w.NumExperts, w.TopK)
 				}
 			}

@@ -25,12 +25,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PY = os.environ.get("RESPELL_PYTHON", "/usr/bin/python3")
 
 
+def canonical(variant):
+    """A variant with a softmax over the top-k logits named as its equal, softmax, top-k,
+    renormalised (moe.Spec.CanonicalRouting)."""
+    if variant and variant.startswith("softmax_topk_act_"):
+        return "softmax_act_topk_norm_" + variant[len("softmax_topk_act_"):]
+    return variant
+
+
 def fuse(mokopt, model, out):
     """(variants or None, refusal message, goldens reproduced per data set)."""
     r = subprocess.run([mokopt, "rewrite", "--json", model, "-o", out], capture_output=True, text=True)
     if r.returncode != 0:
         return None, r.stderr.strip().splitlines()[-1:] or ["exit %d" % r.returncode], []
-    variants = [f.get("variant") for f in json.loads(r.stdout)["report"].get("fused") or []]
+    variants = [canonical(f.get("variant")) for f in json.loads(r.stdout)["report"].get("fused") or []]
     data = model[:-len(".onnx")] + "_data"
     ok = []
     for s in sorted(os.listdir(data)) if os.path.isdir(data) else []:
