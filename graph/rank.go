@@ -71,7 +71,9 @@ var rankPreserving = map[string]bool{
 	"Softplus": true, "HardSigmoid": true, "Elu": true, "Gelu": true, "Sin": true, "Cos": true,
 	"LayerNormalization": true, "RMSNormalization": true, "SimplifiedLayerNormalization": true,
 	"SkipSimplifiedLayerNormalization": true, "SkipLayerNormalization": true, "QuickGelu": true, "FastGelu": true,
-	"BiasGelu": true,
+	"BiasGelu": true, "Celu": true, "Selu": true, "Mish": true, "Softsign": true, "HardSwish": true,
+	"ThresholdedRelu": true, "Shrink": true, "Sign": true, "Tan": true, "Atan": true, "Asin": true, "Acos": true,
+	"Sinh": true, "Cosh": true, "Asinh": true, "Acosh": true, "Atanh": true, "IsInf": true, "Hardmax": true,
 }
 
 // broadcasting lists the ops whose output has the largest rank of their
@@ -79,7 +81,7 @@ var rankPreserving = map[string]bool{
 var broadcasting = map[string]bool{
 	"Add": true, "Sub": true, "Mul": true, "Div": true, "Pow": true, "Where": true, "Max": true, "Min": true,
 	"Sum": true, "Mean": true, "Equal": true, "Less": true, "Greater": true, "LessOrEqual": true,
-	"GreaterOrEqual": true, "And": true, "Or": true, "Xor": true, "Mod": true,
+	"GreaterOrEqual": true, "And": true, "Or": true, "Xor": true, "Mod": true, "PRelu": true, "BitShift": true,
 }
 
 // Broadcasting reports whether the default-domain op is elementwise with

@@ -66,6 +66,8 @@ func TestInferRank(t *testing.T) {
 		{"contrib normalization keeps the rank", []*pb.NodeProto{NewNode("SimplifiedLayerNormalization", "com.microsoft", "l", []string{"x"}, []string{"v"})}, 3},
 		{"other contrib op unknown", []*pb.NodeProto{NewNode("FusedMatMul", "com.microsoft", "f", []string{"x", "idx"}, []string{"v"})}, -1},
 		{"reduce without keepdims", []*pb.NodeProto{NewNode("ReduceSum", "", "r", []string{"x", "a"}, []string{"v"}, IntAttr("keepdims", 0))}, 2},
+		{"celu keeps the rank", []*pb.NodeProto{NewNode("Celu", "", "c", []string{"x"}, []string{"v"})}, 3},
+		{"prelu broadcasts", []*pb.NodeProto{NewNode("PRelu", "", "p", []string{"idx", "x"}, []string{"v"})}, 3},
 		{"cycle unknown", []*pb.NodeProto{NewNode("Relu", "", "a", []string{"w"}, []string{"v"}), NewNode("Relu", "", "b", []string{"v"}, []string{"w"})}, -1},
 	}
 	for _, c := range cases {

@@ -277,15 +277,23 @@ func (s *Spec) Overload() string {
 	return strings.Join(parts, "_")
 }
 
-// CanonicalRouting returns s with a softmax taken over the top-k logits
-// (TopKThenActivation, softmax) written as its equal: the softmax over all
-// logits, the top-k, renormalised over the selected. The two compute the
-// same experts and the same weights up to float rounding (exp(lᵢ)/Σ over
-// the selected either way), so two spellings of one router compare equal
-// by their canonical specs. Other specs are returned as they are.
+// CanonicalRouting returns s with a router that activates the top-k logits
+// (TopKThenActivation) written as its equal that activates all of them
+// first: a softmax over the top-k logits is the softmax over all, the
+// top-k, renormalised over the selected (exp(lᵢ)/Σ over the selected either
+// way); a sigmoid, being increasing and elementwise, selects the same
+// experts before or after and gives them the same weights, renormalised or
+// not. Equal up to float rounding, so two spellings of one router compare
+// equal by their canonical specs. Other specs are returned as they are.
 func (s Spec) CanonicalRouting() Spec {
-	if s.RouterActivation == Softmax && s.RouterOrder == TopKThenActivation && !s.CorrectionBias && s.NGroup <= 1 {
+	if s.RouterOrder != TopKThenActivation || s.CorrectionBias || s.NGroup > 1 {
+		return s
+	}
+	switch s.RouterActivation {
+	case Softmax:
 		s.RouterOrder, s.NormalizeTopK = ActivationThenTopK, true
+	case Sigmoid:
+		s.RouterOrder = ActivationThenTopK
 	}
 	return s
 }

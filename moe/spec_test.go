@@ -77,7 +77,9 @@ func TestCanonicalRouting(t *testing.T) {
 		{"softmax over the top-k logits", func(*Spec) {}, true},
 		{"scaled", func(s *Spec) { s.RoutedScalingFactor = 2.5 }, true},
 		{"with a router bias", func(s *Spec) { s.RouterBias = true }, true},
-		{"sigmoid kept", func(s *Spec) { s.RouterActivation = Sigmoid }, false},
+		{"sigmoid of the top-k logits", func(s *Spec) { s.RouterActivation = Sigmoid }, true},
+		{"sigmoid of the top-k logits, renormalised", func(s *Spec) { s.RouterActivation, s.NormalizeTopK = Sigmoid, true }, true},
+		{"sparsemixer kept", func(s *Spec) { s.RouterActivation, s.TopK, s.SparseMixerThreshold = SparseMixer, 2, 0.01 }, false},
 		{"softmax before the top-k kept", func(s *Spec) { s.RouterOrder = ActivationThenTopK }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -26,10 +26,13 @@ PY = os.environ.get("RESPELL_PYTHON", "/usr/bin/python3")
 
 
 def canonical(variant):
-    """A variant with a softmax over the top-k logits named as its equal, softmax, top-k,
-    renormalised (moe.Spec.CanonicalRouting)."""
+    """A variant whose router activates the top-k logits named as its equal that activates
+    them all first (moe.Spec.CanonicalRouting): softmax over the top-k logits as softmax,
+    top-k, renormalised; a sigmoid's order swapped."""
     if variant and variant.startswith("softmax_topk_act_"):
         return "softmax_act_topk_norm_" + variant[len("softmax_topk_act_"):]
+    if variant and variant.startswith("sigmoid_topk_act_"):
+        return "sigmoid_act_topk_" + variant[len("sigmoid_topk_act_"):]
     return variant
 
 
