@@ -55,6 +55,9 @@ Transforms:
   neg2       Neg(Neg(p)) after every Softmax and Sigmoid output
   topklogits a TopK of Softmax(x) or Sigmoid(x) taken on x, its values gathered from the probabilities
   clip0      Relu(x) written Clip(x, 0)
+  whererelu  Relu(x) written Where(x > 0, x, 0)
+  div1       a Div by 1 after every Softmax, Sigmoid and MatMul output
+  reassoc    Mul(Mul(a, b), c) by a scalar constant c written Mul(a, Mul(b, c))
 """
 import copy
 import os
@@ -797,6 +800,52 @@ def t_clip0(m):
             n.op_type = "Clip"
             n.input.append(f"clip0_{k}")
         nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_whererelu(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if n.op_type == "Relu" else None
+        if dt is None:
+            nodes.append(n)
+            continue
+        p = f"wr{k}"
+        g.initializer.append(numpy_helper.from_array(np.array(0, dtype=dt), p + "_zero"))
+        nodes += [helper.make_node("Greater", [n.input[0], p + "_zero"], [p + "_pos"], name=p + "a"),
+                  helper.make_node("Where", [p + "_pos", n.input[0], p + "_zero"], [n.output[0]], name=p + "b")]
+    rebuild(g, nodes)
+
+
+def t_div1(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        dt = FLOATS.get(types.get(n.output[0])) if n.op_type in ("Softmax", "Sigmoid", "MatMul") else None
+        if dt is not None:
+            o = n.output[0]
+            n.output[0] = o + "__pre_div1"
+            g.initializer.append(numpy_helper.from_array(np.array(1, dtype=dt), f"one{k}"))
+            nodes.append(helper.make_node("Div", [o + "__pre_div1", f"one{k}"], [o], name=f"d1_{k}"))
+    rebuild(g, nodes)
+
+
+def t_reassoc(m):
+    g, nodes, c = m.graph, [], consts(m.graph)
+    prod = {o: n for n in g.node for o in n.output}
+    cons = {}
+    for n in g.node:
+        for i in n.input:
+            cons.setdefault(i, []).append(n)
+    for k, n in enumerate(g.node):
+        sc = [j for j, v in enumerate(n.input[:2]) if v in c and c[v].size == 1] if n.op_type == "Mul" else []
+        inner = prod.get(n.input[1 - sc[0]]) if len(sc) == 1 else None
+        if inner is None or inner.op_type != "Mul" or len(cons.get(inner.output[0], [])) != 1 or any(v in c for v in inner.input):
+            nodes.append(n)
+            continue
+        p = f"ra{k}"
+        nodes += [helper.make_node("Mul", [inner.input[1], n.input[sc[0]]], [p + "_bc"], name=p + "a"),
+                  helper.make_node("Mul", [inner.input[0], p + "_bc"], [n.output[0]], name=p + "b")]
     rebuild(g, nodes)
 
 
