@@ -58,6 +58,8 @@ Transforms:
   whererelu  Relu(x) written Where(x > 0, x, 0)
   div1       a Div by 1 after every Softmax, Sigmoid and MatMul output
   reassoc    Mul(Mul(a, b), c) by a scalar constant c written Mul(a, Mul(b, c))
+  w3d        x @ W of a rank-3 x and a 2-D initializer W written x @ W[None] (a [1, K, N] weight)
+  maskwhere  a * Cast(m) of a boolean m written Where(m, a, 0)
 """
 import copy
 import os
@@ -846,6 +848,44 @@ def t_reassoc(m):
         p = f"ra{k}"
         nodes += [helper.make_node("Mul", [inner.input[1], n.input[sc[0]]], [p + "_bc"], name=p + "a"),
                   helper.make_node("Mul", [inner.input[0], p + "_bc"], [n.output[0]], name=p + "b")]
+    rebuild(g, nodes)
+
+
+def t_w3d(m):
+    g, ranks = m.graph, value_ranks(m)
+    inits = {t.name: t for t in g.initializer}
+    users = {}
+    for n in g.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    for k, n in enumerate(g.node):
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
+        if w is None or len(w.dims) != 2 or ranks.get(n.input[0]) != 3:
+            continue
+        a = numpy_helper.to_array(w)[None]
+        t = numpy_helper.from_array(np.ascontiguousarray(a), f"w3d{k}_" + w.name)
+        g.initializer.append(t)
+        n.input[1] = t.name
+
+
+def t_maskwhere(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    prod = {o: n for n in g.node for o in n.output}
+    for k, n in enumerate(g.node):
+        if n.op_type == "Mul":
+            for j in (0, 1):
+                cst = prod.get(n.input[j])
+                a = n.input[1 - j]
+                if cst is not None and cst.op_type == "Cast" and types.get(cst.input[0]) == TensorProto.BOOL and types.get(a) in FLOATS:
+                    dt = FLOATS[types[a]]
+                    z = f"mw{k}_zero"
+                    g.initializer.append(numpy_helper.from_array(np.array(0, dtype=dt), z))
+                    nodes.append(helper.make_node("Where", [cst.input[0], a, z], [n.output[0]], name=f"mw{k}"))
+                    break
+            else:
+                nodes.append(n)
+            continue
+        nodes.append(n)
     rebuild(g, nodes)
 
 

@@ -52,6 +52,7 @@ func Rules() []Rule {
 		DropIdentity,
 		DropIdentityTranspose,
 		TransposeOfMatMul,
+		UnitBatchWeight,
 		DropNoOpCast,
 		DropRoundTripCast,
 		DropNoOpReshape,

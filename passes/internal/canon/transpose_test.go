@@ -31,3 +31,18 @@ func TestTransposeOfMatMul(t *testing.T) {
 			inputs: x, inits: k, outputs: []string{"y"}, noChange: true},
 	})
 }
+
+func TestUnitBatchWeight(t *testing.T) {
+	r := rand.New(rand.NewPCG(28, 29))
+	x3 := map[string]*eval.Tensor{"x": randF32(r, 2, 3, 8)}
+	x2 := map[string]*eval.Tensor{"x": randF32(r, 3, 8)}
+	w := map[string]*eval.Tensor{"w": randF32(r, 1, 8, 5), "w2": randF32(r, 2, 8, 5)}
+	runRuleCases(t, []Rule{UnitBatchWeight, DropDead}, []ruleCase{
+		{name: "rank-3 input by a [1, K, N] weight", nodes: []*pb.NodeProto{node("MatMul", []string{"x", "w"}, []string{"y"})},
+			inputs: x3, inits: w, outputs: []string{"y"}, want: map[string]int{"MatMul": 1}},
+		{name: "rank-2 input kept (the product gains an axis)", nodes: []*pb.NodeProto{node("MatMul", []string{"x", "w"}, []string{"y"})},
+			inputs: x2, inits: w, outputs: []string{"y"}, noChange: true},
+		{name: "a batch of two weights kept", nodes: []*pb.NodeProto{node("MatMul", []string{"x", "w2"}, []string{"y"})},
+			inputs: x3, inits: w, outputs: []string{"y"}, noChange: true},
+	})
+}

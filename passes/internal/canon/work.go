@@ -422,6 +422,28 @@ func (w *Work) AddConst(name string, t *eval.Tensor) (string, error) {
 	return name, nil
 }
 
+// AddView adds an initializer named name that holds t's data under other
+// dims with as many elements (raw or typed data shared, a side file's
+// location copied) and returns name. t must not be deferred.
+func (w *Work) AddView(name string, t *pb.TensorProto, dims []int64) string {
+	if w.dry {
+		return name
+	}
+	v := &pb.TensorProto{Name: proto.String(name), Dims: slices.Clone(dims), DataType: t.DataType, RawData: t.RawData,
+		FloatData: t.FloatData, Int32Data: t.Int32Data, Int64Data: t.Int64Data, DoubleData: t.DoubleData, Uint64Data: t.Uint64Data,
+		StringData: t.StringData, DataLocation: t.DataLocation}
+	for _, e := range t.ExternalData {
+		v.ExternalData = append(v.ExternalData, proto.Clone(e).(*pb.StringStringEntryProto))
+	}
+	w.G.AddInitializer(v)
+	if w.touch != nil {
+		for _, c := range w.G.Consumers(name) {
+			w.touch(c)
+		}
+	}
+	return name
+}
+
 // Int64s adds a new int64 initializer (a 1-D tensor of vals, or a scalar
 // when scalar is set) with a name from prefix, and returns its name.
 func (w *Work) Int64s(prefix string, scalar bool, vals ...int64) string {
