@@ -89,7 +89,37 @@ func (c *ctx) routerByEval(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) (bool,
 		c.adoptRouter(ri, s, cd, run, postBias)
 		return true, nil
 	}
+	if why := c.unevenGroups(tk, run.W); why != "" {
+		return true, rejectf("%s", why)
+	}
 	return true, rejectf("%s", run.explain(cands, ref))
+}
+
+// unevenGroups says why a router that no candidate expresses groups its W
+// scores in a way no group-limited router does: a Reshape between the
+// router linear and the TopK to [..., G, S] with G·S ≠ W (G groups of S
+// experts do not hold the W experts, so each row of groups takes scores of
+// more than one token), or "" when there is none.
+func (c *ctx) unevenGroups(tk *pb.NodeProto, W int) string {
+	isMM := func(n *pb.NodeProto) bool { return n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm" }
+	var found []*pb.NodeProto
+	for n := range c.backwardTo(tk.Input[0], isMM) {
+		if n.GetOpType() != "Reshape" || len(n.Input) < 2 {
+			continue
+		}
+		sh := c.constInts(n.Input[1])
+		if len(sh) >= 3 && sh[len(sh)-2] > 1 && sh[len(sh)-1] > 0 && sh[len(sh)-2]*sh[len(sh)-1] != int64(W) {
+			found = append(found, n)
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	c.sortByOrder(found)
+	n := found[0]
+	sh := c.constInts(n.Input[1])
+	g, e := sh[len(sh)-2], sh[len(sh)-1]
+	return fmt.Sprintf("group-limited routing over uneven groups: Reshape %q groups the router's %d scores as %d groups of %d, which do not hold them (the number of experts is not a multiple of the groups), so each row of groups mixes the scores of several tokens; ai.mok::MoE expresses groups that divide the experts", graph.NodeLabel(n), W, g, e)
 }
 
 // gemmHasBias reports whether n is a Gemm with a bias input.
