@@ -477,7 +477,9 @@ func (m *Model) CopyTensorRange(w io.Writer, t *pb.TensorProto, off, n int64) er
 		if off+n > d.Size {
 			return fmt.Errorf("initializer %q: range %d+%d past its %d bytes", t.GetName(), off, n, d.Size)
 		}
-		rw := &rangeWriter{w: w, skip: 0, left: n}
+		// A producer of ranges writes the range; another writes the
+		// whole tensor, of which the range is kept.
+		rw := &rangeWriter{w: w, left: n}
 		var err error
 		if d.Range != nil {
 			err = d.Range(rw, off, n)

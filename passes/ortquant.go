@@ -27,9 +27,13 @@ type qmoeStack struct {
 	E, N, K, groups int
 	pack, chunkRows int    // codes a byte; rows dequantized at a time
 	node, what      string // for errors
-	// buffers of one reader (see clone)
-	codeBuf, scBuf, zpBuf, outBuf []byte
-	scales, rowsBuf               []float32
+}
+
+// qmoeBufs are the buffers of one read of a qmoeStack: each read has its
+// own, as two readers (the check ahead of the writer) may read at once.
+type qmoeBufs struct {
+	code, sc, zp, out []byte
+	scales, rows      []float32
 }
 
 // qmoeRowsMade, set by tests only, is called with the number of rows each
@@ -76,38 +80,30 @@ func newQMoEStack(m *graph.Model, a *ortmoe.Attrs, codes, sc, zp *pb.TensorProto
 }
 
 // deferred registers the stack's float32 tensor, named name, on s.m and
-// returns it. Each read (the whole tensor, or a range) runs with buffers
-// of its own, as two readers (the check ahead of the writer) may read at
-// once.
+// returns it: the whole tensor and its ranges are made by writeRange.
 func (s *qmoeStack) deferred(name string) *pb.TensorProto {
 	t := &pb.TensorProto{Name: proto.String(name), Dims: []int64{int64(s.E), int64(s.N), int64(s.K)},
 		DataType: proto.Int32(int32(pb.TensorProto_FLOAT))}
 	size := int64(4 * s.E * s.N * s.K)
 	s.m.SetDeferred(t, graph.DeferredData{Size: size, Inline: !graph.IsExternal(s.codes),
-		Write: func(w io.Writer) error { return s.clone().writeRange(w, 0, size) },
-		Range: func(w io.Writer, off, n int64) error { return s.clone().writeRange(w, off, n) }})
+		Write: func(w io.Writer) error { return s.writeRange(w, 0, size) },
+		Range: s.writeRange})
 	return t
-}
-
-// clone returns a copy of s with buffers of its own.
-func (s *qmoeStack) clone() *qmoeStack {
-	c := *s
-	c.codeBuf, c.scBuf, c.zpBuf, c.scales, c.rowsBuf, c.outBuf = nil, nil, nil, nil, nil, nil
-	return &c
 }
 
 // writeRange writes bytes [off, off+n) of the dequantized stack to w.
 func (s *qmoeStack) writeRange(w io.Writer, off, n int64) error {
 	rowBytes := int64(4 * s.K)
 	r1 := (off + n + rowBytes - 1) / rowBytes
+	b := &qmoeBufs{}
 	for r := off / rowBytes; r < r1; r += int64(s.chunkRows) {
 		k := min(int64(s.chunkRows), r1-r)
-		b, err := s.rows(int(r), int(k))
+		out, err := s.rows(b, int(r), int(k))
 		if err != nil {
 			return fmt.Errorf("QMoE node %q %s: %w", s.node, s.what, err)
 		}
 		lo, hi := max(off-r*rowBytes, 0), min(off+n-r*rowBytes, k*rowBytes)
-		if _, err := w.Write(b[lo:hi]); err != nil {
+		if _, err := w.Write(out[lo:hi]); err != nil {
 			return err
 		}
 	}
@@ -115,21 +111,21 @@ func (s *qmoeStack) writeRange(w io.Writer, off, n int64) error {
 }
 
 // rows returns rows r .. r+k of the stack (rows of K values, expert e's
-// starting at row e·N), dequantized, as little-endian float32 bytes.
-func (s *qmoeStack) rows(r, k int) ([]byte, error) {
+// starting at row e·N), dequantized into b, as little-endian float32 bytes.
+func (s *qmoeStack) rows(b *qmoeBufs, r, k int) ([]byte, error) {
 	rowCodes := s.K / s.pack
-	s.codeBuf = resizedBytes(s.codeBuf, k*rowCodes)
-	if err := readStored(s.m, s.codes, s.codeBuf, int64(r*rowCodes)); err != nil {
+	b.code = resizedBytes(b.code, k*rowCodes)
+	if err := readStored(s.m, s.codes, b.code, int64(r*rowCodes)); err != nil {
 		return nil, err
 	}
 	dt := graph.DataType(s.sc)
 	es := graph.ElemBits(dt) / 8
-	s.scBuf = resizedBytes(s.scBuf, k*s.groups*es)
-	if err := readStored(s.m, s.sc, s.scBuf, int64(r*s.groups*es)); err != nil {
+	b.sc = resizedBytes(b.sc, k*s.groups*es)
+	if err := readStored(s.m, s.sc, b.sc, int64(r*s.groups*es)); err != nil {
 		return nil, err
 	}
-	s.scales = resized(s.scales, k*s.groups)
-	if err := graph.DecodeFloat32Into(dt, s.scBuf, s.scales); err != nil {
+	b.scales = resized(b.scales, k*s.groups)
+	if err := graph.DecodeFloat32Into(dt, b.sc, b.scales); err != nil {
 		return nil, fmt.Errorf("scales %q: %w", s.sc.GetName(), err)
 	}
 	var zp []byte
@@ -137,22 +133,22 @@ func (s *qmoeStack) rows(r, k int) ([]byte, error) {
 	if s.zp != nil {
 		first, last := r*s.groups, (r+k)*s.groups // zero points of these rows
 		lo, hi := first/s.pack, (last+s.pack-1)/s.pack
-		s.zpBuf = resizedBytes(s.zpBuf, hi-lo)
-		if err := readStored(s.m, s.zp, s.zpBuf, int64(lo)); err != nil {
+		b.zp = resizedBytes(b.zp, hi-lo)
+		if err := readStored(s.m, s.zp, b.zp, int64(lo)); err != nil {
 			return nil, err
 		}
-		zp, zOff = s.zpBuf, first-lo*s.pack
+		zp, zOff = b.zp, first-lo*s.pack
 	}
-	s.rowsBuf = resized(s.rowsBuf, k*s.K)
+	b.rows = resized(b.rows, k*s.K)
 	if qmoeRowsMade != nil {
 		qmoeRowsMade(k)
 	}
-	s.a.DequantizeRows(s.rowsBuf, s.codeBuf, s.scales, zp, zOff, s.K, s.groups)
-	s.outBuf = resizedBytes(s.outBuf, 4*len(s.rowsBuf))
-	for i, v := range s.rowsBuf {
-		binary.LittleEndian.PutUint32(s.outBuf[4*i:], math.Float32bits(v))
+	s.a.DequantizeRows(b.rows, b.code, b.scales, zp, zOff, s.K, s.groups)
+	b.out = resizedBytes(b.out, 4*len(b.rows))
+	for i, v := range b.rows {
+		binary.LittleEndian.PutUint32(b.out[4*i:], math.Float32bits(v))
 	}
-	return s.outBuf, nil
+	return b.out, nil
 }
 
 // readStored fills p with t's stored bytes from byte off on, wherever they

@@ -82,9 +82,8 @@ func (c *ctx) corrCandidates(tk *pb.NodeProto, ri *routerInfo, run *routingRun) 
 	if ri.corr != nil {
 		out = []*pb.TensorProto{ri.corr, nil}
 	}
-	isMM := func(n *pb.NodeProto) bool { return n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm" }
 	var adds []*pb.NodeProto
-	for n := range c.backwardTo(tk.Input[0], isMM) {
+	for n := range c.backwardTo(tk.Input[0], isLinear) {
 		if n.GetOpType() == "Add" && len(n.Input) == 2 && run.vals[n.Output[0]] != nil {
 			adds = append(adds, n)
 		}
@@ -120,9 +119,8 @@ func (c *ctx) groupCandidates(tk *pb.NodeProto, ri *routerInfo) []moe.Spec {
 	if ri.nGroup > 1 {
 		out[0], out[1] = out[1], out[0]
 	}
-	isMM := func(n *pb.NodeProto) bool { return n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm" }
 	var wheres []*pb.NodeProto
-	for n := range c.backwardTo(tk.Input[0], isMM) {
+	for n := range c.backwardTo(tk.Input[0], isLinear) {
 		if n.GetOpType() == "Where" {
 			wheres = append(wheres, n)
 		}

@@ -101,9 +101,8 @@ func (c *ctx) routerByEval(tk *pb.NodeProto, ri *routerInfo, s *moe.Spec) (bool,
 // experts do not hold the W experts, so each row of groups takes scores of
 // more than one token), or "" when there is none.
 func (c *ctx) unevenGroups(tk *pb.NodeProto, W int) string {
-	isMM := func(n *pb.NodeProto) bool { return n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm" }
 	var found []*pb.NodeProto
-	for n := range c.backwardTo(tk.Input[0], isMM) {
+	for n := range c.backwardTo(tk.Input[0], isLinear) {
 		if n.GetOpType() != "Reshape" || len(n.Input) < 2 {
 			continue
 		}

@@ -24,15 +24,14 @@ import (
 // a selection of its output columns) folded into the weight and bias. Its
 // activation, order, correction bias and groups are left to evaluation.
 func (c *ctx) routerByStructure(tk *pb.NodeProto) (*routerInfo, error) {
-	isMM := func(n *pb.NodeProto) bool { return n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm" }
 	// A Shape or Size reads its input's shape, not its values: scores
 	// made from a router's shape alone do not depend on the hidden state.
 	cone := c.backwardTo(tk.Input[0], func(n *pb.NodeProto) bool {
-		return isMM(n) || n.GetOpType() == "Shape" || n.GetOpType() == "Size"
+		return isLinear(n) || n.GetOpType() == "Shape" || n.GetOpType() == "Size"
 	})
 	var lins, computed []*pb.NodeProto
 	for n := range cone {
-		if !isMM(n) {
+		if !isLinear(n) {
 			continue
 		}
 		if c.linearWeight(n) != nil {

@@ -340,6 +340,10 @@ func selects(funcs map[string]*pb.FunctionProto, ns []*pb.NodeProto, seen map[*p
 	return false
 }
 
+// isLinear reports whether n is a MatMul or Gemm: where the walks back
+// from a router's TopK stop (the router linear, or an earlier layer's).
+func isLinear(n *pb.NodeProto) bool { return n.GetOpType() == "MatMul" || n.GetOpType() == "Gemm" }
+
 // isProjection reports whether n is a matrix product an expert may be made
 // of.
 func isProjection(n *pb.NodeProto) bool {

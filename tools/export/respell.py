@@ -76,6 +76,37 @@ def rebuild(g, nodes):
     g.node.extend(nodes)
 
 
+def after_outputs(m, ops, suffix, make):
+    """Renames the first output o of every node whose op is in ops to o + suffix and puts the
+    nodes make(k, o + suffix, o) returns (those that compute o from it) after the node; k is
+    the node's position. make returns None to leave the node as it is."""
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        nodes.append(n)
+        if n.op_type not in ops:
+            continue
+        o = n.output[0]
+        extra = make(k, o + suffix, o)
+        if extra is not None:
+            n.output[0] = o + suffix
+            nodes += extra
+    rebuild(g, nodes)
+
+
+def by_const_after(m, ops, suffix, op, value, cname, nname):
+    """after_outputs with op(o, value) (an identity: Add 0, Div 1) after every float output, its
+    constant named cname + k in the output's type and its node nname + k."""
+    types = value_types(m)
+
+    def make(k, pre, o):
+        dt = FLOATS.get(types.get(o))
+        if dt is None:
+            return None
+        m.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=dt), f"{cname}{k}"))
+        return [helper.make_node(op, [pre, f"{cname}{k}"], [o], name=f"{nname}{k}")]
+    after_outputs(m, ops, suffix, make)
+
+
 def consts(g):
     d = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     for n in g.node:
@@ -236,15 +267,8 @@ def t_topkneg(m):
 
 
 def t_mul1(m):
-    g, nodes = m.graph, []
-    g.initializer.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one__"))
-    for k, n in enumerate(g.node):
-        nodes.append(n)
-        if n.op_type == "Sigmoid":
-            o = n.output[0]
-            n.output[0] = o + "__m1"
-            nodes.append(helper.make_node("Mul", [o + "__m1", "one__"], [o], name=f"m1_{k}"))
-    rebuild(g, nodes)
+    m.graph.initializer.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one__"))
+    after_outputs(m, ("Sigmoid",), "__m1", lambda k, pre, o: [helper.make_node("Mul", [pre, "one__"], [o], name=f"m1_{k}")])
 
 
 def t_sigmoid(m):
@@ -604,14 +628,7 @@ def t_onehot(m):
 
 
 def t_dropout(m):
-    g, nodes = m.graph, []
-    for k, n in enumerate(g.node):
-        nodes.append(n)
-        if n.op_type == "MatMul":
-            o = n.output[0]
-            n.output[0] = o + "__pre_dropout"
-            nodes.append(helper.make_node("Dropout", [o + "__pre_dropout"], [o], name=f"dr{k}"))
-    rebuild(g, nodes)
+    after_outputs(m, ("MatMul",), "__pre_dropout", lambda k, pre, o: [helper.make_node("Dropout", [pre], [o], name=f"dr{k}")])
 
 
 def t_splitgu(m):
@@ -743,28 +760,12 @@ def t_int32ids(m):
 
 
 def t_add0(m):
-    g, nodes, types = m.graph, [], value_types(m)
-    for k, n in enumerate(g.node):
-        nodes.append(n)
-        dt = FLOATS.get(types.get(n.output[0])) if n.op_type == "MatMul" else None
-        if dt is not None:
-            o = n.output[0]
-            n.output[0] = o + "__pre_add0"
-            g.initializer.append(numpy_helper.from_array(np.array(0, dtype=dt), f"zero{k}"))
-            nodes.append(helper.make_node("Add", [o + "__pre_add0", f"zero{k}"], [o], name=f"a0_{k}"))
-    rebuild(g, nodes)
+    by_const_after(m, ("MatMul",), "__pre_add0", "Add", 0, "zero", "a0_")
 
 
 def t_neg2(m):
-    g, nodes = m.graph, []
-    for k, n in enumerate(g.node):
-        nodes.append(n)
-        if n.op_type in ("Softmax", "Sigmoid"):
-            o = n.output[0]
-            n.output[0] = o + "__pre_neg2"
-            nodes += [helper.make_node("Neg", [o + "__pre_neg2"], [o + "__neg"], name=f"ng{k}a"),
-                      helper.make_node("Neg", [o + "__neg"], [o], name=f"ng{k}b")]
-    rebuild(g, nodes)
+    after_outputs(m, ("Softmax", "Sigmoid"), "__pre_neg2", lambda k, pre, o: [
+        helper.make_node("Neg", [pre], [o + "__neg"], name=f"ng{k}a"), helper.make_node("Neg", [o + "__neg"], [o], name=f"ng{k}b")])
 
 
 def t_topklogits(m):
@@ -820,16 +821,7 @@ def t_whererelu(m):
 
 
 def t_div1(m):
-    g, nodes, types = m.graph, [], value_types(m)
-    for k, n in enumerate(g.node):
-        nodes.append(n)
-        dt = FLOATS.get(types.get(n.output[0])) if n.op_type in ("Softmax", "Sigmoid", "MatMul") else None
-        if dt is not None:
-            o = n.output[0]
-            n.output[0] = o + "__pre_div1"
-            g.initializer.append(numpy_helper.from_array(np.array(1, dtype=dt), f"one{k}"))
-            nodes.append(helper.make_node("Div", [o + "__pre_div1", f"one{k}"], [o], name=f"d1_{k}"))
-    rebuild(g, nodes)
+    by_const_after(m, ("Softmax", "Sigmoid", "MatMul"), "__pre_div1", "Div", 1, "one", "d1_")
 
 
 def t_reassoc(m):

@@ -44,13 +44,7 @@ var SpelledSoftmax = Rule{
 		if len(axes) != 1 {
 			return false, nil
 		}
-		x := ex.Input[0]
-		if sub := w.Producer(x); sub != nil && sub.GetOpType() == "Sub" && sub.GetDomain() == "" && len(sub.Input) == 2 {
-			if mx := w.Producer(sub.Input[1]); mx != nil && keptReduce(mx, "ReduceMax") && mx.Input[0] == sub.Input[0] &&
-				sameAxis(w, sub.Input[0], reduceAxes(w, mx), axes[0]) {
-				x = sub.Input[0]
-			}
-		}
+		x := unshifted(w, ex.Input[0], axes[0])
 		w.Replace(n, graph.NewNode("Softmax", "", n.GetName(), []string{x}, []string{n.Output[0]}, graph.IntAttr("axis", axes[0])))
 		return true, nil
 	},
@@ -134,12 +128,17 @@ func logSumExpOf(w *Work, s, v string) (string, int64, bool) {
 	if len(axes) != 1 {
 		return "", 0, false
 	}
-	x := s
+	return unshifted(w, s, axes[0]), axes[0], true
+}
+
+// unshifted returns x when s is x - ReduceMax(x) over axis (kept), the
+// shift that softmax and log-softmax are invariant to, and s otherwise.
+func unshifted(w *Work, s string, axis int64) string {
 	if sub := w.Producer(s); sub != nil && sub.GetOpType() == "Sub" && sub.GetDomain() == "" && len(sub.Input) == 2 {
 		if mx := w.Producer(sub.Input[1]); mx != nil && keptReduce(mx, "ReduceMax") && mx.Input[0] == sub.Input[0] &&
-			sameAxis(w, sub.Input[0], reduceAxes(w, mx), axes[0]) {
-			x = sub.Input[0]
+			sameAxis(w, sub.Input[0], reduceAxes(w, mx), axis) {
+			return sub.Input[0]
 		}
 	}
-	return x, axes[0], true
+	return s
 }

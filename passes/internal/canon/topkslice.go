@@ -53,25 +53,18 @@ var TopKSlice = Rule{
 		// The first slice of each output names it; another slice of the
 		// same output (two readers of the first k) is a copy of it.
 		outs := []string{"", ""}
-		var copies []*pb.NodeProto
 		for i, ss := range slices {
-			for j, s := range ss {
-				if j == 0 {
-					outs[i] = s.Output[0]
-					w.Remove(s)
-					continue
-				}
-				copies = append(copies, s)
+			if len(ss) > 0 {
+				outs[i] = ss[0].Output[0]
+				w.Remove(ss[0])
 			}
 		}
 		k := w.Int64s(n.GetName()+"/k", false, kk)
 		w.Replace(n, graph.NewNode("TopK", "", n.GetName(), []string{n.Input[0], k}, outs, attrs...))
-		for _, s := range copies {
-			src := outs[0]
-			if s.Input[0] == n.Output[1] {
-				src = outs[1]
+		for i, ss := range slices {
+			for j := 1; j < len(ss); j++ {
+				w.Replace(ss[j], w.Node("Identity", "", ss[j].GetName(), []string{outs[i]}, ss[j].Output))
 			}
-			w.Replace(s, w.Node("Identity", "", s.GetName(), []string{src}, s.Output))
 		}
 		return true, nil
 	},
