@@ -275,7 +275,7 @@ func (c *ctx) runRouting(tk *pb.NodeProto, logits, x string, W, H int) (*routing
 	}
 	var out map[string]*eval.Tensor
 	var run *routingRun
-	for _, shape := range c.probeShapes(logits, x, W, H) {
+	for _, shape := range c.probeShapes(logits, x, W, H, bakedShapes(nodes, inits, W)) {
 		T := 1
 		for _, d := range shape[:len(shape)-1] {
 			T *= d
@@ -401,9 +401,11 @@ func (run *routingRun) readTopK(tk *pb.NodeProto) error {
 // probeShapes are the shapes to try for the probe logits, W wide: the
 // logits' declared shape when it is static; the router input's, or a graph
 // input's of the router's hidden size, with W for its last dim (a traced
-// export bakes its token count into shape constants); 16 tokens in the
+// export bakes its token count into shape constants); baked, the shapes of
+// the routing's own constants W wide (the -inf rows a trace scatters its
+// top-k into, when the graph declares no static dims); 16 tokens in the
 // logits' rank.
-func (c *ctx) probeShapes(logits, x string, W, H int) [][]int {
+func (c *ctx) probeShapes(logits, x string, W, H int, baked [][]int) [][]int {
 	r := c.rankOf(logits)
 	if r < 0 {
 		r = c.rankInfer(logits)
@@ -441,11 +443,41 @@ func (c *ctx) probeShapes(logits, x string, W, H int) [][]int {
 			add(append(slices.Clone(dims[:len(dims)-1]), W))
 		}
 	}
+	for _, dims := range baked {
+		add(dims)
+	}
 	def := []int{16, W}
 	for len(def) < max(r, 2) {
 		def = append([]int{1}, def...)
 	}
 	add(def)
+	return out
+}
+
+// bakedShapes returns the shapes of the routing closure's constants (its
+// initializers and Constant nodes) of rank 2 or more whose last dim is W,
+// in the closure's order.
+func bakedShapes(nodes []*pb.NodeProto, inits []*pb.TensorProto, W int) [][]int {
+	ts := slices.Clone(inits)
+	for _, n := range nodes {
+		if n.GetOpType() == "Constant" {
+			if t := graph.AttrTensor(n, "value"); t != nil {
+				ts = append(ts, t)
+			}
+		}
+	}
+	var out [][]int
+	for _, t := range ts {
+		d := t.GetDims()
+		if len(d) < 2 || d[len(d)-1] != int64(W) {
+			continue
+		}
+		dims := make([]int, len(d))
+		for i, v := range d {
+			dims[i] = int(v)
+		}
+		out = append(out, dims)
+	}
 	return out
 }
 

@@ -59,11 +59,7 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 			if f, ok := c.scalarFloat(wh.Input[1]); !ok || !math.IsInf(float64(f), -1) {
 				continue
 			}
-			gt := c.producerOp(wh.Input[0]) // through a Cast to bool
-			if gt == nil || gt.GetOpType() != "Greater" {
-				continue
-			}
-			thr, ok := c.scalarFloat(gt.Input[1])
+			thr, ok := c.maskThreshold(c.producerOp(wh.Input[0])) // through a Cast to bool
 			if !ok || (!math.IsNaN(float64(info.thr)) && thr != info.thr) {
 				continue
 			}
@@ -119,6 +115,19 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 	}
 	c.synPos[syn] = last
 	return syn
+}
+
+// maskThreshold returns the constant t of a mask written m > t or t < m.
+func (c *ctx) maskThreshold(cmp *pb.NodeProto) (float32, bool) {
+	switch {
+	case cmp == nil || cmp.GetDomain() != "" || len(cmp.Input) != 2:
+		return 0, false
+	case cmp.GetOpType() == "Greater":
+		return c.scalarFloat(cmp.Input[1])
+	case cmp.GetOpType() == "Less":
+		return c.scalarFloat(cmp.Input[0])
+	}
+	return 0, false
 }
 
 // concatOf returns the output of a Concat over the last axis whose inputs

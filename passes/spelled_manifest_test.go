@@ -2,6 +2,7 @@ package passes
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
 
 // spelledOpen lists the cases of testdata/spelled whose expected verdict is
@@ -102,11 +104,35 @@ func checkGoldens(t *testing.T, m *graph.Model, data string) {
 		if len(ds.Outputs) != len(m.Proto.Graph.Output) {
 			t.Fatalf("%s: %d golden outputs for %d graph outputs", s, len(ds.Outputs), len(m.Proto.Graph.Output))
 		}
+		rtol, atolOf := goldenTolerance(m)
 		for i, o := range m.Proto.Graph.Output {
-			d, err := eval.Compare(out[o.GetName()], ds.Outputs[i], 1e-4, 1e-5)
+			d, err := eval.Compare(out[o.GetName()], ds.Outputs[i], rtol, atolOf(ds.Outputs[i]))
 			if err != nil || !d.OK() {
 				t.Errorf("%s output %q: fused vs ONNX Runtime golden %+v %v", filepath.Base(s), o.GetName(), d, err)
 			}
 		}
+	}
+}
+
+// goldenTolerance is how closely m must reproduce ONNX Runtime's goldens:
+// rtol 1e-4 and atol 1e-5, or, where m holds float16 or bfloat16 weights
+// (a half-precision model, whose goldens ONNX Runtime computed at that
+// precision), the type's tolerance with atol that fraction of the
+// golden's peak, as verify judges such a model.
+func goldenTolerance(m *graph.Model) (float64, func(*eval.Tensor) float64) {
+	half := pb.TensorProto_UNDEFINED
+	for _, t := range m.Proto.GetGraph().GetInitializer() {
+		half = graph.CoarserHalf(half, graph.DataType(t))
+	}
+	rel, ok := eval.HalfTolerance(half)
+	if !ok {
+		return 1e-4, func(*eval.Tensor) float64 { return 1e-5 }
+	}
+	return rel, func(g *eval.Tensor) float64 {
+		peak := 0.0
+		for i := range g.Len() {
+			peak = max(peak, math.Abs(g.Float64At(i)))
+		}
+		return rel * peak
 	}
 }

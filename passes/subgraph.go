@@ -73,6 +73,10 @@ type scopeEnv struct {
 	// binds holds, per subgraph, the values it read from outside the first
 	// time the original model ran it (nil when the check is off).
 	binds map[*pb.GraphProto]map[string]*eval.Tensor
+	// bindErr is why the run that bound them failed on every random input
+	// it tried (nil when one ran, or the user gave check data): the
+	// subgraphs then saw values the model cannot compute.
+	bindErr error
 	// names holds every value and node name of the model, all scopes, and
 	// those the scoped rewrite added: new names are made unique against it.
 	names map[string]bool
@@ -107,8 +111,8 @@ func standalone(pm *graph.Model, pg *graph.Graph, s scopeSite, bind map[string]*
 	}
 	for _, v := range g.Input {
 		vi := proto.Clone(v).(*pb.ValueInfoProto)
-		if vi.Type == nil && bind[v.GetName()] != nil {
-			vi.Type = tensorTypeOf(bind[v.GetName()])
+		if t := bind[v.GetName()]; t != nil {
+			vi.Type = withRankOf(vi.Type, t)
 		}
 		gp.Input = append(gp.Input, vi)
 	}
@@ -243,6 +247,28 @@ func declaredValues(gp *pb.GraphProto) map[string]*pb.ValueInfoProto {
 	return out
 }
 
+// withRankOf returns typ, or t's type where typ is nil, with a shape of t's
+// rank where typ declares none: dims without sizes (a body input sliced by
+// a Scan, a loop-carried value, may change its sizes between iterations,
+// not its rank), so that detection in the body knows the rank of what it
+// reads, as it does at the top level.
+func withRankOf(typ *pb.TypeProto, t *eval.Tensor) *pb.TypeProto {
+	if typ == nil {
+		return tensorTypeOf(t)
+	}
+	tt := typ.GetTensorType()
+	if tt == nil || tt.Shape != nil {
+		return typ
+	}
+	typ = proto.Clone(typ).(*pb.TypeProto)
+	sh := &pb.TensorShapeProto{}
+	for range t.Shape {
+		sh.Dim = append(sh.Dim, &pb.TensorShapeProto_Dimension{})
+	}
+	typ.GetTensorType().Shape = sh
+	return typ
+}
+
 // tensorTypeOf is the type of t, with its static shape.
 func tensorTypeOf(t *eval.Tensor) *pb.TypeProto {
 	sh := &pb.TensorShapeProto{}
@@ -257,8 +283,10 @@ func tensorTypeOf(t *eval.Tensor) *pb.TypeProto {
 // seeds while a run fails, as the check does) and returns, per subgraph,
 // the values it read from outside the first time it ran (an If's branch
 // not taken included). A subgraph missing from the result (none of the
-// runs reached it) is checked on random inputs.
-func collectBindings(ctx context.Context, m *graph.Model, opt Options) map[*pb.GraphProto]map[string]*eval.Tensor {
+// runs reached it) is checked on random inputs. The error is the last
+// run's when every random input failed (the bindings are then that run's,
+// as far as it got).
+func collectBindings(ctx context.Context, m *graph.Model, opt Options) (map[*pb.GraphProto]map[string]*eval.Tensor, error) {
 	em := Evaluable(ctx, m)
 	for seed := uint64(1); seed <= 12; seed++ {
 		var feeds map[string]*eval.Tensor
@@ -267,7 +295,7 @@ func collectBindings(ctx context.Context, m *graph.Model, opt Options) map[*pb.G
 		} else {
 			f, err := checkFeeds(m, seed, scopeCheckTokens, opt.MemLimit)
 			if err != nil {
-				return nil
+				return nil, nil
 			}
 			feeds = f
 		}
@@ -278,11 +306,14 @@ func collectBindings(ctx context.Context, m *graph.Model, opt Options) map[*pb.G
 			}
 		}
 		_, err := eval.Run(ctx, em, feeds, eval.Options{MemLimit: opt.MemLimit, Kernels: evalKernels(), OnSubgraph: hook})
-		if err == nil || len(opt.CheckData) > 0 || ctx.Err() != nil || seed == 12 {
-			return binds
+		if err == nil || len(opt.CheckData) > 0 || ctx.Err() != nil {
+			return binds, nil
+		}
+		if seed == 12 {
+			return binds, err
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // scopeCheckTokens is the distinct tokens of the run that binds

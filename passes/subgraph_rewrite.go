@@ -49,7 +49,7 @@ func rewriteScopes(m *graph.Model, opt Options) (*Report, error) {
 		}
 	}
 	if opt.Check {
-		env.binds = collectBindings(ctx, target, opt)
+		env.binds, env.bindErr = collectBindings(ctx, target, opt)
 	}
 	rep, err := rewriteScoped(target, opt, env, unsearchedFunctions(m))
 	if err != nil || len(rep.Fused) == 0 {
@@ -188,7 +188,11 @@ func rewriteSite(m *graph.Model, g *graph.Graph, s scopeSite, opt Options, env *
 		}
 	}
 	if err != nil {
-		return siteResult{site: s, rep: &Report{Refused: unsearched(s.g, where, "the subgraph could not be rewritten: "+err.Error())}}
+		why := "the subgraph could not be rewritten: " + err.Error()
+		if env.bindErr != nil {
+			why += fmt.Sprintf("; the values it was checked on come from a run of the model on random inputs of its declared dims, which fails (%v): the graph's shapes do not follow its declared input dims (a trace with static shapes inside?); pass inputs like the export's with --check-data (an ONNX test data folder)", env.bindErr)
+		}
+		return siteResult{site: s, rep: &Report{Refused: unsearched(s.g, where, why)}}
 	}
 	out := &Report{}
 	for _, n := range rep.NearMiss {

@@ -60,6 +60,17 @@ Transforms:
   reassoc    Mul(Mul(a, b), c) by a scalar constant c written Mul(a, Mul(b, c))
   w3d        x @ W of a rank-3 x and a 2-D initializer W written x @ W[None] (a [1, K, N] weight)
   maskwhere  a * Cast(m) of a boolean m written Where(m, a, 0)
+  stackw     2-D MatMul weights of one shape stacked in one initializer, each read back as Gather(stack, i)
+  sigtanh    Sigmoid(x) written (1 + Tanh(x / 2)) / 2
+  gathernd   Gather(x, i) on axis 0 by a rank-1 int64 i written GatherND(x, Unsqueeze(i, -1))
+  togemm     x @ W of a 2-D x and a 2-D initializer W written Gemm(x, W)
+  flatten    Reshape(x, [-1, c]) of x whose last dim is c written Flatten(x, rank - 1)
+  notwhere   Where(c, a, b) written Where(Not(c), b, a)
+  flipcmp    Greater(a, b) written Less(b, a), and the other order comparisons likewise
+  softmaxt   Softmax(x) of a 2-D x over its last axis written Transpose(Softmax(Transpose(x), axis=0))
+  stacksum   a + b of one known shape written ReduceSum(Concat(a[None], b[None]), 0)
+  scan       the whole graph inside a Scan over its first input unsqueezed (outputs squeezed after)
+  dynin      every dim of the graph's inputs and outputs but the last made symbolic (value_info dropped)
 """
 import copy
 import os
@@ -879,6 +890,180 @@ def t_maskwhere(m):
             continue
         nodes.append(n)
     rebuild(g, nodes)
+
+
+def t_stackw(m):
+    ins = {i.name for i in m.graph.input}
+    g, inits = m.graph, {t.name: t for t in m.graph.initializer if t.name not in ins}
+    groups = {}
+    for n in g.node:
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) > 1 else None
+        if w is not None and len(w.dims) == 2:
+            names = groups.setdefault((tuple(w.dims), w.data_type), [])
+            if w.name not in names:
+                names.append(w.name)
+    lead, rename = [], {}
+    for j, names in enumerate(v for v in groups.values() if len(v) > 1):
+        stack = f"stk{j}"
+        g.initializer.append(numpy_helper.from_array(np.stack([numpy_helper.to_array(inits[w]) for w in names]), stack))
+        for i, w in enumerate(names):
+            rename[w] = f"{stack}_{i}"
+            lead.append(helper.make_node("Gather", [stack, _ints(g, f"{stack}_i{i}", i)], [rename[w]], axis=0, name=f"{stack}g{i}"))
+    if not rename:
+        return
+    for n in g.node:
+        if n.op_type == "MatMul" and n.input[1] in rename:
+            n.input[1] = rename[n.input[1]]
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep = [t for t in g.initializer if t.name not in rename or t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    rebuild(g, lead + list(g.node))
+
+
+def t_sigtanh(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if n.op_type == "Sigmoid" else None
+        if dt is None:
+            nodes.append(n)
+            continue
+        p = f"st{k}"
+        g.initializer.append(numpy_helper.from_array(np.array(0.5, dtype=dt), p + "_h"))
+        g.initializer.append(numpy_helper.from_array(np.array(1, dtype=dt), p + "_one"))
+        nodes += [helper.make_node("Mul", [n.input[0], p + "_h"], [p + "_x"], name=p + "a"),
+                  helper.make_node("Tanh", [p + "_x"], [p + "_t"], name=p + "b"),
+                  helper.make_node("Add", [p + "_t", p + "_one"], [p + "_s"], name=p + "c"),
+                  helper.make_node("Mul", [p + "_s", p + "_h"], [n.output[0]], name=n.name or p + "d")]
+    rebuild(g, nodes)
+
+
+def t_gathernd(m):
+    g, nodes, ranks, types = m.graph, [], value_ranks(m), value_types(m)
+    for k, n in enumerate(g.node):
+        axis = [a.i for a in n.attribute if a.name == "axis"]
+        if n.op_type == "Gather" and (axis or [0])[0] == 0 and ranks.get(n.input[1]) == 1 and types.get(n.input[1]) == TensorProto.INT64:
+            nodes.append(axes_node(m, "Unsqueeze", n.input[1], f"gnd{k}_i", [1], f"gnd{k}u"))
+            nodes.append(helper.make_node("GatherND", [n.input[0], f"gnd{k}_i"], [n.output[0]], name=n.name or f"gnd{k}"))
+            continue
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_togemm(m):
+    g, ranks, inits = m.graph, value_ranks(m), {t.name: t for t in m.graph.initializer}
+    for n in g.node:
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
+        if w is not None and len(w.dims) == 2 and ranks.get(n.input[0]) == 2:
+            n.op_type = "Gemm"
+
+
+def t_flatten(m):
+    g, c = m.graph, consts(m.graph)
+    inferred = onnx.shape_inference.infer_shapes(m).graph
+    dims = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in list(inferred.value_info) + list(inferred.input) if v.type.tensor_type.HasField("shape")}
+    for n in g.node:
+        shape = c.get(n.input[1]) if n.op_type == "Reshape" else None
+        d = dims.get(n.input[0]) if shape is not None else None
+        if d and shape.size == 2 and shape[0] == -1 and d[-1] == shape[1] and len(d) >= 2:
+            n.op_type = "Flatten"
+            del n.input[1:]
+            del n.attribute[:]
+            n.attribute.append(helper.make_attribute("axis", len(d) - 1))
+
+
+def t_notwhere(m):
+    g, nodes = m.graph, []
+    for k, n in enumerate(g.node):
+        if n.op_type == "Where":
+            nodes.append(helper.make_node("Not", [n.input[0]], [f"nw{k}"], name=f"nw{k}n"))
+            n.input[0], n.input[1], n.input[2] = f"nw{k}", n.input[2], n.input[1]
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_flipcmp(m):
+    flip = {"Greater": "Less", "Less": "Greater", "GreaterOrEqual": "LessOrEqual", "LessOrEqual": "GreaterOrEqual"}
+    for n in m.graph.node:
+        if n.op_type in flip:
+            n.op_type = flip[n.op_type]
+            n.input[0], n.input[1] = n.input[1], n.input[0]
+
+
+def t_softmaxt(m):
+    g, nodes, ranks = m.graph, [], value_ranks(m)
+    if opset(m) < 13:
+        return
+    for k, n in enumerate(g.node):
+        axis = ([a.i for a in n.attribute if a.name == "axis"] or [-1])[0]
+        if n.op_type != "Softmax" or ranks.get(n.input[0]) != 2 or axis not in (-1, 1):
+            nodes.append(n)
+            continue
+        p = f"smt{k}"
+        nodes += [helper.make_node("Transpose", [n.input[0]], [p + "_t"], perm=[1, 0], name=p + "a"),
+                  helper.make_node("Softmax", [p + "_t"], [p + "_s"], axis=0, name=n.name or p + "b"),
+                  helper.make_node("Transpose", [p + "_s"], [n.output[0]], perm=[1, 0], name=p + "c")]
+    rebuild(g, nodes)
+
+
+def t_stacksum(m):
+    g, nodes = m.graph, []
+    inferred = onnx.shape_inference.infer_shapes(m).graph
+    types = value_types(m)
+
+    def shape(v):
+        return [d.dim_value or d.dim_param or None for d in v.type.tensor_type.shape.dim] if v.type.tensor_type.HasField("shape") else None
+    shapes = {v.name: shape(v) for v in list(inferred.value_info) + list(inferred.input)}
+    for k, n in enumerate(g.node):
+        a, b = (shapes.get(i) for i in n.input[:2]) if n.op_type == "Add" else (None, None)
+        if a and a == b and None not in a and types.get(n.output[0]) in FLOATS:
+            p = f"ss{k}"
+            nodes += [axes_node(m, "Unsqueeze", n.input[0], p + "_a", [0], p + "ua"),
+                      axes_node(m, "Unsqueeze", n.input[1], p + "_b", [0], p + "ub"),
+                      helper.make_node("Concat", [p + "_a", p + "_b"], [p + "_c"], axis=0, name=p + "c"),
+                      axes_node(m, "ReduceSum", p + "_c", n.output[0], [0], n.name or p + "r", keepdims=0)]
+            continue
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_scan(m):
+    g = m.graph
+    x = g.input[0].name
+    sl = x + "__slice"
+    outs = [o.name for o in g.output]
+    body = list(g.node)
+    for n in body:
+        for j, i in enumerate(n.input):
+            if i == x:
+                n.input[j] = sl
+    xin = copy.deepcopy(g.input[0])
+    xin.name = sl
+    xin.type.tensor_type.ClearField("shape")
+    body_out = []
+    for o in g.output:
+        v = copy.deepcopy(o)
+        v.type.tensor_type.ClearField("shape")
+        body_out.append(v)
+    scan = helper.make_graph(body, "scan_body", [xin], body_out)
+    nodes = [axes_node(m, "Unsqueeze", x, x + "__scan", [0], "scan_in"),
+             helper.make_node("Scan", [x + "__scan"], [o + "__scan" for o in outs], body=scan, num_scan_inputs=1, name="wrap_scan")]
+    nodes += [axes_node(m, "Squeeze", o + "__scan", o, [0], "sq_" + o) for o in outs]
+    rebuild(g, nodes)
+    del g.value_info[:]
+
+
+def t_dynin(m):
+    g = m.graph
+    inits = {t.name for t in g.initializer}
+    for v in list(g.input) + list(g.output):
+        if v.name in inits or not v.type.tensor_type.HasField("shape"):
+            continue
+        for j, d in enumerate(v.type.tensor_type.shape.dim):
+            if j < len(v.type.tensor_type.shape.dim) - 1:
+                d.dim_param = f"{v.name}_d{j}"
+    del g.value_info[:]
 
 
 TRANSFORMS = {name[2:]: f for name, f in sorted(globals().items()) if name.startswith("t_")}

@@ -9,8 +9,9 @@ then `MOKOPT rewrite --json` and `MOKOPT run --data` on the source and on
 each form. A form agrees with its source when it fuses into the same
 variants (twice as many for the `if` form, one copy per branch) and its
 fused model reproduces every golden the source's does, or when both are
-refused. Prints one line per form that does not agree and a summary;
-exits 1 when any does not. Needs nothing but the Python standard library
+refused. A form refused with a request for the export's inputs is
+retried with its golden inputs as --check-data. Prints one line per form
+that does not agree and a summary; exits 1 when any does not. Needs nothing but the Python standard library
 here. $JOBS sets the parallelism (default: the CPU count); $FORMS (names
 separated by spaces) runs those transforms only.
 """
@@ -36,13 +37,21 @@ def canonical(variant):
     return variant
 
 
+ASKS_DATA = "pass inputs like the export's with --check-data"
+
+
 def fuse(mokopt, model, out):
-    """(variants or None, refusal message, goldens reproduced per data set)."""
+    """(variants or None, refusal message, goldens reproduced per data set).
+    A refusal that asks for the export's inputs (a trace whose shapes do not
+    follow its declared dims) is retried with the model's golden inputs as
+    --check-data, as its message tells a user to."""
+    data = model[:-len(".onnx")] + "_data"
     r = subprocess.run([mokopt, "rewrite", "--json", model, "-o", out], capture_output=True, text=True)
+    if r.returncode != 0 and ASKS_DATA in r.stderr and os.path.isdir(data):
+        r = subprocess.run([mokopt, "rewrite", "--json", "--check-data", data, model, "-o", out], capture_output=True, text=True)
     if r.returncode != 0:
         return None, r.stderr.strip().splitlines()[-1:] or ["exit %d" % r.returncode], []
     variants = [canonical(f.get("variant")) for f in json.loads(r.stdout)["report"].get("fused") or []]
-    data = model[:-len(".onnx")] + "_data"
     ok = []
     for s in sorted(os.listdir(data)) if os.path.isdir(data) else []:
         q = subprocess.run([mokopt, "run", "--rtol", "1e-3", "--atol", "1e-4", out, "--data", os.path.join(data, s)],

@@ -138,7 +138,9 @@ func (w *Work) Remove(n *pb.NodeProto) {
 }
 
 // Replace takes n out and adds nodes in its place. The nodes must produce
-// every output of n that is read, under the same names.
+// every output of n that is read, under the same names; the one that
+// produces n's first output takes n's device configurations and metadata
+// when it has none of its own.
 func (w *Work) Replace(n *pb.NodeProto, nodes ...*pb.NodeProto) {
 	if w.dry {
 		return
@@ -146,6 +148,11 @@ func (w *Work) Replace(n *pb.NodeProto, nodes ...*pb.NodeProto) {
 	w.removed[n] = true
 	w.gone = append(w.gone, n.Output...)
 	for _, r := range nodes {
+		if len(n.Output) > 0 && slices.Contains(r.Output, n.Output[0]) && len(r.DeviceConfigurations) == 0 && len(r.MetadataProps) == 0 {
+			// the node computing n's value keeps n's annotations (a
+			// sharding of the weight it reads, say)
+			r.DeviceConfigurations, r.MetadataProps = n.DeviceConfigurations, n.MetadataProps
+		}
 		w.G.AddNode(r)
 	}
 	w.added += len(nodes)
@@ -500,6 +507,14 @@ func attrsNamed(n *pb.NodeProto, names ...string) []*pb.AttributeProto {
 // Node builds a node named from prefix (made unique).
 func (w *Work) Node(op, domain, prefix string, in, out []string, attrs ...*pb.AttributeProto) *pb.NodeProto {
 	return graph.NewNode(op, domain, w.NewName(prefix), in, out, attrs...)
+}
+
+// InPlaceOf builds the one node that replaces n with its outputs, under
+// n's own name (n leaves the graph as it comes in): a comparison written
+// the other way round is still the node the model names, and a message
+// about it names a node of the model.
+func (w *Work) InPlaceOf(n *pb.NodeProto, op string, in []string, attrs ...*pb.AttributeProto) *pb.NodeProto {
+	return graph.NewNode(op, n.GetDomain(), n.GetName(), in, slices.Clone(n.Output), attrs...)
 }
 
 // Temp returns a new value name for an intermediate of a replacement.
