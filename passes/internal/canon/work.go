@@ -510,9 +510,9 @@ func (w *Work) Node(op, domain, prefix string, in, out []string, attrs ...*pb.At
 }
 
 // InPlaceOf builds the one node that replaces n with its outputs, under
-// n's own name (n leaves the graph as it comes in): a comparison written
-// the other way round is still the node the model names, and a message
-// about it names a node of the model.
+// n's own name (n leaves the graph as it comes in): a node respelled one
+// for one (a Where with its branches swapped) is still the node the model
+// names, and a message about it names a node of the model.
 func (w *Work) InPlaceOf(n *pb.NodeProto, op string, in []string, attrs ...*pb.AttributeProto) *pb.NodeProto {
 	return graph.NewNode(op, n.GetDomain(), n.GetName(), in, slices.Clone(n.Output), attrs...)
 }
