@@ -31,15 +31,6 @@ var actElementwise = map[string]bool{
 	"com.microsoft::BiasGelu": true,
 }
 
-// actOpKey is n's op as actElementwise lists it: domain::op outside the
-// default domain.
-func actOpKey(n *pb.NodeProto) string {
-	if d := n.GetDomain(); d != "" && d != "ai.onnx" {
-		return d + "::" + n.GetOpType()
-	}
-	return n.GetOpType()
-}
-
 // actPassThrough only move elements around (or not at all); an activation
 // is evaluated through them as through Identity, following their data
 // input only.
@@ -110,7 +101,7 @@ func (c *ctx) actSubgraph(out string, ins []string, dtype pb.TensorProto_DataTyp
 		if len(seenN) > maxActNodes {
 			return nil, rejectf("the expert activation between the projections has more than %d nodes", maxActNodes)
 		}
-		op := actOpKey(p)
+		op := graph.OpKey(p)
 		switch {
 		case actPassThrough[op] && len(p.Input) > 0 && len(p.Output) == 1:
 			nodes = append(nodes, p)

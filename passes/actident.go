@@ -59,10 +59,12 @@ func actProbes(mags, scalars []float64) []float32 {
 // actParamCands lists the parameters to try for row d: alpha and limit
 // candidates are the subgraph's scalar constants; an alpha may also be
 // written negated or as its reciprocal (x/(1+e^(−β·x)) reads −β, x·σ(x/τ)
-// reads τ = 1/β).
+// reads τ = 1/β). −1 is always tried: a negation is a Neg, with no
+// constant (x·σ(−x)).
 func actParamCands(d *moe.ActivationDef, scalars []float64) []moe.ActParams {
 	alphas := []float32{1}
 	if d.Alpha {
+		alphas = append(alphas, -1)
 		for _, s := range scalars {
 			if s == 0 {
 				continue

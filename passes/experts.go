@@ -549,7 +549,9 @@ func (c *ctx) branchExpert(act, x0 string, tk *pb.NodeProto) (int, error) {
 		var cand []string
 		switch n.GetOpType() {
 		case "Gather":
-			if p := c.g.Producer(n.Input[0]); p != nil && idxDeps.has(p) {
+			// a row of NonZero's coordinates (the token or the slot of
+			// the selected positions) is picked by its axis, not an expert
+			if p := c.g.Producer(n.Input[0]); p != nil && idxDeps.has(p) && !c.nonZeroCoords(p) {
 				cand = []string{n.Input[1]}
 			}
 		case "Equal":
@@ -568,6 +570,15 @@ func (c *ctx) branchExpert(act, x0 string, tk *pb.NodeProto) (int, error) {
 		return 0, rejectf("cannot tell which expert a branch computes")
 	}
 	return found, nil
+}
+
+// nonZeroCoords reports whether p computes NonZero's coordinates, as they
+// are or transposed (a row per position, as torch's nonzero gives them).
+func (c *ctx) nonZeroCoords(p *pb.NodeProto) bool {
+	if p.GetOpType() == "Transpose" && p.GetDomain() == "" {
+		p = c.g.Producer(p.Input[0])
+	}
+	return p != nil && p.GetOpType() == "NonZero" && p.GetDomain() == ""
 }
 
 type roleRef struct {

@@ -1202,7 +1202,9 @@ func (c *ctx) countPiece(v string) (string, int) {
 		if !ok || graph.AttrInt(p, "axis", 0) != 0 {
 			return "", -1
 		}
-		if q := c.producerOp(p.Input[0]); q != nil && q.GetOpType() == "Slice" {
+		// element 0 of a one-element piece (a Slice [e, e+1), or a picked
+		// element unsqueezed) is that piece's count
+		if q := c.producerOp(p.Input[0]); q != nil && (q.GetOpType() == "Slice" || q.GetOpType() == "Gather" && len(q.Input) == 2 && c.oneInt(q.Input[1])) {
 			if i != 0 {
 				return "", -1
 			}

@@ -40,7 +40,7 @@ var sortedRules = []sortedRule{
 	{"group concat", func(r *sortedReader, x *sortedNode) bool { return x.op == "Concat" && r.c.concatAxis(x.n) == 0 }, applyGroupConcat},
 	{"projection", func(_ *sortedReader, x *sortedNode) bool { return x.op == "MatMul" || x.op == "Gemm" }, applyProjection},
 	{"activation", func(_ *sortedReader, x *sortedNode) bool {
-		return x.t.stage == 1 && (actElementwise[actOpKey(x.n)] || x.op == "Split" || x.op == "Slice")
+		return x.t.stage == 1 && (actElementwise[graph.OpKey(x.n)] || x.op == "Split" || x.op == "Slice")
 	}, applyActivation},
 	{"shared output bias", func(_ *sortedReader, x *sortedNode) bool {
 		return x.t.stage == 2 && x.op == "Add" && x.t.seg == -1 && len(x.n.Input) == 2

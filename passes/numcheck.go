@@ -25,6 +25,10 @@ import (
 // |fused - original| <= ATol + RTol*|original| element-wise.
 var CheckTolerance = struct{ RTol, ATol float64 }{1e-4, 1e-5}
 
+// errOriginalFails is the check's error for an original model that does not
+// run on a data set it was given.
+var errOriginalFails = errors.New("the original model does not run")
+
 // RandomFeeds makes deterministic random inputs for every graph input of m
 // that is not an initializer: float inputs from N(0, 1); integer inputs
 // uniform in [0, V) where V is the row count of the first initializer the
@@ -457,7 +461,7 @@ func numericCheck(ctx context.Context, m *graph.Model, blocks []*Block, ws []*mo
 				continue
 			}
 			if len(data) > 0 {
-				return nil, fmt.Errorf("numerical check: the original model does not run on check data set %d: %w", seed-1, err)
+				return nil, fmt.Errorf("numerical check: %w on check data set %d: %w", errOriginalFails, seed-1, err)
 			}
 			// Some traced graphs only run on inputs like their trace input
 			// (a loop unrolled over the experts hit at trace time): try others.
@@ -767,6 +771,8 @@ func checkBlock(m *graph.Model, b *Block, vals map[string]*eval.Tensor, ws []*mo
 		sameRows := len(x.F32) == len(y.F32) && len(x.Shape) > 0 && len(y.Shape) > 0 && x.Shape[len(x.Shape)-1] == y.Shape[len(y.Shape)-1]
 		if r := vals[b.Router]; r != nil && slices.Equal(r.Shape, y.Shape) {
 			b.Input, x = b.Router, r
+		} else if len(x.F32) != len(y.F32) {
+			return fmt.Errorf("numerical check: the block's output %q (shape %v on %s) does not hold what its input %q (shape %v) does: the value read as the block's output is not what the block computes, or, on random inputs, the graph's shapes do not follow its declared input dims (a trace with static shapes inside?); pass inputs like the export's with --check-data (an ONNX test data folder)", b.Output, y.Shape, where, b.Input, x.Shape)
 		} else if !sameRows || !sameDeclaredDims(m.Proto.GetGraph(), b.Input, b.Output) {
 			return fmt.Errorf("numerical check: block input shape %v differs from output shape %v: the graph's shapes do not follow its declared input dims (a trace with static shapes inside?); pass inputs like the export's with --check-data (an ONNX test data folder)", x.Shape, y.Shape)
 		}

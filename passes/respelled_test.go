@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/mokopt/mokopt/graph"
+	"github.com/mokopt/mokopt/graph/eval"
 )
 
 // TestRespelledExports: committed exports rewritten into other spellings
@@ -36,7 +37,11 @@ func TestRespelledExports(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Rewrite(m, Options{Check: true})
+			opt := Options{Check: true}
+			if strings.HasSuffix(name, "__dynin") {
+				opt.CheckData = dyninData(t, m, name)
+			}
+			rep, err := Rewrite(m, opt)
 			// The If form holds the graph twice, once per branch.
 			copies := 1
 			if strings.HasSuffix(name, "__if") {
@@ -55,6 +60,26 @@ func TestRespelledExports(t *testing.T) {
 			checkGoldens(t, m, filepath.Join("..", "testdata", "respelled", name+"_data"))
 		})
 	}
+}
+
+// dyninData is the check data for a dynin form (a trace whose declared
+// dims were made symbolic): rewritten on random inputs, it must be refused
+// with the advice to pass the export's inputs, which it then gets (a
+// refusal edits nothing, so m is rewritten next as it was loaded).
+func dyninData(t *testing.T, m *graph.Model, name string) []map[string]*eval.Tensor {
+	t.Helper()
+	if _, err := Rewrite(m, Options{Check: true}); err == nil || !strings.Contains(err.Error(), "pass inputs like the export's with --check-data") {
+		t.Fatalf("on random inputs: want a refusal that asks for --check-data, got %v", err)
+	}
+	ds, err := eval.ReadDataSet(filepath.Join("..", "testdata", "respelled", name+"_data", "test_data_set_0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	feeds, err := eval.Feeds(m, ds.Inputs, ds.InputNames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []map[string]*eval.Tensor{feeds}
 }
 
 // rewriteFile rewrites the model at path with the check on and returns the

@@ -220,6 +220,10 @@ func readyBlocks(ctx context.Context, m *graph.Model, blocks []*Block, rep *Repo
 		// The weights are only validated here; the numerical check reads
 		// each block's weights when it checks that block, and emit copies
 		// them (or has them streamed to the output when it is saved).
+		if n := unevaluable(m, b.Region, opt.epTable()); n != nil {
+			rep.Refused = append(rep.Refused, NearMiss{Node: b.Name, Reason: fmt.Sprintf("the block's region holds node %q (%s), an op mokopt cannot evaluate: what it computes is not known, so the fused node cannot be shown to compute it", n.GetName(), graph.OpKey(n))})
+			continue
+		}
 		ts, err := b.W.fusedTensors(&b.Spec)
 		for i := range ts {
 			if err == nil {
@@ -234,6 +238,38 @@ func readyBlocks(ctx context.Context, m *graph.Model, blocks []*Block, rep *Repo
 		todo = append(todo, readyBlock{b, ts})
 	}
 	return todo, nil
+}
+
+// unevaluable returns the first node of region (or of a subgraph in it)
+// whose op the interpreter has no kernel for, m no function of and tbl no
+// EP collective of (those the detector reads by their table), or nil.
+func unevaluable(m *graph.Model, region []*pb.NodeProto, tbl *ep.Table) *pb.NodeProto {
+	for _, n := range region {
+		if _, coll := tbl.Lookup(n.GetDomain(), n.GetOpType()); coll {
+			continue
+		}
+		if !eval.Supported(n.GetDomain(), n.GetOpType()) && !slices.ContainsFunc(m.Proto.GetFunctions(), func(f *pb.FunctionProto) bool {
+			return f.GetDomain() == n.GetDomain() && f.GetName() == n.GetOpType()
+		}) {
+			return n
+		}
+		for _, a := range n.GetAttribute() {
+			for _, g := range append(slices.Clone(a.GetGraphs()), a.GetG()) {
+				if u := unevaluable(m, g.GetNode(), tbl); u != nil {
+					return u
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// epTable is the EP table the options name, or the default one.
+func (o *Options) epTable() *ep.Table {
+	if o.EPTable != nil {
+		return o.EPTable
+	}
+	return ep.DefaultTable()
 }
 
 // checkReady runs the numerical check of the ready blocks on m (g its

@@ -55,9 +55,10 @@ func (c *ctx) routerWalk(tk *pb.NodeProto) (*routerInfo, error) {
 		}
 		switch p.GetOpType() {
 		case "Where":
-			// Group-limited routing: Where(mask, scores, -inf) or Where(notmask, -inf, scores).
+			// Group-limited routing: Where(mask, scores, -inf) or Where(notmask, -inf, scores)
+			// (-inf or its finite stand-in, or 0).
 			a, bb := p.Input[1], p.Input[2]
-			if fa, ok := c.scalarFloat(a); ok && isInf(fa, -1) || ok && fa == 0 {
+			if fa, ok := c.scalarFloat(a); ok && (masksOut(fa) || fa == 0) {
 				v = bb
 			} else {
 				v = a

@@ -48,15 +48,16 @@ func (c *ctx) sparseMixerAt(am *pb.NodeProto) *pb.NodeProto {
 			if ge.GetOpType() != "GatherElements" || ge.Input[1] != i {
 				continue
 			}
-			sm := c.g.Producer(ge.Input[0])
+			// (a softmax computed in another float type is cast around)
+			sm := c.producerOp(ge.Input[0])
 			if sm == nil || sm.GetOpType() != "Softmax" {
 				continue
 			}
-			wh := c.g.Producer(sm.Input[0])
-			if wh == nil || wh.GetOpType() != "Where" || wh.Input[2] != cur {
+			wh := c.producerOp(sm.Input[0])
+			if wh == nil || wh.GetOpType() != "Where" || c.through(wh.Input[2]) != c.through(cur) {
 				continue
 			}
-			if f, ok := c.scalarFloat(wh.Input[1]); !ok || !math.IsInf(float64(f), -1) {
+			if f, ok := c.scalarFloat(wh.Input[1]); !ok || !masksOut(f) {
 				continue
 			}
 			thr, ok := c.maskThreshold(c.producerOp(wh.Input[0])) // through a Cast to bool
@@ -147,3 +148,9 @@ func (c *ctx) concatOf(vals []string) string {
 	}
 	return ""
 }
+
+// masksOut reports whether a softmax input of f is masked out: -inf, or a
+// finite stand-in no lower float type can tell from it after the softmax's
+// shift (torch's masked_fill writes its type's lowest value; float16's is
+// -65504, and exp of anything that low is 0 in every float type).
+func masksOut(f float32) bool { return f <= -65504 }

@@ -3,6 +3,7 @@ package passes
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -189,8 +190,11 @@ func rewriteSite(m *graph.Model, g *graph.Graph, s scopeSite, opt Options, env *
 	}
 	if err != nil {
 		why := "the subgraph could not be rewritten: " + err.Error()
-		if env.bindErr != nil {
-			why += fmt.Sprintf("; the values it was checked on come from a run of the model on random inputs of its declared dims, which fails (%v): the graph's shapes do not follow its declared input dims (a trace with static shapes inside?); pass inputs like the export's with --check-data (an ONNX test data folder)", env.bindErr)
+		switch {
+		case env.bindErr != nil:
+			why += fmt.Sprintf("; the values it was checked on come from a run of the model on random inputs of its declared dims, which fails (%v): %s", env.bindErr, declaredDimsAdvice)
+		case len(opt.CheckData) == 0 && errors.Is(err, errOriginalFails):
+			why += "; the values it was checked on come from a run of the model on random inputs of its declared dims, and the subgraph does not run on them: " + declaredDimsAdvice
 		}
 		return siteResult{site: s, rep: &Report{Refused: unsearched(s.g, where, why)}}
 	}
@@ -212,6 +216,10 @@ func rewriteSite(m *graph.Model, g *graph.Graph, s scopeSite, opt Options, env *
 	}
 	return siteResult{site: s, sm: sm, outer: outer, rep: out}
 }
+
+// declaredDimsAdvice ends a refusal whose check ran on values of other
+// shapes than the model declares.
+const declaredDimsAdvice = "the graph's shapes do not follow its declared input dims (a trace with static shapes inside?); pass inputs like the export's with --check-data (an ONNX test data folder)"
 
 // bindFeeds returns the check's input set for scope model sm from the
 // values its subgraph read when the model ran (bind), or nil when bind

@@ -7,7 +7,6 @@ package passes
 import (
 	"encoding/binary"
 	"maps"
-	"math"
 	"slices"
 	"sort"
 
@@ -183,6 +182,12 @@ func (c *ctx) scalarInt(v string) (int64, bool) {
 		return 0, false
 	}
 	return f[0], true
+}
+
+// oneInt reports whether v is a constant of one integer.
+func (c *ctx) oneInt(v string) bool {
+	_, ok := c.scalarInt(v)
+	return ok
 }
 
 // isConst reports whether v is a constant (initializer or Constant node).
@@ -405,5 +410,3 @@ func (c *ctx) ancestors(v string) []bool {
 	}
 	return c.anc
 }
-
-func isInf(f float32, sign int) bool { return math.IsInf(float64(f), sign) }

@@ -343,6 +343,56 @@ func kSoftmax(op string) KernelFunc {
 	}
 }
 
+// kLpNormalization divides x by its Lp norm (p 1 or 2) along one axis
+// (default the last); a row of norm zero stays zero.
+func kLpNormalization(c *OpContext, n *pb.NodeProto, in []*Tensor) ([]*Tensor, error) {
+	x, err := need(in, 0)
+	if err != nil {
+		return nil, err
+	}
+	if !isFloat(x.DType) {
+		return nil, errf("LpNormalization needs a float input")
+	}
+	p := attrInt(n, "p", 2)
+	if p != 1 && p != 2 {
+		return nil, errf("LpNormalization p=%d: only 1 and 2 are defined", p)
+	}
+	r := x.Rank()
+	a, err := normAxis(attrInt(n, "axis", -1), max(r, 1))
+	if err != nil {
+		return nil, err
+	}
+	outer, dim, inner := 1, 1, 1
+	if r > 0 {
+		outer, dim, inner = numel(x.Shape[:a]), x.Shape[a], numel(x.Shape[a+1:])
+	}
+	out := New(x.DType, x.Shape)
+	get := valueAt(x)
+	for o := 0; o < outer; o++ {
+		for j := 0; j < inner; j++ {
+			base := o*dim*inner + j
+			norm := 0.0
+			for i := 0; i < dim; i++ {
+				v := get(base + i*inner)
+				if p == 1 {
+					norm += math.Abs(v)
+				} else {
+					norm += v * v
+				}
+			}
+			if p == 2 {
+				norm = math.Sqrt(norm)
+			}
+			for i := 0; i < dim; i++ {
+				if norm != 0 {
+					setF(out, base+i*inner, get(base+i*inner)/norm)
+				}
+			}
+		}
+	}
+	return []*Tensor{out}, nil
+}
+
 // setF stores v at i of a float tensor.
 func setF(t *Tensor, i int, v float64) {
 	if t.kind() == kF32 {
@@ -603,6 +653,7 @@ func init() {
 	builtin("", kSoftmax("Softmax"), "Softmax")
 	builtin("", kSoftmax("LogSoftmax"), "LogSoftmax")
 	builtin("", kSoftmax("Hardmax"), "Hardmax")
+	builtin("", kLpNormalization, "LpNormalization")
 	builtin("", kLayerNorm(false), "LayerNormalization")
 	builtin("", kLayerNorm(true), "SimplifiedLayerNormalization", "RMSNormalization")
 	builtin("com.microsoft", kLayerNorm(true), "SimplifiedLayerNormalization")

@@ -71,6 +71,18 @@ Transforms:
   stacksum   a + b of one known shape written ReduceSum(Concat(a[None], b[None]), 0)
   scan       the whole graph inside a Scan over its first input unsqueezed (outputs squeezed after)
   dynin      every dim of the graph's inputs and outputs but the last made symbolic (value_info dropped)
+  rowsplit   x @ W by a 2-D initializer W of an even row count written x[..., :K/2] @ W[:K/2] + x[..., K/2:] @ W[K/2:]
+  lpnorm     p / ReduceSum(p) over the last axis, of probabilities or their top k, written LpNormalization(p, p=1)
+  meanx      ReduceSum(x) over axes of known sizes written ReduceMean(x) * (their product)
+  finmin     every -inf in a constant written as its type's lowest finite value
+  seqstack   Concat(a, b, ...) written ConcatFromSequence(SequenceConstruct(a, b, ...))
+  splitseq   Split(x) into n outputs written SplitToSequence(x) and n SequenceAt
+  gslice     Gather(x, i) by a scalar constant i written Squeeze(Slice(x, i, i + 1))
+  slicestep  every Slice given its axes and steps (of ones) explicitly
+  absrelu    Relu(x) written (x + Abs(x)) * 0.5
+  mulneg     Neg(x) of floats written x * -1
+  f64soft    Softmax(x) of floats computed in double: Cast(Softmax(Cast(x, double)), its type)
+  sumeps     p / ReduceSum(p) written p / (ReduceSum(p) + 1e-20)
 """
 import copy
 import os
@@ -1064,6 +1076,222 @@ def t_dynin(m):
             if j < len(v.type.tensor_type.shape.dim) - 1:
                 d.dim_param = f"{v.name}_d{j}"
     del g.value_info[:]
+
+
+def value_dims(m):
+    """The dims of every value shape inference declares (None where a dim has no size)."""
+    inferred = onnx.shape_inference.infer_shapes(m).graph
+    return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output) if v.type.tensor_type.HasField("shape")}
+
+
+def t_rowsplit(m):
+    g, nodes, ranks = m.graph, [], value_ranks(m)
+    inits = {t.name: t for t in g.initializer}
+    if opset(m) < 10:
+        return
+    for k, n in enumerate(g.node):
+        w = inits.get(n.input[1]) if n.op_type == "MatMul" else None
+        if w is None or len(w.dims) != 2 or w.dims[0] % 2 or w.dims[0] < 2 or not ranks.get(n.input[0]):
+            nodes.append(n)
+            continue
+        wa, h, p = numpy_helper.to_array(w), w.dims[0] // 2, f"rs{k}"
+        for j, (lo, hi) in enumerate(((0, h), (h, 2 * h))):
+            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(wa[lo:hi]), f"{p}_w{j}"))
+            nodes += [helper.make_node("Slice", [n.input[0], _ints(g, f"{p}_s{j}", [lo]), _ints(g, f"{p}_e{j}", [hi]), _ints(g, f"{p}_a{j}", [-1])], [f"{p}_x{j}"], name=f"{p}s{j}"),
+                      helper.make_node("MatMul", [f"{p}_x{j}", f"{p}_w{j}"], [f"{p}_y{j}"], name=f"{p}m{j}")]
+        nodes.append(helper.make_node("Add", [f"{p}_y0", f"{p}_y1"], [n.output[0]], name=n.name or p + "a"))
+    rebuild(g, nodes)
+
+
+def renormalizations(m):
+    """The Div(p, ReduceSum(p, last axis, keepdims)) nodes of m whose p is a probability (a
+    Softmax or Sigmoid output, or TopK values or a gather of one), with their ReduceSum."""
+    g, c, ranks = m.graph, consts(m.graph), value_ranks(m)
+    prod = {o: n for n in g.node for o in n.output}
+
+    def prob(v, depth=0):
+        n = prod.get(v)
+        if n is None or depth > 3:
+            return False
+        if n.op_type in ("Softmax", "Sigmoid"):
+            return True
+        return n.op_type in ("TopK", "GatherElements", "Gather") and prob(n.input[0], depth + 1)
+    out = []
+    for n in g.node:
+        r = prod.get(n.input[1]) if n.op_type == "Div" else None
+        if r is None or r.op_type != "ReduceSum" or r.input[0] != n.input[0] or not prob(n.input[0]):
+            continue
+        axes = [list(a.ints) for a in r.attribute if a.name == "axes"] or ([list(c[r.input[1]].reshape(-1))] if len(r.input) > 1 and r.input[1] in c else [])
+        keep = ([a.i for a in r.attribute if a.name == "keepdims"] or [1])[0]
+        rank = ranks.get(n.input[0])
+        if keep and rank and len(axes) == 1 and len(axes[0]) == 1 and axes[0][0] in (-1, rank - 1):
+            out.append((n, r))
+    return out
+
+
+def t_lpnorm(m):
+    for n, _ in renormalizations(m):
+        n.op_type = "LpNormalization"
+        del n.input[1:]
+        n.attribute.extend([helper.make_attribute("axis", -1), helper.make_attribute("p", 1)])
+
+
+def t_sumeps(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    divs = {id(n) for n, _ in renormalizations(m)}
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if id(n) in divs else None
+        if dt is not None:
+            g.initializer.append(numpy_helper.from_array(np.array(1e-20, dtype=dt), f"se{k}_eps"))
+            nodes.append(helper.make_node("Add", [n.input[1], f"se{k}_eps"], [f"se{k}_z"], name=f"se{k}a"))
+            n.input[1] = f"se{k}_z"
+        nodes.append(n)
+    rebuild(g, nodes)
+
+
+def t_meanx(m):
+    g, nodes, c, dims, types = m.graph, [], consts(m.graph), value_dims(m), value_types(m)
+    for k, n in enumerate(g.node):
+        d = dims.get(n.input[0]) if n.op_type == "ReduceSum" else None
+        axes = [list(a.ints) for a in n.attribute if a.name == "axes"] or ([list(c[n.input[1]].reshape(-1))] if len(n.input) > 1 and n.input[1] in c else [])
+        dt = FLOATS.get(types.get(n.input[0])) if d else None
+        if not d or not axes or not axes[0] or dt is None or any(d[a] is None for a in axes[0] if -len(d) <= a < len(d)):
+            nodes.append(n)
+            continue
+        cnt = int(np.prod([d[a] for a in axes[0]]))
+        p = f"mx{k}"
+        out = n.output[0]
+        n.op_type, n.output[0] = "ReduceMean", p + "_m"
+        if opset(m) < 18 and len(n.input) > 1:  # ReduceMean takes axes as an input only from opset 18
+            del n.input[1:]
+            n.attribute.append(helper.make_attribute("axes", axes[0]))
+        g.initializer.append(numpy_helper.from_array(np.array(cnt, dtype=dt), p + "_n"))
+        nodes += [n, helper.make_node("Mul", [p + "_m", p + "_n"], [out], name=p + "m")]
+    rebuild(g, nodes)
+
+
+def t_finmin(m):
+    def fix(t):
+        a = numpy_helper.to_array(t)
+        if a.dtype in (np.float32, np.float16, np.float64) and np.isneginf(a).any():
+            b = np.where(np.isneginf(a), np.finfo(a.dtype).min, a).astype(a.dtype)
+            t.CopyFrom(numpy_helper.from_array(b, t.name))
+    for t in m.graph.initializer:
+        fix(t)
+    for n in m.graph.node:
+        for a in n.attribute:
+            if n.op_type in ("Constant", "ConstantOfShape") and a.name == "value":
+                fix(a.t)
+
+
+def t_seqstack(m):
+    g, nodes = m.graph, []
+    if opset(m) < 11:
+        return
+    for k, n in enumerate(g.node):
+        if n.op_type != "Concat":
+            nodes.append(n)
+            continue
+        axis = [a.i for a in n.attribute if a.name == "axis"][0]
+        nodes += [helper.make_node("SequenceConstruct", list(n.input), [f"sq{k}_s"], name=f"sq{k}c"),
+                  helper.make_node("ConcatFromSequence", [f"sq{k}_s"], [n.output[0]], axis=axis, new_axis=0, name=n.name or f"sq{k}")]
+    rebuild(g, nodes)
+
+
+def t_splitseq(m):
+    g, nodes, c, dims = m.graph, [], consts(m.graph), value_dims(m)
+    if opset(m) < 11:
+        return
+    for k, n in enumerate(g.node):
+        if n.op_type != "Split":
+            nodes.append(n)
+            continue
+        axis = ([a.i for a in n.attribute if a.name == "axis"] or [0])[0]
+        sizes = next((list(a.ints) for a in n.attribute if a.name == "split"), None)
+        if sizes is None and len(n.input) > 1 and n.input[1] in c:
+            sizes = [int(v) for v in c[n.input[1]].reshape(-1)]
+        d = dims.get(n.input[0])
+        computed = n.input[1] if sizes is None and len(n.input) > 1 and n.input[1] else None
+        if sizes is None and not computed and d and d[axis] is not None and d[axis] % len(n.output) == 0:
+            sizes = [d[axis] // len(n.output)] * len(n.output)
+        if sizes is None and not computed:
+            nodes.append(n)
+            continue
+        p = f"sps{k}"
+        nodes.append(helper.make_node("SplitToSequence", [n.input[0], computed or _ints(g, p + "_sizes", sizes)], [p + "_s"], axis=axis, name=n.name or p))
+        for j, o in enumerate(n.output):
+            nodes.append(helper.make_node("SequenceAt", [p + "_s", _ints(g, f"{p}_i{j}", j)], [o], name=f"{p}a{j}"))
+    rebuild(g, nodes)
+
+
+def t_gslice(m):
+    g, nodes, c = m.graph, [], consts(m.graph)
+    if opset(m) < 10:
+        return
+    for k, n in enumerate(g.node):
+        i = c.get(n.input[1]) if n.op_type == "Gather" else None
+        if i is None or i.ndim != 0 or i < 0:
+            nodes.append(n)
+            continue
+        axis, p = ([a.i for a in n.attribute if a.name == "axis"] or [0])[0], f"gs{k}"
+        nodes += [helper.make_node("Slice", [n.input[0], _ints(g, p + "_s", [int(i)]), _ints(g, p + "_e", [int(i) + 1]), _ints(g, p + "_a", [axis])], [p + "_x"], name=p + "s"),
+                  axes_node(m, "Squeeze", p + "_x", n.output[0], [axis], n.name or p + "q")]
+    rebuild(g, nodes)
+
+
+def t_slicestep(m):
+    g, c = m.graph, consts(m.graph)
+    if opset(m) < 10:
+        return
+    for k, n in enumerate(g.node):
+        if n.op_type != "Slice" or len(n.input) >= 5 or n.input[1] not in c:
+            continue
+        r = c[n.input[1]].size
+        while len(n.input) < 4:
+            n.input.append("")
+        if not n.input[3]:
+            n.input[3] = _ints(g, f"ss{k}_axes", list(range(r)))
+        n.input.append(_ints(g, f"ss{k}_steps", [1] * r))
+
+
+def t_absrelu(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if n.op_type == "Relu" else None
+        if dt is None:
+            nodes.append(n)
+            continue
+        p = f"ar{k}"
+        g.initializer.append(numpy_helper.from_array(np.array(0.5, dtype=dt), p + "_h"))
+        nodes += [helper.make_node("Abs", [n.input[0]], [p + "_a"], name=p + "a"),
+                  helper.make_node("Add", [n.input[0], p + "_a"], [p + "_s"], name=p + "b"),
+                  helper.make_node("Mul", [p + "_s", p + "_h"], [n.output[0]], name=n.name or p + "c")]
+    rebuild(g, nodes)
+
+
+def t_mulneg(m):
+    g, types = m.graph, value_types(m)
+    for k, n in enumerate(g.node):
+        dt = FLOATS.get(types.get(n.input[0])) if n.op_type == "Neg" else None
+        if dt is not None:
+            g.initializer.append(numpy_helper.from_array(np.array(-1, dtype=dt), f"mn{k}"))
+            n.op_type = "Mul"
+            n.input.append(f"mn{k}")
+
+
+def t_f64soft(m):
+    g, nodes, types = m.graph, [], value_types(m)
+    for k, n in enumerate(g.node):
+        t = types.get(n.input[0]) if n.op_type == "Softmax" else None
+        if t not in FLOATS:
+            nodes.append(n)
+            continue
+        p, out = f"fs{k}", n.output[0]
+        nodes.append(helper.make_node("Cast", [n.input[0]], [p + "_d"], to=TensorProto.DOUBLE, name=p + "a"))
+        n.input[0], n.output[0] = p + "_d", p + "_s"
+        nodes += [n, helper.make_node("Cast", [p + "_s"], [out], to=t, name=p + "b")]
+    rebuild(g, nodes)
 
 
 TRANSFORMS = {name[2:]: f for name, f in sorted(globals().items()) if name.startswith("t_")}

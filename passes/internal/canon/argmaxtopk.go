@@ -127,7 +127,7 @@ func isScatter(n *pb.NodeProto) bool {
 	return false
 }
 
-// reduceAxes returns a ReduceMax's axes (attribute before opset 18, input
+// reduceAxes returns a reduction's axes (attribute before opset 18, input
 // from 18), or nil when they are not one constant axis.
 func reduceAxes(w *Work, n *pb.NodeProto) []int64 {
 	if len(n.Input) > 1 && n.Input[1] != "" {

@@ -44,3 +44,34 @@ func (w *Work) noNewAxes(x string, r int) bool {
 	xr, ok := w.Rank(x)
 	return ok && r <= xr
 }
+
+// NegationAsNeg turns x·(−1), (−1)·x and x/(−1) into Neg(x), keeping the
+// node's name and output: a negation written as arithmetic reads as the
+// Neg that top-k-of-negated-scores and Neg-of-Neg recognise. The constant
+// is as DropNeutral's: one element that adds no axis. Negation is exact,
+// so the values are the same bit for bit.
+var NegationAsNeg = Rule{
+	Name: "negation-as-neg",
+	Ops:  []string{"Mul", "Div"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if len(n.Input) != 2 || len(n.Output) != 1 {
+			return false, nil
+		}
+		sides := []int{1}
+		if n.GetOpType() == "Mul" {
+			sides = []int{1, 0}
+		}
+		for _, ci := range sides {
+			x, c := n.Input[1-ci], n.Input[ci]
+			if t, ok := w.Const(c); !ok || t.Len() != 1 || t.Float64At(0) != -1 || !w.noNewAxes(x, len(t.Shape)) {
+				continue
+			}
+			if _, isConst := w.Const(x); isConst {
+				return false, nil // folded instead
+			}
+			w.Replace(n, w.InPlaceOf(n, "Neg", []string{x}))
+			return true, nil
+		}
+		return false, nil
+	},
+}

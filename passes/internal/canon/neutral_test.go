@@ -36,3 +36,27 @@ func TestDropNeutral(t *testing.T) {
 		{name: "x·[1, 2, 1, 1] kept", nodes: bin("Mul", "x", "c"), inputs: x, inits: c(1, 2, 1, 1), outputs: []string{"y"}, noChange: true},
 	})
 }
+
+func TestNegationAsNeg(t *testing.T) {
+	r := rand.New(rand.NewPCG(54, 55))
+	x := map[string]*eval.Tensor{"x": randF32(r, 3, 4)}
+	c := func(v ...float32) map[string]*eval.Tensor {
+		s := []int{}
+		if len(v) > 1 {
+			s = []int{len(v)}
+		}
+		return map[string]*eval.Tensor{"c": eval.NewFloat32(s, v)}
+	}
+	bin := func(op, a, b string) []*pb.NodeProto {
+		return []*pb.NodeProto{node(op, []string{a, b}, []string{"y0"}), node("Sigmoid", []string{"y0"}, []string{"y"})}
+	}
+	neg := map[string]int{"Neg": 1, "Mul": 0, "Div": 0}
+	runRuleCases(t, []Rule{NegationAsNeg, DropDead}, []ruleCase{
+		{name: "x·−1", nodes: bin("Mul", "x", "c"), inputs: x, inits: c(-1), outputs: []string{"y"}, want: neg},
+		{name: "−1·x", nodes: bin("Mul", "c", "x"), inputs: x, inits: c(-1), outputs: []string{"y"}, want: neg},
+		{name: "x/−1", nodes: bin("Div", "x", "c"), inputs: x, inits: c(-1), outputs: []string{"y"}, want: neg},
+		{name: "−1/x kept", nodes: bin("Div", "c", "x"), inputs: x, inits: c(-1), outputs: []string{"y"}, noChange: true},
+		{name: "x·−2 kept", nodes: bin("Mul", "x", "c"), inputs: x, inits: c(-2), outputs: []string{"y"}, noChange: true},
+		{name: "x·[−1, 1, −1, −1] kept", nodes: bin("Mul", "x", "c"), inputs: x, inits: c(-1, 1, -1, -1), outputs: []string{"y"}, noChange: true},
+	})
+}

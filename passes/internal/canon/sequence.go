@@ -1,6 +1,8 @@
 package canon
 
 import (
+	"slices"
+
 	"github.com/mokopt/mokopt/graph"
 	pb "github.com/mokopt/mokopt/graph/onnxpb"
 )
@@ -29,12 +31,18 @@ var SequenceToSplit = Rule{
 		}
 		squeeze := false
 		var sizes []int64
+		computed := "" // a computed 1-D split, given to the Split as it is
 		if len(n.Input) > 1 && n.Input[1] != "" {
 			c, ok := w.Const(n.Input[1])
-			if !ok || (c.DType != pb.TensorProto_INT64 && c.DType != pb.TensorProto_INT32) {
+			if !ok {
+				var pieces int64
+				if computed, pieces, ok = computedSplit(w, n.Input[1]); !ok {
+					return false, nil
+				}
+				sizes = make([]int64, pieces)
+			} else if c.DType != pb.TensorProto_INT64 && c.DType != pb.TensorProto_INT32 {
 				return false, nil
-			}
-			if len(c.Shape) == 1 {
+			} else if len(c.Shape) == 1 {
 				sizes = c.Int64s()
 			} else {
 				chunk := c.Int64s()[0]
@@ -100,9 +108,12 @@ var SequenceToSplit = Rule{
 			}
 		}
 		var split *pb.NodeProto
-		if w.Opset() >= 13 {
+		switch {
+		case computed != "":
+			split = w.Node("Split", "", n.GetName()+"/Split", []string{x, computed}, outs, graph.IntAttr("axis", axis))
+		case w.Opset() >= 13:
 			split = w.Node("Split", "", n.GetName()+"/Split", []string{x, w.Int64s(n.GetName()+"/split", false, sizes...)}, outs, graph.IntAttr("axis", axis))
-		} else {
+		default:
 			split = w.Node("Split", "", n.GetName()+"/Split", []string{x}, outs, graph.IntAttr("axis", axis), graph.IntsAttr("split", sizes...))
 		}
 		for _, us := range at {
@@ -111,6 +122,60 @@ var SequenceToSplit = Rule{
 			}
 		}
 		w.Replace(n, append([]*pb.NodeProto{split}, extra...)...)
+		return true, nil
+	},
+}
+
+// computedSplit returns v and its length when v, a split computed at run
+// time, can be a Split's split input: 1-D int64 of a static length, in an
+// opset whose Split takes the sizes as an input (13 on).
+func computedSplit(w *Work, v string) (string, int64, bool) {
+	if w.Opset() < 13 || w.ElemType(v) != int32(pb.TensorProto_INT64) {
+		return "", 0, false
+	}
+	if r, ok := w.Rank(v); !ok || r != 1 {
+		return "", 0, false
+	}
+	d, ok := w.dim(v, 0)
+	return v, d, ok && d > 0
+}
+
+// ConstructToConcat turns ConcatFromSequence(SequenceConstruct(a, b, ...))
+// into Concat(a, b, ...) on the same axis, keeping the ConcatFromSequence's
+// output name; with new_axis=1 each piece is first unsqueezed at the axis
+// (a stack). A torch.cat or torch.stack of a list written through
+// sequences then reads as the Concat that matching knows. DropDead removes
+// the SequenceConstruct once nothing else reads it.
+var ConstructToConcat = Rule{
+	Name: "construct-to-concat",
+	Ops:  []string{"ConcatFromSequence"},
+	Apply: func(w *Work, n *pb.NodeProto) (bool, error) {
+		if len(n.Input) != 1 || len(n.Output) != 1 {
+			return false, nil
+		}
+		sc := w.Producer(n.Input[0])
+		if sc == nil || sc.GetOpType() != "SequenceConstruct" || sc.GetDomain() != "" || len(sc.Input) == 0 {
+			return false, nil
+		}
+		axis, stack := graph.AttrInt(n, "axis", 0), graph.AttrInt(n, "new_axis", 0) == 1
+		pieces := slices.Clone(sc.Input)
+		var nodes []*pb.NodeProto
+		if stack {
+			if axis < 0 {
+				// an axis of the output, one longer than the pieces' rank
+				r, ok := w.Rank(pieces[0])
+				if !ok {
+					return false, nil
+				}
+				axis += int64(r) + 1
+			}
+			for i, p := range pieces {
+				pieces[i] = w.Temp(n, "piece")
+				nodes = append(nodes, w.unsqueeze(n, p, pieces[i], axis))
+			}
+		}
+		nodes = append(nodes, w.InPlaceOf(n, "Concat", pieces, graph.IntAttr("axis", axis)))
+		w.Replace(n, nodes...)
 		return true, nil
 	},
 }
@@ -147,11 +212,22 @@ func (w *Work) dim(v string, axis int64) (int64, bool) {
 	return 0, false
 }
 
-// squeeze builds a Squeeze of axis from in to out, in the form the opset
-// wants (axes input from 13, attribute before).
+// unsqueeze builds an Unsqueeze of axis from in to out.
+func (w *Work) unsqueeze(n *pb.NodeProto, in, out string, axis int64) *pb.NodeProto {
+	return w.axesOp("Unsqueeze", n, in, out, axis)
+}
+
+// squeeze builds a Squeeze of axis from in to out.
 func (w *Work) squeeze(n *pb.NodeProto, in, out string, axis int64) *pb.NodeProto {
+	return w.axesOp("Squeeze", n, in, out, axis)
+}
+
+// axesOp builds op (Squeeze or Unsqueeze) of axis from in to out, named
+// after n, in the form the opset wants (axes input from 13, attribute
+// before).
+func (w *Work) axesOp(op string, n *pb.NodeProto, in, out string, axis int64) *pb.NodeProto {
 	if w.Opset() >= 13 {
-		return w.Node("Squeeze", "", n.GetName()+"/Squeeze", []string{in, w.Int64s(n.GetName()+"/axes", false, axis)}, []string{out})
+		return w.Node(op, "", n.GetName()+"/"+op, []string{in, w.Int64s(n.GetName()+"/axes", false, axis)}, []string{out})
 	}
-	return w.Node("Squeeze", "", n.GetName()+"/Squeeze", []string{in}, []string{out}, graph.IntsAttr("axes", axis))
+	return w.Node(op, "", n.GetName()+"/"+op, []string{in}, []string{out}, graph.IntsAttr("axes", axis))
 }

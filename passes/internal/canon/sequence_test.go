@@ -72,7 +72,26 @@ func TestSequenceToSplit(t *testing.T) {
 		{name: "opset 11 split attribute", opset: 11, nodes: cat([]*pb.NodeProto{node("SplitToSequence", []string{"x", "sz"}, []string{"s"}, graph.IntAttr("axis", 1))}, at(0, "a")),
 			inputs: x, inits: sizes, outputs: []string{"a"}, want: map[string]int{"Split": 1},
 			ref: ref(map[string]*eval.Tensor{"a": cols(0, 2)})},
+		{name: "sizes computed", nodes: cat([]*pb.NodeProto{node("Abs", []string{"szin"}, []string{"szc"}), node("SplitToSequence", []string{"x", "szc"}, []string{"s"}, graph.IntAttr("axis", 1))}, at(0, "a"), at(1, "b")),
+			inputs: map[string]*eval.Tensor{"x": x["x"], "szin": eval.NewInt64([]int{2}, []int64{-2, 4})}, outputs: []string{"a", "b"}, want: map[string]int{"SplitToSequence": 0, "Split": 1},
+			ref: ref(map[string]*eval.Tensor{"a": cols(0, 2), "b": cols(2, 6)})},
 		{name: "position not constant kept", nodes: []*pb.NodeProto{node("SplitToSequence", []string{"x", "sz"}, []string{"s"}, graph.IntAttr("axis", 1)), node("SequenceAt", []string{"s", "p"}, []string{"a"})},
 			inputs: map[string]*eval.Tensor{"x": x["x"], "p": eval.ScalarInt64(0)}, inits: sizes, outputs: []string{"a"}, noChange: true},
+	})
+}
+
+func TestConstructToConcat(t *testing.T) {
+	r := rand.New(rand.NewPCG(56, 57))
+	x := map[string]*eval.Tensor{"a": randF32(r, 2, 3), "b": randF32(r, 2, 3)}
+	seq := node("SequenceConstruct", []string{"a", "b"}, []string{"s"})
+	runRuleCases(t, []Rule{ConstructToConcat, DropDead}, []ruleCase{
+		{name: "concat", nodes: []*pb.NodeProto{seq, node("ConcatFromSequence", []string{"s"}, []string{"y"}, graph.IntAttr("axis", 1))},
+			inputs: x, outputs: []string{"y"}, want: map[string]int{"Concat": 1, "SequenceConstruct": 0, "ConcatFromSequence": 0}},
+		{name: "stack on the last axis", nodes: []*pb.NodeProto{seq, node("ConcatFromSequence", []string{"s"}, []string{"y"}, graph.IntAttr("axis", -1), graph.IntAttr("new_axis", 1))},
+			inputs: x, outputs: []string{"y"}, want: map[string]int{"Concat": 1, "Unsqueeze": 2, "ConcatFromSequence": 0}},
+		{name: "stack first, opset 11", opset: 11, nodes: []*pb.NodeProto{seq, node("ConcatFromSequence", []string{"s"}, []string{"y"}, graph.IntAttr("axis", 0), graph.IntAttr("new_axis", 1))},
+			inputs: x, outputs: []string{"y"}, want: map[string]int{"Concat": 1, "Unsqueeze": 2}},
+		{name: "a sequence input kept", nodes: []*pb.NodeProto{node("SplitToSequence", []string{"a"}, []string{"s"}, graph.IntAttr("axis", 0)), node("ConcatFromSequence", []string{"s"}, []string{"y"}, graph.IntAttr("axis", 0))},
+			inputs: x, outputs: []string{"y"}, noChange: true},
 	})
 }

@@ -73,25 +73,9 @@ var TopKSlice = Rule{
 // headSlice returns k' when s is Slice(v, [0], [k'], [axis], [1]) over the
 // TopK's axis of x.
 func headSlice(w *Work, s *pb.NodeProto, v, x string, axis int64) (int64, bool) {
-	if s.GetOpType() != "Slice" || s.GetDomain() != "" || len(s.Input) < 3 || s.Input[0] != v || len(s.Output) != 1 {
+	sl, ok := sliceOfOneAxis(w, s)
+	if !ok || s.Input[0] != v || sl.start != 0 || sl.step != 1 || sl.end < 1 || !sameAxis(w, x, []int64{sl.axis}, axis) {
 		return 0, false
 	}
-	one := func(i int, def int64) (int64, bool) {
-		if len(s.Input) <= i || s.Input[i] == "" {
-			return def, def != -1<<62
-		}
-		c, ok := w.ConstInts(s.Input[i])
-		if !ok || len(c) != 1 {
-			return 0, false
-		}
-		return c[0], true
-	}
-	st, ok1 := one(1, -1<<62)
-	en, ok2 := one(2, -1<<62)
-	ax, ok3 := one(3, 0)
-	step, ok4 := one(4, 1)
-	if !ok1 || !ok2 || !ok3 || !ok4 || st != 0 || step != 1 || en < 1 || !sameAxis(w, x, []int64{ax}, axis) {
-		return 0, false
-	}
-	return en, true
+	return sl.end, true
 }
