@@ -8,6 +8,8 @@ import (
 
 	"github.com/mokopt/mokopt/graph"
 	"github.com/mokopt/mokopt/graph/eval"
+	pb "github.com/mokopt/mokopt/graph/onnxpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestRespelledExports: committed exports rewritten into other spellings
@@ -101,4 +103,39 @@ func rewriteFile(t *testing.T, path string) *Report {
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// TestUnevaluableRegionRefused: a block whose region holds an op mokopt
+// has no kernel for (here the renormalisation of the respelled lpnorm
+// export, moved to a private domain) is refused naming that node, not
+// fused on a check that could not run (which, before the refusal, fused
+// both blocks without their renormalisation).
+func TestUnevaluableRegionRefused(t *testing.T) {
+	m, err := graph.Load(filepath.Join("..", "testdata", "respelled", "chain_mixed2_qwen3_dynamo__lpnorm.onnx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var renorm []string
+	for _, n := range m.Proto.Graph.Node {
+		if n.GetOpType() == "LpNormalization" {
+			n.OpType, n.Domain = proto.String("Renorm"), proto.String("com.example")
+			renorm = append(renorm, n.GetName())
+		}
+	}
+	if len(renorm) != 2 {
+		t.Fatalf("want the two blocks' renormalisations, found %v", renorm)
+	}
+	m.Proto.OpsetImport = append(m.Proto.OpsetImport, &pb.OperatorSetIdProto{Domain: proto.String("com.example"), Version: proto.Int64(1)})
+	rep, err := Rewrite(m, Options{Check: true, Partial: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Fused) != 0 || len(rep.Refused) != 2 {
+		t.Fatalf("want both blocks refused, got %d fused, refused %v", len(rep.Fused), rep.Refused)
+	}
+	for i, r := range rep.Refused {
+		if !strings.Contains(r.Reason, renorm[i]) || !strings.Contains(r.Reason, "com.example::Renorm") || !strings.Contains(r.Reason, "cannot evaluate") {
+			t.Errorf("refusal %d does not name node %q and its op: %s", i, renorm[i], r.Reason)
+		}
+	}
 }
