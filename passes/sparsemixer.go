@@ -148,9 +148,3 @@ func (c *ctx) concatOf(vals []string) string {
 	}
 	return ""
 }
-
-// masksOut reports whether a softmax input of f is masked out: -inf, or a
-// finite stand-in no lower float type can tell from it after the softmax's
-// shift (torch's masked_fill writes its type's lowest value; float16's is
-// -65504, and exp of anything that low is 0 in every float type).
-func masksOut(f float32) bool { return f <= -65504 }

@@ -410,3 +410,10 @@ func (c *ctx) ancestors(v string) []bool {
 	}
 	return c.anc
 }
+
+// masksOut reports whether f, written into a softmax's or a top-k's input
+// where a choice is ruled out, masks it out: -inf, or a finite stand-in at
+// or below float16's lowest value (-65504), as torch's masked_fill with its
+// type's lowest value writes it. The numerical check proves the block
+// either way.
+func masksOut(f float32) bool { return f <= -65504 }
